@@ -1,0 +1,185 @@
+"""The collector contract: I/O and parsing only, through configurable roots, never raising into the engine."""
+
+from __future__ import annotations
+
+import re
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from prometheus_client.core import Metric
+
+from exporter.log import get_logger
+from exporter.snapshot import Snapshot
+
+
+class NoDataError(Exception):
+    """The source does not exist on this host by design (PSI disabled, no NFS client, no driver).
+
+    Distinct from a failure: logged once at debug/info, ``gpufeed_collector_available`` goes to 0 and no
+    ``gpufeed_collector_success`` series is exported for the collector.
+    """
+
+
+class CollectorError(Exception):
+    """A source exists but could not be read or parsed; the message says which file and why."""
+
+
+OPTION_KINDS = ("bool", "int", "float", "duration", "str", "list")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``250ms``, ``1s``, ``1.5``, ``5m``, ``1h`` or a number; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 1s, 5m)")
+        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[m.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive: {value!r}")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Option:
+    """A per-collector setting: flag ``--collector.<name>.<option>``, config key ``collectors.<name>.<option>``."""
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+
+    def parse(self, value: object) -> Any:
+        """Convert a flag or config value to this option's type; ValueError with a reason otherwise."""
+        if self.kind == "bool":
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("true", "1", "yes", "on"):
+                return True
+            if s in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {value!r}")
+        if self.kind == "int":
+            if isinstance(value, bool):
+                raise ValueError(f"not an integer: {value!r}")
+            return int(str(value), 10)
+        if self.kind == "float":
+            if isinstance(value, bool):
+                raise ValueError(f"not a number: {value!r}")
+            return float(str(value))
+        if self.kind == "duration":
+            return parse_duration(value)
+        if self.kind == "list":
+            if isinstance(value, list | tuple):
+                return tuple(str(v) for v in value)
+            return tuple(v.strip() for v in str(value).split(",") if v.strip())
+        return str(value)
+
+
+class TargetPids:
+    """The processes worth deep inspection: GPU processes per GPU (published by the GPU collector) plus any
+    pids named on the command line. Replaced atomically; readers get an immutable mapping."""
+
+    def __init__(self, static: Iterable[int] = ()) -> None:
+        self._lock = threading.Lock()
+        self._static = frozenset(static)
+        self._by_gpu: Mapping[str, frozenset[int]] = MappingProxyType({})
+
+    def publish(self, by_gpu: Mapping[str, Iterable[int]]) -> None:
+        """Replace the GPU -> pids map (GPU key: NVML index as a string)."""
+        frozen = MappingProxyType({str(k): frozenset(v) for k, v in by_gpu.items()})
+        with self._lock:
+            self._by_gpu = frozen
+
+    def by_gpu(self) -> Mapping[str, frozenset[int]]:
+        """GPU -> pids, as last published."""
+        with self._lock:
+            return self._by_gpu
+
+    def pids(self) -> frozenset[int]:
+        """Every pid to inspect: all GPU processes plus the static ones."""
+        with self._lock:
+            out = set(self._static)
+            for v in self._by_gpu.values():
+                out |= v
+            return frozenset(out)
+
+
+@dataclass
+class CollectorContext:
+    """What a collector is given: roots, its options, the shared pid targets and shared services."""
+
+    procfs: Path
+    sysfs: Path
+    options: Mapping[str, Any] = field(default_factory=dict)
+    targets: TargetPids = field(default_factory=TargetPids)
+    shared: dict[str, Any] = field(default_factory=dict)
+
+    def proc(self, *parts: str | int) -> Path:
+        """A path under --path.procfs."""
+        return self.procfs.joinpath(*(str(p) for p in parts))
+
+    def sys(self, *parts: str | int) -> Path:
+        """A path under --path.sysfs."""
+        return self.sysfs.joinpath(*(str(p) for p in parts))
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """One periodic task of a collector: ``fn`` runs every ``interval`` seconds.
+
+    ``blocking`` samplers (file or driver I/O) run in a worker thread so they never stall the event loop.
+    """
+
+    name: str
+    interval: float
+    fn: Callable[[], Any]
+    blocking: bool = True
+
+
+class Collector(ABC):
+    """Base of every collector. Subclasses register with :func:`exporter.collectors.register`.
+
+    ``update`` does the I/O and parsing and returns an immutable sample (or raises NoDataError /
+    CollectorError / OSError); ``metrics`` turns the newest snapshot into metric families and does no I/O.
+    """
+
+    name: ClassVar[str]
+    help: ClassVar[str]
+    default_enabled: ClassVar[bool] = True
+    default_interval: ClassVar[float] = 1.0
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        self.ctx = ctx
+        self.log = get_logger(collector=self.name)
+
+    @property
+    def interval(self) -> float:
+        """This collector's main sampling interval in seconds."""
+        return float(self.ctx.options.get("interval", self.default_interval))
+
+    def samplers(self) -> list[SamplerSpec]:
+        """The periodic tasks of this collector; by default one, named after the collector."""
+        return [SamplerSpec(self.name, self.interval, self.update)]
+
+    @abstractmethod
+    def update(self) -> Any:
+        """Read and parse the source; return an immutable sample."""
+
+    @abstractmethod
+    def metrics(self, snap: Snapshot) -> Iterable[Metric]:
+        """Metric families from the snapshot; pure, no I/O."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (open files, driver handles)."""

@@ -1,0 +1,160 @@
+"""Settings from defaults, an optional YAML file (``--config.file``) and flags, in that order of precedence.
+
+Every flag ``--a.b-c`` has the config key ``a: {b-c: ...}``; ``--collector.<name>`` /
+``--no-collector.<name>`` is ``collector: {<name>: {enabled: true|false}}``. Unknown keys and bad values
+are errors that name the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.collectors.base import Collector, Option
+from exporter.log import FORMATS, LEVELS
+
+
+class ConfigError(Exception):
+    """A bad setting; the message names the key (and file) and says what is wrong."""
+
+
+GLOBAL_OPTIONS: tuple[Option, ...] = (
+    Option("web.listen-address", "str", ":9842", "Address to listen on for the web interface and telemetry."),
+    Option("web.telemetry-path", "str", "/metrics", "Path under which to expose metrics."),
+    Option("web.max-requests", "int", 40, "Maximum number of requests served at once (excess gets 503)."),
+    Option("web.max-connections", "int", 512, "Maximum number of open client connections."),
+    Option("web.read-timeout", "duration", 10.0, "Time allowed to receive a request head."),
+    Option("web.idle-timeout", "duration", 60.0, "Time a keep-alive connection may sit idle."),
+    Option("web.config.file", "str", "", "Web configuration file (TLS, basic auth), exporter-toolkit format."),
+    Option("web.render-interval", "duration", 1.0, "How often the metrics payload is re-rendered from samples."),
+    Option("path.procfs", "str", "/proc", "procfs mountpoint."),
+    Option("path.sysfs", "str", "/sys", "sysfs mountpoint."),
+    Option("log.level", "str", "info", "Only log messages with the given severity or above: " + "|".join(LEVELS)),
+    Option("log.format", "str", "logfmt", "Output format of log messages: " + "|".join(FORMATS)),
+    Option("engine.history", "duration", 120.0, "How much sample history each sampler keeps in memory."),
+    Option("simulate", "str", "", "Serve a scenario file's simulated host instead of the real one (see SPEC)."),
+    Option("simulate-speed", "float", 1.0, "Play the simulated scenario this many times faster than real time."),
+)
+
+_CHOICES = {"log.level": LEVELS, "log.format": FORMATS}
+
+
+def collector_options(cls: type[Collector]) -> tuple[Option, ...]:
+    """The settings every collector has (interval) plus its own."""
+    base = Option("interval", "duration", cls.default_interval, f"Sampling interval of the {cls.name} collector.")
+    own = tuple(o for o in cls.options if o.name != "interval")
+    return (base, *own)
+
+
+@dataclass
+class Settings:
+    """Resolved settings."""
+
+    values: dict[str, Any]
+    enabled: dict[str, bool]
+    collector: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def procfs(self) -> Path:
+        return Path(self.values["path.procfs"])
+
+    @property
+    def sysfs(self) -> Path:
+        return Path(self.values["path.sysfs"])
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{a: {b: 1}}`` -> ``{"a.b": 1}``; lists and scalars are leaves."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if not isinstance(k, str):
+            raise ConfigError(f"key {prefix}{k!r}: keys must be strings")
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """Read and flatten a YAML config file; ConfigError naming the file on any problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path}: invalid YAML: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config file {path}: top level must be a mapping")
+    try:
+        return flatten(data)
+    except ConfigError as e:
+        raise ConfigError(f"config file {path}: {e}") from e
+
+
+def resolve(
+    collectors: Mapping[str, type[Collector]],
+    file_values: Mapping[str, Any],
+    flag_values: Mapping[str, Any],
+    source: str = "config file",
+) -> Settings:
+    """Merge defaults < file < flags and validate every key and value."""
+    known = {o.name: o for o in GLOBAL_OPTIONS}
+    per: dict[str, dict[str, Option]] = {n: {o.name: o for o in collector_options(c)} for n, c in collectors.items()}
+
+    def option_for(key: str) -> tuple[Option, str | None]:
+        if key in known:
+            return known[key], None
+        if key.startswith("collector."):
+            rest = key[len("collector."):]
+            name, _, opt = rest.partition(".")
+            if name not in collectors:
+                raise KeyError(f"unknown collector {name!r} (known: {', '.join(sorted(collectors))})")
+            if opt in ("", "enabled"):
+                return Option(key, "bool", collectors[name].default_enabled, ""), name
+            if opt in per[name]:
+                return per[name][opt], name
+            raise KeyError(f"unknown option {opt!r} of collector {name!r} (known: {', '.join(sorted(per[name]))})")
+        raise KeyError("unknown setting")
+
+    values: dict[str, Any] = {o.name: o.default for o in GLOBAL_OPTIONS}
+    enabled = {n: c.default_enabled for n, c in collectors.items()}
+    copts: dict[str, dict[str, Any]] = {n: {o.name: o.default for o in per[n].values()} for n in collectors}
+    for where, layer in ((source, file_values), ("flag", flag_values)):
+        for key, raw in layer.items():
+            try:
+                opt, cname = option_for(key)
+                value = opt.parse(raw)
+            except (KeyError, ValueError) as e:
+                msg = e.args[0] if e.args else str(e)
+                shown = f"--{key}" if where == "flag" else f"key {key!r}"
+                raise ConfigError(f"{where}: {shown}: {msg}") from e
+            choices = _CHOICES.get(key)
+            if choices is not None and value not in choices:
+                shown = f"--{key}" if where == "flag" else f"key {key!r}"
+                raise ConfigError(f"{where}: {shown}: must be one of {', '.join(choices)}, not {value!r}")
+            if cname is None:
+                values[key] = value
+            elif key.count(".") == 1 or key.endswith(".enabled"):
+                enabled[cname] = bool(value)
+            else:
+                copts[cname][key.split(".", 2)[2]] = value
+    if values["web.max-requests"] < 1:
+        raise ConfigError("--web.max-requests must be at least 1")
+    if not str(values["web.telemetry-path"]).startswith("/"):
+        raise ConfigError("--web.telemetry-path must start with '/'")
+    if values["simulate-speed"] <= 0:
+        raise ConfigError("--simulate-speed must be positive")
+    return Settings(values=values, enabled=enabled, collector=copts)

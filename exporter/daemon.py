@@ -1,0 +1,142 @@
+"""``gpufeed serve``: wire collectors, engine, renderer and web server together and run until signalled."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from exporter import log
+from exporter.collectors.base import Collector, CollectorContext, TargetPids
+from exporter.config import Settings
+from exporter.engine import Clock, Engine, RealClock
+from exporter.exposition import DerivedMetrics, Renderer
+from exporter.web import WebServer, WebSettings, parse_address
+
+_log = log.get_logger(component="daemon")
+
+
+def build_collectors(
+    settings: Settings,
+    registry: Mapping[str, type[Collector]],
+    *,
+    targets: TargetPids | None = None,
+    shared: dict[str, Any] | None = None,
+) -> list[Collector]:
+    """Instantiate every enabled collector; one whose constructor fails is logged and left out."""
+    targets = targets or TargetPids()
+    shared = {} if shared is None else shared
+    out: list[Collector] = []
+    for name, cls in registry.items():
+        if not settings.enabled.get(name, cls.default_enabled):
+            continue
+        ctx = CollectorContext(
+            procfs=settings.procfs, sysfs=settings.sysfs, options=settings.collector.get(name, {}),
+            targets=targets, shared=shared,
+        )
+        try:
+            out.append(cls(ctx))
+        except Exception as e:
+            _log.error("collector_init_failed", collector=name, error=repr(e))
+    return out
+
+
+class Daemon:
+    """The running exporter: engine + renderer + web server, with graceful start and stop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        collectors: list[Collector],
+        *,
+        clock: Clock | None = None,
+        derived: DerivedMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.collectors = collectors
+        self.engine = Engine(collectors, clock or RealClock(), history_seconds=settings["engine.history"],
+                             on_publish=self._published)
+        self.renderer = Renderer(collectors, derived)
+        host, port = parse_address(settings["web.listen-address"])
+        self.web = WebServer(
+            self.renderer,
+            WebSettings(
+                host=host, port=port, telemetry_path=settings["web.telemetry-path"],
+                max_requests=settings["web.max-requests"], max_connections=settings["web.max-connections"],
+                read_timeout=settings["web.read-timeout"], idle_timeout=settings["web.idle-timeout"],
+            ),
+            healthy=self.engine.alive,
+        )
+        self._changed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._render_task: asyncio.Task[None] | None = None
+
+    def _published(self, _snap: Any) -> None:
+        self._changed.set()
+
+    async def _render_loop(self) -> None:
+        """Re-render the payload when the snapshot changed, at most once per --web.render-interval."""
+        interval = float(self.settings["web.render-interval"])
+        last = 0.0
+        while True:
+            await self._changed.wait()
+            wait = last + interval - time.monotonic()
+            if wait > 0 and self.renderer.version > 1:
+                await asyncio.sleep(wait)
+            self._changed.clear()
+            self.renderer.render(self.engine.snapshot)
+            last = time.monotonic()
+
+    async def start(self) -> None:
+        """Bind the listener, then start sampling and rendering."""
+        await self.web.start()
+        self.engine.start()
+        self.renderer.render(self.engine.snapshot)
+        self._render_task = asyncio.get_running_loop().create_task(self._render_loop(), name="render")
+
+    def request_stop(self) -> None:
+        """Ask the daemon to shut down (signal handler)."""
+        self._stop.set()
+
+    async def wait(self) -> None:
+        """Until a stop is requested."""
+        await self._stop.wait()
+
+    async def stop(self) -> None:
+        """Drain: stop accepting, stop samplers, close collectors -- within about 2 s."""
+        if self._render_task is not None:
+            self._render_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._render_task
+        await self.web.stop()
+        await self.engine.stop(timeout=1.0)
+
+
+async def _amain(settings: Settings, registry: Mapping[str, type[Collector]]) -> int:
+    collectors = build_collectors(settings, registry)
+    daemon = Daemon(settings, collectors)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.request_stop)
+    loop.add_signal_handler(signal.SIGHUP, lambda: _log.info("reload_requested", note="nothing to reload"))
+    try:
+        await daemon.start()
+    except OSError as e:
+        _log.error("listen_failed", address=settings["web.listen-address"], error=str(e))
+        await daemon.engine.stop()
+        return 1
+    _log.info("started", collectors=",".join(c.name for c in collectors))
+    await daemon.wait()
+    _log.info("stopping")
+    await daemon.stop()
+    _log.info("stopped")
+    return 0
+
+
+def run_daemon(settings: Settings, registry: Mapping[str, type[Collector]]) -> int:
+    """Run ``gpufeed serve`` until SIGTERM/SIGINT; returns the exit code."""
+    log.configure(settings["log.level"], settings["log.format"])
+    return asyncio.run(_amain(settings, registry))

@@ -1,0 +1,160 @@
+"""Exposition: metric families from the newest snapshot, rendered off the scrape path and cached.
+
+A scrape only writes bytes that were rendered before it arrived; rendering happens at most once per
+``min_interval`` and only when the snapshot changed, so a slow collector never delays a scrape.
+"""
+
+from __future__ import annotations
+
+import gzip
+import platform
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+from prometheus_client import generate_latest as generate_text
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from exporter import __version__, log
+from exporter.collectors.base import Collector
+from exporter.snapshot import Snapshot
+
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+_log = log.get_logger(component="exposition")
+
+DerivedMetrics = Callable[[Snapshot], Iterable[Metric]]
+
+
+def self_metrics(snap: Snapshot, collectors: Sequence[Collector]) -> Iterator[Metric]:
+    """gpufeed's own health: per-collector success/availability/duration, sampler overruns, build info."""
+    success = GaugeMetricFamily(
+        "gpufeed_collector_success",
+        "Whether the collector's last run succeeded (1) or failed (0); absent when its source does not "
+        "exist on this host (see gpufeed_collector_available).",
+        labels=["collector"],
+    )
+    available = GaugeMetricFamily(
+        "gpufeed_collector_available",
+        "Whether the collector's source exists on this host (0: e.g. PSI disabled, no NFS client, no GPU driver).",
+        labels=["collector"],
+    )
+    duration = GaugeMetricFamily(
+        "gpufeed_collector_duration_seconds",
+        "Duration of the collector's last run (the slowest of its samplers).",
+        labels=["collector"],
+    )
+    overruns = CounterMetricFamily(
+        "gpufeed_sampler_overruns",
+        "Sampling ticks missed because a run took longer than the sampler's interval.",
+        labels=["sampler"],
+    )
+    restarts = CounterMetricFamily(
+        "gpufeed_sampler_restarts",
+        "Times a crashed sampler task was restarted.",
+        labels=["sampler"],
+    )
+    by_collector: dict[str, list[tuple[bool, bool, float, int]]] = {}
+    for st in snap.status.values():
+        by_collector.setdefault(st.collector, []).append((st.success, st.available, st.duration, st.runs))
+        overruns.add_metric([st.name], float(st.overruns))
+        restarts.add_metric([st.name], float(st.restarts))
+    for name in sorted(by_collector):
+        rows = [r for r in by_collector[name] if r[3] > 0]
+        if not rows:
+            continue
+        avail = any(r[1] for r in rows)
+        available.add_metric([name], 1.0 if avail else 0.0)
+        if avail:
+            success.add_metric([name], 1.0 if all(r[0] for r in rows if r[1]) else 0.0)
+        duration.add_metric([name], max(r[2] for r in rows))
+    build = GaugeMetricFamily(
+        "gpufeed_build_info", "gpufeed version and Python version, value 1.", labels=["version", "python"]
+    )
+    build.add_metric([__version__, platform.python_version()], 1.0)
+    yield from (success, available, duration, overruns, restarts, build)
+
+
+class SnapshotCollector:
+    """A client_python custom collector over the current snapshot; ``collect`` does no I/O."""
+
+    def __init__(self, collectors: Sequence[Collector], derived: DerivedMetrics | None = None) -> None:
+        self.collectors = list(collectors)
+        self.derived = derived
+        self.snapshot = Snapshot(version=0, t=0.0)
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        yield from self_metrics(snap, self.collectors)
+        for c in self.collectors:
+            try:
+                yield from c.metrics(snap)
+            except Exception as e:
+                if log.once(("metrics_failed", c.name)):
+                    _log.error("collector_metrics_failed", collector=c.name, error=repr(e), exc_info=e)
+        if self.derived is not None and snap.derived is not None:
+            try:
+                yield from self.derived(snap)
+            except Exception as e:
+                if log.once(("metrics_failed", "derived")):
+                    _log.error("derived_metrics_failed", error=repr(e), exc_info=e)
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """One rendered exposition, with its gzip form."""
+
+    body: bytes
+    gz: bytes
+    content_type: str
+
+
+def _payload(body: bytes, content_type: str) -> Payload:
+    return Payload(body=body, gz=gzip.compress(body, compresslevel=1), content_type=content_type)
+
+
+class Renderer:
+    """Renders the snapshot into cached payloads (text always, OpenMetrics on first demand)."""
+
+    def __init__(self, collectors: Sequence[Collector], derived: DerivedMetrics | None = None) -> None:
+        self.source = SnapshotCollector(collectors, derived)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.source)
+        self._lock = threading.Lock()
+        self._version = -1
+        self._text: Payload = _payload(b"", TEXT_CONTENT_TYPE)
+        self._om: Payload | None = None
+        self._om_version = -1
+
+    @property
+    def version(self) -> int:
+        """Version of the snapshot the cached payload was rendered from."""
+        return self._version
+
+    def render(self, snap: Snapshot) -> None:
+        """Render ``snap`` into the cached text payload (background, never on the scrape path)."""
+        with self._lock:
+            if snap.version == self._version:
+                return
+            self.source.snapshot = snap
+            self._text = _payload(generate_text(self.registry), TEXT_CONTENT_TYPE)
+            self._version = snap.version
+            self._om = None
+
+    def text(self) -> Payload:
+        """The newest text-format payload."""
+        return self._text
+
+    def openmetrics(self) -> Payload:
+        """The newest OpenMetrics payload (rendered once per snapshot, on first request)."""
+        om = self._om
+        if om is not None and self._om_version == self._version:
+            return om
+        with self._lock:
+            if self._om is None or self._om_version != self._version:
+                self._om = _payload(generate_openmetrics(self.registry), OPENMETRICS_CONTENT_TYPE)  # type: ignore[no-untyped-call]
+                self._om_version = self._version
+            return self._om

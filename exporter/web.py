@@ -1,0 +1,275 @@
+"""A small, bounded HTTP/1.1 server on asyncio: /metrics, /healthz and a landing page.
+
+Bounded like node_exporter's web server: a cap on requests served at once (``--web.max-requests``,
+excess gets 503), a cap on open connections, header size and read/idle timeouts, so slow or hostile
+clients cannot grow memory or threads. Scrapes only copy pre-rendered bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from html import escape
+
+from exporter import __version__, log
+from exporter.exposition import Renderer
+
+_log = log.get_logger(component="web")
+
+MAX_HEADER_BYTES = 16 * 1024
+REASONS = {
+    200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+    408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long", 431: "Request Header Fields Too Large",
+    503: "Service Unavailable", 505: "HTTP Version Not Supported",
+}
+
+Authorizer = Callable[[Mapping[str, str]], bool]
+
+
+@dataclass
+class WebSettings:
+    """Listener settings (flags ``--web.*``)."""
+
+    host: str = ""
+    port: int = 9842
+    telemetry_path: str = "/metrics"
+    max_requests: int = 40
+    max_connections: int = 512
+    read_timeout: float = 10.0
+    idle_timeout: float = 60.0
+
+
+@dataclass
+class Request:
+    """A parsed request head."""
+
+    method: str
+    path: str
+    version: str
+    headers: dict[str, str]
+
+
+class _BadRequestError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` or ``[v6]:port`` -> (host, port); ValueError with a reason otherwise."""
+    if addr.startswith("["):
+        host, sep, port = addr[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"bad listen address {addr!r}: expected [host]:port")
+    else:
+        host, sep, port = addr.rpartition(":")
+        if not sep:
+            raise ValueError(f"bad listen address {addr!r}: expected host:port or :port")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"bad listen address {addr!r}: port must be 0-65535")
+    return host, int(port)
+
+
+class WebServer:
+    """Serves the renderer's cached payloads."""
+
+    def __init__(
+        self,
+        renderer: Renderer,
+        settings: WebSettings,
+        healthy: Callable[[], bool],
+        *,
+        ssl_context: Callable[[], ssl.SSLContext | None] | None = None,
+        authorize: Authorizer | None = None,
+    ) -> None:
+        self.renderer = renderer
+        self.settings = settings
+        self.healthy = healthy
+        self.ssl_context = ssl_context
+        self.authorize = authorize
+        self._server: asyncio.base_events.Server | None = None
+        self._active = 0
+        self._connections: set[asyncio.Task[None]] = set()
+        self.requests_served = 0
+        self.requests_rejected = 0
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        """Bind and start accepting."""
+        ctx = self.ssl_context() if self.ssl_context else None
+        host = self.settings.host or None
+        self._server = await asyncio.start_server(
+            self._handle, host=host, port=self.settings.port, ssl=ctx, limit=MAX_HEADER_BYTES,
+            reuse_address=True, backlog=1024,
+        )
+        _log.info("listening", address=f"{self.settings.host}:{self.port}", tls=ctx is not None)
+
+    async def stop(self) -> None:
+        """Stop accepting and close open connections."""
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._connections):
+            t.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=1.0)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        if len(self._connections) >= self.settings.max_connections:
+            writer.close()
+            return
+        self._connections.add(task)
+        try:
+            await self._serve_connection(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ssl.SSLError):
+            pass
+        except Exception as e:
+            _log.warning("connection_failed", error=repr(e))
+        finally:
+            self._connections.discard(task)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _read_head(self, reader: asyncio.StreamReader, timeout: float) -> Request | None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        except asyncio.LimitOverrunError as e:
+            raise _BadRequestError(431) from e
+        except asyncio.IncompleteReadError as e:
+            if not e.partial.strip():
+                return None
+            raise _BadRequestError(400) from e
+        except asyncio.TimeoutError:
+            return None
+        if len(head) > MAX_HEADER_BYTES:
+            raise _BadRequestError(431)
+        try:
+            text = head.decode("latin-1")
+        except UnicodeDecodeError as e:  # pragma: no cover - latin-1 decodes every byte
+            raise _BadRequestError(400) from e
+        lines = text.split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            raise _BadRequestError(400)
+        method, target, version = parts
+        if version not in ("HTTP/1.0", "HTTP/1.1"):
+            raise _BadRequestError(505)
+        if len(target) > 4096:
+            raise _BadRequestError(414)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise _BadRequestError(400)
+            headers[name.lower()] = value.strip()
+        return Request(method=method, path=target.split("?", 1)[0], version=version, headers=headers)
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = True
+        while True:
+            timeout = self.settings.read_timeout if first else self.settings.idle_timeout
+            first = False
+            try:
+                req = await self._read_head(reader, timeout)
+            except _BadRequestError as e:
+                await self._send(writer, e.status, b"bad request\n", "text/plain; charset=utf-8", close=True)
+                return
+            if req is None:
+                return
+            if req.headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in req.headers:
+                # Nothing here takes a body; refuse instead of reading an attacker-sized one.
+                await self._send(writer, 413, b"request bodies are not accepted\n", "text/plain", close=True)
+                return
+            keep_alive = req.version == "HTTP/1.1" and req.headers.get("connection", "").lower() != "close"
+            if self._active >= self.settings.max_requests:
+                self.requests_rejected += 1
+                await self._send(
+                    writer, 503, b"too many concurrent requests\n", "text/plain; charset=utf-8", close=True
+                )
+                return
+            self._active += 1
+            try:
+                await self._respond(req, writer, keep_alive)
+            finally:
+                self._active -= 1
+            if not keep_alive:
+                return
+
+    async def _respond(self, req: Request, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
+        head_only = req.method == "HEAD"
+        if req.method not in ("GET", "HEAD"):
+            await self._send(writer, 405, b"method not allowed\n", "text/plain; charset=utf-8",
+                             close=not keep_alive, extra={"Allow": "GET, HEAD"})
+            return
+        if self.authorize is not None and not self.authorize(req.headers):
+            await self._send(writer, 401, b"Unauthorized\n", "text/plain; charset=utf-8", close=not keep_alive,
+                             extra={"WWW-Authenticate": 'Basic realm="gpufeed"'})
+            return
+        self.requests_served += 1
+        if req.path == self.settings.telemetry_path:
+            accept = req.headers.get("accept", "")
+            payload = (
+                self.renderer.openmetrics() if "application/openmetrics-text" in accept else self.renderer.text()
+            )
+            gz = "gzip" in req.headers.get("accept-encoding", "")
+            body = payload.gz if gz else payload.body
+            extra = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gz else {"Vary": "Accept-Encoding"}
+            await self._send(writer, 200, body, payload.content_type, close=not keep_alive, extra=extra,
+                             head_only=head_only)
+        elif req.path == "/healthz":
+            ok = self.healthy()
+            await self._send(writer, 200 if ok else 503, b"ok\n" if ok else b"samplers not alive\n",
+                             "text/plain; charset=utf-8", close=not keep_alive, head_only=head_only)
+        elif req.path == "/":
+            await self._send(writer, 200, self._landing(), "text/html; charset=utf-8", close=not keep_alive,
+                             head_only=head_only)
+        else:
+            await self._send(writer, 404, b"not found\n", "text/plain; charset=utf-8", close=not keep_alive,
+                             head_only=head_only)
+
+    def _landing(self) -> bytes:
+        path = escape(self.settings.telemetry_path)
+        return (
+            "<!doctype html><html><head><title>gpufeed</title></head><body>"
+            f"<h1>gpufeed {escape(__version__)}</h1>"
+            "<p>Is each GPU working, or waiting &mdash; and if waiting, on what?</p>"
+            f'<ul><li><a href="{path}">Metrics</a></li><li><a href="/healthz">Health</a></li></ul>'
+            "</body></html>\n"
+        ).encode()
+
+    async def _send(
+        self,
+        writer: asyncio.StreamWriter,
+        status: int,
+        body: bytes,
+        content_type: str,
+        *,
+        close: bool,
+        extra: Mapping[str, str] | None = None,
+        head_only: bool = False,
+    ) -> None:
+        lines = [
+            f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+            "Connection: close" if close else "Connection: keep-alive",
+        ]
+        lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        if not head_only:
+            writer.write(body)
+        await asyncio.wait_for(writer.drain(), self.settings.read_timeout)

@@ -1,0 +1,97 @@
+"""Engine: scheduling in virtual time, bounded history, overruns, failures that never escape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.core import Metric
+
+from exporter.collectors.base import Collector, CollectorContext, CollectorError, NoDataError
+from exporter.engine import Engine, VirtualClock
+from exporter.snapshot import Snapshot
+
+
+class Counting(Collector):
+    name = "counting"
+    help = "test"
+    default_interval = 0.25
+
+    def __init__(self, ctx: CollectorContext, fail_at: set[int] | None = None, nodata: bool = False) -> None:
+        super().__init__(ctx)
+        self.calls = 0
+        self.fail_at = fail_at or set()
+        self.nodata = nodata
+
+    def update(self) -> int:
+        self.calls += 1
+        if self.nodata:
+            raise NoDataError("absent")
+        if self.calls in self.fail_at:
+            raise CollectorError("boom")
+        return self.calls
+
+    def metrics(self, snap: Snapshot) -> Iterable[Metric]:
+        return ()
+
+
+def ctx(**options: Any) -> CollectorContext:
+    return CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent"), options=options)
+
+
+def test_virtual_time_runs_each_sampler_at_its_interval() -> None:
+    fast = Counting(ctx(interval=0.1))
+    clock = VirtualClock()
+    eng = Engine([fast], clock, inline=True, history_seconds=1.0)
+    eng.run_until(10.0)
+    assert fast.calls == 101  # t = 0, 0.1, ..., 10.0
+    hist = eng.history("counting")
+    assert len(hist) == eng.samplers["counting"].buffer.maxlen  # bounded, not 101
+    assert hist[-1].value == 101
+    assert eng.snapshot.value("counting") == 101
+
+
+def test_failure_is_recorded_and_cleared_without_raising() -> None:
+    c = Counting(ctx(interval=1.0), fail_at={2})
+    eng = Engine([c], VirtualClock(), inline=True)
+    eng.run_until(1.0)
+    st = eng.snapshot.status["counting"]
+    assert not st.success and st.failures == 1 and st.error == "CollectorError: boom"
+    assert eng.snapshot.value("counting") is None  # no stale value exported while failing
+    eng.run_until(2.0)
+    assert eng.snapshot.status["counting"].success
+    assert eng.snapshot.value("counting") == 3
+
+
+def test_absent_source_is_unavailable_not_failed() -> None:
+    c = Counting(ctx(interval=1.0), nodata=True)
+    eng = Engine([c], VirtualClock(), inline=True)
+    eng.run_until(0.0)
+    st = eng.snapshot.status["counting"]
+    assert not st.available and st.failures == 0
+
+
+async def test_asyncio_scheduler_with_virtual_clock() -> None:
+    c = Counting(ctx(interval=0.5))
+    clock = VirtualClock()
+    eng = Engine([c], clock, inline=True)
+    eng.start()
+    await clock.advance(2.0)
+    await eng.stop()
+    assert c.calls == 5  # 0, .5, 1, 1.5, 2
+
+
+def test_slow_run_counts_overruns() -> None:
+    eng = Engine([Counting(ctx(interval=0.01))], VirtualClock(), inline=True)
+    s = eng.samplers["counting"]
+    eng._record(s, 0.0, 1, None, took=0.035)
+    assert eng.snapshot.status["counting"].overruns == 3
+
+
+def test_snapshot_is_immutable() -> None:
+    eng = Engine([Counting(ctx())], VirtualClock(), inline=True)
+    eng.run_until(0.0)
+    with pytest.raises(TypeError):
+        eng.snapshot.latest["x"] = None  # type: ignore[index]
