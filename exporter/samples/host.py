@@ -19,3 +19,134 @@ class PressureSample:
     """``/proc/pressure/{cpu,io,memory}`` totals, keyed by resource name."""
 
     resources: Mapping[str, PressureTotals]
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTimes:
+    """Cumulative seconds one CPU spent in each mode, from a ``cpuN`` line of /proc/stat."""
+
+    user: float
+    nice: float
+    system: float
+    idle: float
+    iowait: float
+    irq: float
+    softirq: float
+    steal: float
+
+    @property
+    def busy(self) -> float:
+        """Seconds doing work (everything but idle and iowait)."""
+        return self.user + self.nice + self.system + self.irq + self.softirq + self.steal
+
+    @property
+    def total(self) -> float:
+        """All seconds accounted."""
+        return self.busy + self.idle + self.iowait
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """Per-CPU times and the NUMA node of each CPU (``node_of`` is empty when the host has no NUMA info)."""
+
+    cpus: Mapping[int, CpuTimes]
+    node_of: Mapping[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStat:
+    """One thread of a process, from /proc/<pid>/task/<tid>/stat (times in seconds, cumulative)."""
+
+    tid: int
+    comm: str
+    state: str
+    utime: float
+    stime: float
+    processor: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process: /proc/<pid>/stat, status and io; ``threads`` is empty unless deep sampling read them.
+
+    ``io_rchar``/``io_syscr`` are None when /proc/<pid>/io is not readable (another user's process).
+    """
+
+    pid: int
+    comm: str
+    state: str
+    utime: float
+    stime: float
+    num_threads: int
+    cpus_allowed: frozenset[int]
+    mems_allowed: frozenset[int]
+    threads: tuple[ThreadStat, ...]
+    io_rchar: int | None
+    io_syscr: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcSample:
+    """The inspected processes by pid; ``deep`` says whether per-thread stats were read this time."""
+
+    processes: Mapping[int, ProcessSample]
+    deep: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CpufreqCpu:
+    """cpufreq state of one CPU (frequencies in Hz; None when the file is absent)."""
+
+    governor: str | None
+    cur_hz: float | None
+    max_hz: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CpufreqSample:
+    """cpufreq per CPU."""
+
+    cpus: Mapping[int, CpufreqCpu]
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySample:
+    """/proc/meminfo (bytes) and /proc/vmstat ``oom_kill`` (None on kernels without it)."""
+
+    total: int
+    available: int
+    dirty: int
+    writeback: int
+    mlocked: int
+    oom_kills: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DiskStats:
+    """One whole block device from /proc/diskstats (counters cumulative; times in seconds)."""
+
+    reads: int
+    read_bytes: int
+    read_time: float
+    writes: int
+    write_bytes: int
+    write_time: float
+    in_flight: int
+    io_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class DiskSample:
+    """Whole block devices by name."""
+
+    devices: Mapping[str, DiskStats]
+
+
+@dataclass(frozen=True, slots=True)
+class NfsSample:
+    """NFS client RPC counters from /proc/net/rpc/nfs; ``ops`` maps op name (read, getattr, open, lookup,
+    ...) to calls summed over protocol versions."""
+
+    rpc_calls: int
+    retransmissions: int
+    ops: Mapping[str, int]

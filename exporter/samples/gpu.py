@@ -1,0 +1,96 @@
+"""Samples of the GPU collector (NVML). Every value is optional: an unsupported call gives None."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """Static identity of a GPU. ``pci_bus_id`` is in sysfs form (``0000:82:00.0``, lower case)."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    gpm: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFast:
+    """Fast path (default 100 ms) of one GPU. Ratios 0..1; ``*_total`` are cumulative and unwrapped.
+
+    ``sm_active_seconds`` / ``busy_seconds`` integrate SM activity / utilisation over time, so a
+    ``rate()`` of them equals the average over any range.
+    """
+
+    sm_active: float | None
+    sm_occupancy: float | None
+    tensor_active: float | None
+    dram_active: float | None
+    pcie_tx_bytes_per_s: float | None
+    pcie_rx_bytes_per_s: float | None
+    pcie_tx_bytes_total: int | None
+    pcie_rx_bytes_total: int | None
+    pcie_replays_total: int | None
+    throttle_seconds: Mapping[str, float]
+    sm_clock_hz: float | None
+    power_w: float | None
+    sm_active_seconds: float | None
+    busy_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU."""
+
+    pid: int
+    used_memory_bytes: int | None
+    sm_ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlow:
+    """Slow path (default 5 s) of one GPU."""
+
+    link_gen: int | None
+    link_width: int | None
+    max_link_gen: int | None
+    max_link_width: int | None
+    gpu_max_link_gen: int | None
+    gpu_max_link_width: int | None
+    clock_event_reasons: frozenset[str]
+    temperature_c: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    power_limit_w: float | None
+    max_sm_clock_hz: float | None
+    processes: tuple[GpuProcess, ...]
+    numa_node: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class UtilPoint:
+    """One driver-buffered utilisation sample (timestamp from the driver, seconds; value 0..1)."""
+
+    t: float
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuBuffered:
+    """Buffered samples (default 1 s) of one GPU since the previous read, from nvmlDeviceGetSamples."""
+
+    gpu_util: tuple[UtilPoint, ...]
+    memory_util: tuple[UtilPoint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One sampler's view of every GPU: ``gpus`` maps NVML index -> that sampler's per-GPU value
+    (GpuFast, GpuSlow or GpuBuffered); ``identities`` and ``lost`` are shared by all three samplers."""
+
+    identities: Mapping[int, GpuIdentity]
+    gpus: Mapping[int, object]
+    lost: frozenset[int]

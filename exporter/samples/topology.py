@@ -1,0 +1,82 @@
+"""Samples of the topology collectors (pcie, numa)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PcieLink:
+    """A link's negotiated and maximum state from sysfs (speeds in GT/s; None when absent or Unknown)."""
+
+    current_speed_gts: float | None
+    current_width: int | None
+    max_speed_gts: float | None
+    max_width: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AerCounts:
+    """AER totals from aer_dev_{correctable,nonfatal,fatal} (``TOTAL_ERR_*`` lines)."""
+
+    correctable: int
+    nonfatal: int
+    fatal: int
+
+
+@dataclass(frozen=True, slots=True)
+class PcieDevice:
+    """One PCI device: a GPU, a device that feeds one (nvme, nic), or a bridge on a GPU's path.
+
+    ``gpu_bdf`` is, for a bridge, the GPU below it (a bridge above several GPUs appears once per GPU
+    chain in ``PcieSample.chains`` but once here, with the first GPU); ``upstream`` is the chain of
+    bridges from the root port down to this device's parent.
+    """
+
+    bdf: str
+    role: str  # gpu | nvme | nic | bridge
+    vendor: str
+    device: str
+    class_code: str
+    driver: str
+    numa_node: int | None
+    local_cpus: frozenset[int]
+    link: PcieLink | None
+    aer: AerCounts | None
+    gpu_bdf: str | None
+    upstream: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PcieSample:
+    """Devices by BDF; ``chains`` maps each GPU's BDF to the BDFs from its root port down to the GPU."""
+
+    devices: Mapping[str, PcieDevice]
+    chains: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a GPU process may run relative to its GPU."""
+
+    gpu: str  # NVML index as a string, or the GPU's BDF when NVML is absent
+    pid: int
+    comm: str
+    gpu_node: int | None
+    local_cpu_ratio: float | None  # fraction of the process's allowed CPUs local to the GPU
+    memory_local: bool | None  # the GPU's node is among the allowed memory nodes
+    reasons: tuple[str, ...]  # cpus_remote, memory_remote
+
+    @property
+    def mismatch(self) -> bool:
+        """True when the placement crosses sockets."""
+        return bool(self.reasons)
+
+
+@dataclass(frozen=True, slots=True)
+class NumaSample:
+    """NUMA nodes (node -> CPUs) and the placement of each GPU process."""
+
+    nodes: Mapping[int, frozenset[int]]
+    placements: tuple[Placement, ...]
