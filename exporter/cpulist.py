@@ -1,0 +1,47 @@
+"""The kernel's cpulist format (``0-15,32-47``, also ``0-31:2`` strides), used by sysfs and /proc/<pid>/status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+MAX_CPU = 1 << 16  # far above any real host; bounds memory on hostile input
+
+
+class CpulistError(ValueError):
+    """Not a valid cpulist; the message quotes the offending part."""
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """``"0-3,8,10-14:2"`` -> {0,1,2,3,8,10,12,14}; empty string -> empty set."""
+    out: set[int] = set()
+    text = text.strip()
+    if not text:
+        return frozenset()
+    for part in text.split(","):
+        part = part.strip()
+        rng, _, stride_s = part.partition(":")
+        lo_s, dash, hi_s = rng.partition("-")
+        try:
+            lo = int(lo_s, 10)
+            hi = int(hi_s, 10) if dash else lo
+            stride = int(stride_s, 10) if stride_s else 1
+        except ValueError as e:
+            raise CpulistError(f"bad cpulist element {part!r} in {text!r}") from e
+        if lo < 0 or hi < lo or stride < 1 or hi >= MAX_CPU:
+            raise CpulistError(f"bad cpulist range {part!r} in {text!r}")
+        out.update(range(lo, hi + 1, stride))
+    return frozenset(out)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """{0,1,2,3,8} -> ``"0-3,8"`` (the kernel's canonical form)."""
+    s = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
+            j += 1
+        parts.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
+        i = j + 1
+    return ",".join(parts)
