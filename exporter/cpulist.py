@@ -17,8 +17,8 @@ def parse_cpulist(text: str) -> frozenset[int]:
     text = text.strip()
     if not text:
         return frozenset()
-    for part in text.split(","):
-        part = part.strip()
+    for raw in text.split(","):
+        part = raw.strip()
         rng, _, stride_s = part.partition(":")
         lo_s, dash, hi_s = rng.partition("-")
         try:
