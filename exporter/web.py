@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from html import escape
+from typing import Any, Protocol
 
 from exporter import __version__, log
 from exporter.exposition import Renderer
@@ -22,11 +24,31 @@ _log = log.get_logger(component="web")
 MAX_HEADER_BYTES = 16 * 1024
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-    408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long", 431: "Request Header Fields Too Large",
+    408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long", 429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
     503: "Service Unavailable", 505: "HTTP Version Not Supported",
 }
 
-Authorizer = Callable[[Mapping[str, str]], bool]
+
+
+class AccessPolicy(Protocol):
+    """What ``--web.config.file`` decides (see exporter.webconfig.WebConfigManager); asked per connection or
+    request, so a reloaded config applies to new connections without restarting the listener."""
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """TLS context for a new connection; None for plain HTTP."""
+
+    def peer_allowed(self, peercert: Mapping[str, Any] | None) -> bool:
+        """Whether a verified client certificate is acceptable (client_allowed_sans)."""
+
+    def headers(self) -> Mapping[str, str]:
+        """Extra headers for every response."""
+
+    def allow(self) -> bool:
+        """Rate limit: False answers 429."""
+
+    async def authorize(self, headers: Mapping[str, str]) -> bool:
+        """Basic auth: False answers 401."""
 
 
 @dataclass
@@ -58,6 +80,11 @@ class _BadRequestError(Exception):
         self.status = status
 
 
+def _log_once_refused(server: WebServer) -> bool:
+    """Log the connection cap at most once per 1000 refusals (a flood must not flood the log)."""
+    return server.connections_refused % 1000 == 1
+
+
 def parse_address(addr: str) -> tuple[str, int]:
     """``host:port``, ``:port`` or ``[v6]:port`` -> (host, port); ValueError with a reason otherwise."""
     if addr.startswith("["):
@@ -82,19 +109,19 @@ class WebServer:
         settings: WebSettings,
         healthy: Callable[[], bool],
         *,
-        ssl_context: Callable[[], ssl.SSLContext | None] | None = None,
-        authorize: Authorizer | None = None,
+        policy: AccessPolicy | None = None,
     ) -> None:
         self.renderer = renderer
         self.settings = settings
         self.healthy = healthy
-        self.ssl_context = ssl_context
-        self.authorize = authorize
+        self.policy = policy
         self._server: asyncio.base_events.Server | None = None
         self._active = 0
         self._connections: set[asyncio.Task[None]] = set()
         self.requests_served = 0
         self.requests_rejected = 0
+        self.connections_refused = 0
+        self.tls_handshakes_failed = 0
 
     @property
     def port(self) -> int:
@@ -103,11 +130,15 @@ class WebServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        """Bind and start accepting."""
-        ctx = self.ssl_context() if self.ssl_context else None
+        """Bind and start accepting.
+
+        The listener is plain TCP; TLS is started per connection with the policy's *current* context, so
+        certificates, client CAs and TLS versions reloaded from --web.config.file apply to new connections.
+        """
+        ctx = self.policy.ssl_context() if self.policy else None
         host = self.settings.host or None
         self._server = await asyncio.start_server(
-            self._handle, host=host, port=self.settings.port, ssl=ctx, limit=MAX_HEADER_BYTES,
+            self._handle, host=host, port=self.settings.port, limit=MAX_HEADER_BYTES,
             reuse_address=True, backlog=1024,
         )
         _log.info("listening", address=f"{self.settings.host}:{self.port}", tls=ctx is not None)
@@ -128,12 +159,18 @@ class WebServer:
         task = asyncio.current_task()
         assert task is not None
         if len(self._connections) >= self.settings.max_connections:
+            self.connections_refused += 1
+            if _log_once_refused(self):
+                _log.warning("connection_limit_reached", max_connections=self.settings.max_connections)
             writer.close()
             return
         self._connections.add(task)
         try:
+            if not await self._start_tls(writer):
+                return
             await self._serve_connection(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ssl.SSLError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ssl.SSLError,
+                asyncio.TimeoutError):
             pass
         except Exception as e:
             _log.warning("connection_failed", error=repr(e))
@@ -141,6 +178,26 @@ class WebServer:
             self._connections.discard(task)
             with contextlib.suppress(Exception):
                 writer.close()
+
+    async def _start_tls(self, writer: asyncio.StreamWriter) -> bool:
+        """Upgrade the connection to TLS if the policy says so; False when the handshake or peer check failed."""
+        ctx = self.policy.ssl_context() if self.policy else None
+        if ctx is None:
+            return True
+        if sys.version_info < (3, 11):  # pragma: no cover - StreamWriter.start_tls is 3.11+
+            raise RuntimeError("TLS needs Python 3.11 or newer")
+        try:
+            await asyncio.wait_for(writer.start_tls(ctx), self.settings.read_timeout)
+        except (ssl.SSLError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+            self.tls_handshakes_failed += 1
+            _log.debug("tls_handshake_failed", peer=str(writer.get_extra_info("peername")), error=repr(e))
+            return False
+        assert self.policy is not None
+        if not self.policy.peer_allowed(writer.get_extra_info("peercert")):
+            self.tls_handshakes_failed += 1
+            _log.debug("tls_client_not_allowed", peer=str(writer.get_extra_info("peername")))
+            return False
+        return True
 
     async def _read_head(self, reader: asyncio.StreamReader, timeout: float) -> Request | None:
         try:
@@ -215,7 +272,11 @@ class WebServer:
             await self._send(writer, 405, b"method not allowed\n", "text/plain; charset=utf-8",
                              close=not keep_alive, extra={"Allow": "GET, HEAD"})
             return
-        if self.authorize is not None and not self.authorize(req.headers):
+        if self.policy is not None and not self.policy.allow():
+            self.requests_rejected += 1
+            await self._send(writer, 429, b"Too Many Requests\n", "text/plain; charset=utf-8", close=not keep_alive)
+            return
+        if self.policy is not None and not await self.policy.authorize(req.headers):
             await self._send(writer, 401, b"Unauthorized\n", "text/plain; charset=utf-8", close=not keep_alive,
                              extra={"WWW-Authenticate": 'Basic realm="gpufeed"'})
             return
@@ -269,6 +330,8 @@ class WebServer:
             "Connection: close" if close else "Connection: keep-alive",
         ]
         lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
+        if self.policy is not None:
+            lines += [f"{k}: {v}" for k, v in self.policy.headers().items()]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         if not head_only:
             writer.write(body)

@@ -1,0 +1,556 @@
+"""``--web.config.file``: TLS, mutual TLS, basic auth, response headers and a rate limit, in the
+exporter-toolkit format that node_exporter, Prometheus and Alertmanager users already know.
+
+The file is parsed and every referenced certificate is loaded into an :class:`ssl.SSLContext` before a
+config is accepted, so a bad file is reported (naming the key) at start -- exit 2 -- and at reload the
+old config stays in force. :class:`WebConfigManager` re-reads the file when it or any file it names
+(certificates rotate) changes, polled every few seconds, and on SIGHUP. New settings apply to new
+connections: the web server asks for the current TLS context per accepted connection.
+
+Basic auth follows exporter-toolkit's handler: the username lookup does not leak which users exist
+(every configured name is compared with :func:`hmac.compare_digest`, an unknown user is checked
+against a dummy hash of the same cost), bcrypt runs in a worker thread one at a time (it is CPU
+heavy: cost 10 is ~60 ms), and outcomes are cached in a small LRU keyed by a SHA-256 of
+user + stored hash + password, so a scraper pays bcrypt once, not on every scrape, and a reload that
+changes a hash invalidates its entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import os
+import re
+import ssl
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import bcrypt
+import yaml
+
+from exporter import log
+
+_log = log.get_logger(component="webconfig")
+
+POLL_INTERVAL = 3.0
+AUTH_CACHE_SIZE = 100
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+
+# Go crypto/tls client auth policies -> (verify_mode). Go's RequestClientCert and RequireAnyClientCert ask for a
+# certificate without verifying it; OpenSSL through Python cannot accept an unverified certificate, and the
+# exporter-toolkit docs call those values insecure, so they are refused with a hint instead of silently changed.
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+
+# Go cipher suite names (crypto/tls cipher_suites.go) -> OpenSSL names. TLS 1.3 suites are not configurable
+# in Go either; they are accepted and ignored.
+CIPHER_SUITES = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+TLS13_SUITES = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256")
+CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1", "X25519": "X25519"}
+
+# Like exporter-toolkit: only these headers may be set, some only to fixed values.
+ALLOWED_HEADERS: Mapping[str, tuple[str, ...]] = {
+    "Strict-Transport-Security": (),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": (),
+    "Content-Security-Policy": (),
+}
+
+_BCRYPT = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
+_TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
+_TLS_KEYS = (
+    "cert_file", "key_file", "cert", "key", "client_auth_type", "client_ca_file", "client_ca",
+    "client_allowed_sans", "min_version", "max_version", "cipher_suites", "prefer_server_cipher_suites",
+    "curve_preferences",
+)
+
+
+class WebConfigError(Exception):
+    """The web config file is invalid; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """``rate_limit``: one request per ``interval`` seconds on average, bursts of ``burst``."""
+
+    interval: float
+    burst: int
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """One accepted web configuration (immutable; a reload builds a new one)."""
+
+    ssl_context: ssl.SSLContext | None = None
+    client_allowed_sans: tuple[str, ...] = ()
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    users: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
+    rate_limit: RateLimit | None = None
+    watched: tuple[Path, ...] = ()
+    dummy_hash: bytes = b""  # same cost as the users' hashes: unknown users pay the same bcrypt time
+
+
+def _mapping(value: object, key: str, allowed: tuple[str, ...] | None = None) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise WebConfigError(f"{key}: must be a mapping, not {type(value).__name__}")
+    for k in value:
+        if not isinstance(k, str):
+            raise WebConfigError(f"{key}: keys must be strings, not {k!r}")
+        if allowed is not None and k not in allowed:
+            raise WebConfigError(f"{key}.{k}: unknown key (known: {', '.join(allowed)})")
+    return value
+
+
+def _str(value: object, key: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise WebConfigError(f"{key}: must be a string, not {type(value).__name__}")
+    return value
+
+
+def _str_list(value: object, key: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise WebConfigError(f"{key}: must be a list of strings")
+    return tuple(value)
+
+
+def _duration(value: object, key: str) -> float:
+    if isinstance(value, bool) or value is None:
+        raise WebConfigError(f"{key}: not a duration: {value!r} (use e.g. 1s, 500ms)")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value).strip())
+        if not m:
+            raise WebConfigError(f"{key}: not a duration: {value!r} (use e.g. 1s, 500ms)")
+        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
+    if not 0 < seconds < 1e9:
+        raise WebConfigError(f"{key}: must be positive: {value!r}")
+    return seconds
+
+
+def _pem_file(inline: str, key: str) -> tuple[str, Callable[[], None]]:
+    """A path OpenSSL can read for inline PEM text, backed by an anonymous memfd (nothing touches the disk)."""
+    fd = os.memfd_create(f"gpufeed-{key}", os.MFD_CLOEXEC)
+    os.write(fd, inline.encode())
+
+    def close() -> None:
+        os.close(fd)
+
+    return f"/proc/self/fd/{fd}", close
+
+
+def _tls(section: Mapping[str, Any], base: Path) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[Path, ...]]:
+    """``tls_server_config`` -> a server SSLContext, the allowed client SANs and the files to watch."""
+    k = "tls_server_config"
+    opts = {name: section.get(name) for name in _TLS_KEYS}
+    cert_file, key_file = _str(opts["cert_file"], f"{k}.cert_file"), _str(opts["key_file"], f"{k}.key_file")
+    cert, key = _str(opts["cert"], f"{k}.cert"), _str(opts["key"], f"{k}.key")
+    if cert_file and cert:
+        raise WebConfigError(f"{k}: cert_file and cert are mutually exclusive")
+    if key_file and key:
+        raise WebConfigError(f"{k}: key_file and key are mutually exclusive")
+    if not (cert_file or cert):
+        raise WebConfigError(f"{k}.cert_file: missing (a certificate is required for TLS)")
+    if not (key_file or key):
+        raise WebConfigError(f"{k}.key_file: missing (a private key is required for TLS)")
+    watched: list[Path] = []
+
+    def resolve(name: str, value: str) -> str:
+        p = Path(value)
+        p = p if p.is_absolute() else base / p
+        if not p.is_file():
+            raise WebConfigError(f"{k}.{name}: {p}: no such file")
+        watched.append(p)
+        return str(p)
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    closers: list[Callable[[], None]] = []
+    try:
+        cpath = resolve("cert_file", cert_file) if cert_file else None
+        kpath = resolve("key_file", key_file) if key_file else None
+        if cpath is None:
+            cpath, close = _pem_file(cert, "cert")
+            closers.append(close)
+        if kpath is None:
+            kpath, close = _pem_file(key, "key")
+            closers.append(close)
+        try:
+            ctx.load_cert_chain(cpath, kpath)
+        except (ssl.SSLError, OSError) as e:
+            raise WebConfigError(f"{k}.cert_file/key_file: cannot load certificate and key: {e}") from e
+    finally:
+        for closer in closers:
+            closer()
+
+    auth = _str(opts["client_auth_type"], f"{k}.client_auth_type") or "NoClientCert"
+    if auth in UNVERIFIED_CLIENT_AUTH:
+        raise WebConfigError(
+            f"{k}.client_auth_type: {auth} accepts client certificates without verifying them and is not "
+            "supported; use VerifyClientCertIfGiven or RequireAndVerifyClientCert with client_ca_file"
+        )
+    if auth not in CLIENT_AUTH:
+        raise WebConfigError(f"{k}.client_auth_type: invalid {auth!r} (one of: {', '.join(CLIENT_AUTH)})")
+    ca_file = _str(opts["client_ca_file"], f"{k}.client_ca_file")
+    ca = _str(opts["client_ca"], f"{k}.client_ca")
+    if ca_file and ca:
+        raise WebConfigError(f"{k}: client_ca_file and client_ca are mutually exclusive")
+    if (ca_file or ca) and auth == "NoClientCert":
+        raise WebConfigError(f"{k}.client_ca_file: client CAs configured without a client_auth_type")
+    try:
+        if ca_file:
+            ctx.load_verify_locations(cafile=resolve("client_ca_file", ca_file))
+        elif ca:
+            ctx.load_verify_locations(cadata=ca)
+        elif auth != "NoClientCert":
+            # Go verifies against the system roots when no client CA is given; do the same.
+            ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+    except (ssl.SSLError, OSError, ValueError) as e:
+        raise WebConfigError(f"{k}.client_ca_file: cannot load CA certificates: {e}") from e
+    ctx.verify_mode = CLIENT_AUTH[auth]
+    sans = _str_list(opts["client_allowed_sans"], f"{k}.client_allowed_sans")
+    if sans and auth != "RequireAndVerifyClientCert":
+        raise WebConfigError(f"{k}.client_allowed_sans: requires client_auth_type RequireAndVerifyClientCert")
+
+    versions = {}
+    for name, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        v = _str(opts[name], f"{k}.{name}") or default
+        if v not in TLS_VERSIONS:
+            raise WebConfigError(f"{k}.{name}: invalid {v!r} (one of: {', '.join(TLS_VERSIONS)})")
+        versions[name] = TLS_VERSIONS[v]
+    if versions["min_version"] > versions["max_version"]:
+        raise WebConfigError(f"{k}.min_version: higher than max_version")
+    try:
+        ctx.minimum_version = versions["min_version"]
+        ctx.maximum_version = versions["max_version"]
+    except (ValueError, ssl.SSLError) as e:  # pragma: no cover - depends on the OpenSSL build
+        raise WebConfigError(f"{k}.min_version: not supported by this OpenSSL: {e}") from e
+
+    suites = _str_list(opts["cipher_suites"], f"{k}.cipher_suites")
+    if suites:
+        names = []
+        for s in suites:
+            if s in TLS13_SUITES:
+                continue
+            if s not in CIPHER_SUITES:
+                raise WebConfigError(f"{k}.cipher_suites: unknown or unsupported suite {s!r}")
+            names.append(CIPHER_SUITES[s])
+        if names:
+            try:
+                ctx.set_ciphers(":".join(names))
+            except ssl.SSLError as e:
+                raise WebConfigError(f"{k}.cipher_suites: none usable with this OpenSSL: {e}") from e
+    prefer = opts["prefer_server_cipher_suites"]
+    if prefer is not None and not isinstance(prefer, bool):
+        raise WebConfigError(f"{k}.prefer_server_cipher_suites: must be true or false")
+    if prefer is not False:
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    curves = _str_list(opts["curve_preferences"], f"{k}.curve_preferences")
+    for curve in curves:
+        if curve not in CURVES:
+            raise WebConfigError(f"{k}.curve_preferences: unknown curve {curve!r} (one of: {', '.join(CURVES)})")
+    if curves:
+        # Python's ssl module sets one ECDH curve: the first preference.
+        ctx.set_ecdh_curve(CURVES[curves[0]])
+    return ctx, sans, tuple(watched)
+
+
+def _users(section: Mapping[str, Any]) -> Mapping[str, bytes]:
+    out: dict[str, bytes] = {}
+    for user, h in section.items():
+        if not isinstance(h, str) or not _BCRYPT.match(h):
+            raise WebConfigError(
+                f"basic_auth_users.{user}: not a bcrypt hash (generate one with: htpasswd -nBC 10 '' | tr -d ':\\n')"
+            )
+        cost = int(h[4:6]) if h[3] == "$" else int(h[3:5])
+        if not 4 <= cost <= 31:
+            raise WebConfigError(f"basic_auth_users.{user}: bcrypt cost {cost} out of range 4-31")
+        if ":" in user:
+            raise WebConfigError(f"basic_auth_users.{user}: user names cannot contain ':'")
+        out[user] = h.encode()
+    return MappingProxyType(out)
+
+
+def parse(data: object, base: Path) -> WebConfig:
+    """Validate parsed YAML and build a :class:`WebConfig`; relative paths are relative to ``base``."""
+    top = _mapping(data, "web config", _TOP_KEYS)
+    ctx: ssl.SSLContext | None = None
+    sans: tuple[str, ...] = ()
+    watched: tuple[Path, ...] = ()
+    tls = _mapping(top.get("tls_server_config"), "tls_server_config", _TLS_KEYS)
+    if tls:
+        ctx, sans, watched = _tls(tls, base)
+    http = _mapping(top.get("http_server_config"), "http_server_config", ("http2", "headers"))
+    if http.get("http2") is not None and not isinstance(http.get("http2"), bool):
+        raise WebConfigError("http_server_config.http2: must be true or false")
+    headers: dict[str, str] = {}
+    for name, value in _mapping(http.get("headers"), "http_server_config.headers").items():
+        if name not in ALLOWED_HEADERS:
+            raise WebConfigError(
+                f"http_server_config.headers.{name}: header cannot be configured "
+                f"(allowed: {', '.join(ALLOWED_HEADERS)})"
+            )
+        v = _str(value, f"http_server_config.headers.{name}")
+        if ALLOWED_HEADERS[name] and v not in ALLOWED_HEADERS[name]:
+            raise WebConfigError(
+                f"http_server_config.headers.{name}: invalid value {v!r} (one of: {', '.join(ALLOWED_HEADERS[name])})"
+            )
+        if "\r" in v or "\n" in v:
+            raise WebConfigError(f"http_server_config.headers.{name}: value contains a line break")
+        headers[name] = v
+    users = _users(_mapping(top.get("basic_auth_users"), "basic_auth_users"))
+    rate: RateLimit | None = None
+    rl = _mapping(top.get("rate_limit"), "rate_limit", ("interval", "burst"))
+    if rl:
+        burst = rl.get("burst", 0)
+        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+            raise WebConfigError(f"rate_limit.burst: must be a positive integer, not {burst!r}")
+        rate = RateLimit(interval=_duration(rl.get("interval"), "rate_limit.interval"), burst=burst)
+    dummy = b""
+    if users:
+        cost = max(int(h.split(b"$")[2]) for h in users.values())
+        dummy = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(cost))
+    return WebConfig(
+        ssl_context=ctx, client_allowed_sans=sans, headers=MappingProxyType(headers), users=users,
+        rate_limit=rate, watched=watched, dummy_hash=dummy,
+    )
+
+
+def load(path: Path) -> WebConfig:
+    """Read, validate and build the config at ``path``; WebConfigError naming the file and key otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise WebConfigError(f"web config file {path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise WebConfigError(f"web config file {path}: invalid YAML: {e}") from e
+    try:
+        return parse(data, path.parent)
+    except WebConfigError as e:
+        raise WebConfigError(f"web config file {path}: {e}") from e
+    except RecursionError as e:  # absurdly nested YAML
+        raise WebConfigError(f"web config file {path}: too deeply nested") from e
+
+
+def parse_basic_auth(header: str) -> tuple[str, str] | None:
+    """``Basic base64(user:pass)`` -> (user, pass); None for anything else."""
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        raw = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    user, sep, password = raw.partition(":")
+    return (user, password) if sep else None
+
+
+def san_allowed(peercert: Mapping[str, Any] | None, allowed: tuple[str, ...]) -> bool:
+    """Whether a verified client certificate carries one of the allowed SANs (DNS, IP, e-mail or URI)."""
+    if not allowed:
+        return True
+    if not peercert:
+        return False
+    want = set(allowed)
+    for kind, value in peercert.get("subjectAltName", ()):
+        if kind == "IP Address":
+            if value in want or any(_same_ip(value.strip(), a) for a in want):
+                return True
+        elif value in want:
+            return True
+    return False
+
+
+def _same_ip(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return False
+
+
+class _TokenBucket:
+    """Token bucket like golang.org/x/time/rate: ``burst`` tokens, one more every ``interval`` seconds."""
+
+    def __init__(self, limit: RateLimit, clock: Callable[[], float]) -> None:
+        self.limit = limit
+        self.clock = clock
+        self.tokens = float(limit.burst)
+        self.t = clock()
+
+    def allow(self) -> bool:
+        now = self.clock()
+        self.tokens = min(float(self.limit.burst), self.tokens + (now - self.t) / self.limit.interval)
+        self.t = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class WebConfigManager:
+    """The live web config: answers the web server's TLS, auth, header and rate questions; reloads safely."""
+
+    def __init__(self, path: Path | None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.clock = clock
+        self.config = load(path) if path is not None else WebConfig()
+        self.reloads_failed = 0
+        self.reloads_ok = 0
+        self.last_reload_successful = True
+        self._stamp = self._stamps()
+        self._bucket = _TokenBucket(self.config.rate_limit, clock) if self.config.rate_limit else None
+        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._bcrypt_lock = threading.Lock()
+
+    # ---- reload ----------------------------------------------------------------------------------------
+
+    def _stamps(self) -> tuple[tuple[str, int, int, int], ...]:
+        if self.path is None:
+            return ()
+        out = []
+        for p in (self.path, *self.config.watched):
+            try:
+                st = p.stat()
+                out.append((str(p), st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append((str(p), -1, -1, -1))
+        return tuple(out)
+
+    def reload(self, reason: str = "sighup") -> bool:
+        """Re-read the file; on error keep the current config, log and return False."""
+        if self.path is None:
+            return True
+        try:
+            new = load(self.path)
+        except WebConfigError as e:
+            self.reloads_failed += 1
+            self.last_reload_successful = False
+            self._stamp = self._stamps()  # do not retry the same broken file every poll
+            _log.error("web_config_reload_failed", reason=reason, error=str(e), note="keeping previous config")
+            return False
+        old_rate = self.config.rate_limit
+        self.config = new
+        self._stamp = self._stamps()
+        if new.rate_limit != old_rate:
+            self._bucket = _TokenBucket(new.rate_limit, self.clock) if new.rate_limit else None
+        self.reloads_ok += 1
+        self.last_reload_successful = True
+        _log.info(
+            "web_config_reloaded", reason=reason, tls=new.ssl_context is not None, users=len(new.users),
+            mtls=bool(new.ssl_context and new.ssl_context.verify_mode == ssl.CERT_REQUIRED),
+        )
+        return True
+
+    def changed(self) -> bool:
+        """Whether the file or a file it names changed since the last (attempted) load."""
+        return self.path is not None and self._stamps() != self._stamp
+
+    async def watch(self, interval: float = POLL_INTERVAL) -> None:
+        """Poll for changes forever (cancel to stop); stat() is cheap and runs on the loop."""
+        while True:
+            await asyncio.sleep(interval)
+            if self.changed():
+                self.reload(reason="file_changed")
+
+    # ---- questions from the web server ---------------------------------------------------------------
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context new connections get (None: plain HTTP)."""
+        return self.config.ssl_context
+
+    def peer_allowed(self, peercert: Mapping[str, Any] | None) -> bool:
+        """``client_allowed_sans`` check on a verified client certificate."""
+        return san_allowed(peercert, self.config.client_allowed_sans)
+
+    def headers(self) -> Mapping[str, str]:
+        """Extra response headers (``http_server_config.headers``)."""
+        return self.config.headers
+
+    def allow(self) -> bool:
+        """Rate limit: False means answer 429."""
+        return self._bucket is None or self._bucket.allow()
+
+    async def authorize(self, headers: Mapping[str, str]) -> bool:
+        """Basic auth against ``basic_auth_users``; True when no users are configured."""
+        users = self.config.users
+        if not users:
+            return True
+        creds = parse_basic_auth(headers.get("authorization", ""))
+        if creds is None:
+            return False
+        user, password = creds
+        stored: bytes | None = None
+        ub = user.encode("utf-8", "surrogateescape")
+        for name, h in users.items():  # no early exit: time does not depend on which user matched
+            if hmac.compare_digest(name.encode(), ub):
+                stored = h
+        valid_user = stored is not None
+        hashed = stored if stored is not None else self.config.dummy_hash
+        key = hashlib.sha256(b"\0".join((ub, hashed, password.encode("utf-8", "surrogateescape")))).digest()
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+        if hit is None:
+            loop = asyncio.get_running_loop()
+            hit = await loop.run_in_executor(None, self._check, password, hashed)
+            hit = hit and valid_user
+            with self._cache_lock:
+                self._cache[key] = hit
+                while len(self._cache) > AUTH_CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return hit and valid_user
+
+    def _check(self, password: str, hashed: bytes) -> bool:
+        with self._bcrypt_lock:  # one bcrypt at a time: it is CPU heavy
+            try:
+                return bcrypt.checkpw(password.encode("utf-8", "surrogateescape"), hashed)
+            except ValueError:
+                return False
