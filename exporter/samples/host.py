@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +46,23 @@ class CpuTimes:
         return self.busy + self.idle + self.iowait
 
 
+def _no_nodes() -> Mapping[int, CpuTimes]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class CpuSample:
-    """Per-CPU times and the NUMA node of each CPU (``node_of`` is empty when the host has no NUMA info)."""
+    """Per-CPU times and the NUMA node of each CPU (``node_of`` is empty when the host has no NUMA info).
+
+    ``cpus`` holds each online CPU's counters after node_exporter-style hygiene (a field that jumps
+    backwards keeps its previous value; a large idle jump back is a hotplug and resets that CPU).
+    ``node_totals`` are per-NUMA-node sums accumulated from per-CPU increases, so they never go backwards
+    even when a CPU goes offline; node 0 holds every CPU when the host has no NUMA info.
+    """
 
     cpus: Mapping[int, CpuTimes]
     node_of: Mapping[int, int]
+    node_totals: Mapping[int, CpuTimes] = field(default_factory=_no_nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,3 +162,4 @@ class NfsSample:
     rpc_calls: int
     retransmissions: int
     ops: Mapping[str, int]
+    auth_refreshes: int = 0

@@ -1,0 +1,104 @@
+"""CPU frequency scaling from /sys/devices/system/cpu/cpu*/cpufreq: governor, current and maximum frequency."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+from types import MappingProxyType
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from exporter.collectors import register
+from exporter.collectors.base import Collector, CollectorError, NoDataError
+from exporter.samples.host import CpufreqCpu, CpufreqSample
+from exporter.snapshot import Snapshot
+
+# cpufreq sysfs frequencies are in kHz ("All frequencies ... are in kHz", Documentation/admin-guide/pm/cpufreq.rst,
+# "Policy Interface in sysfs").
+HZ_PER_KHZ = 1000.0
+
+
+@register
+class CpufreqCollector(Collector):
+    """Summarised frequency scaling: how many CPUs run each governor and how far below max they clock."""
+
+    name = "cpufreq"
+    help = "CPU frequency scaling from /sys/devices/system/cpu/cpu*/cpufreq (absent in most VMs)."
+    default_interval = 5.0
+
+    def update(self) -> CpufreqSample:
+        base = self.ctx.sys("devices", "system", "cpu")
+        try:
+            entries = os.listdir(base)
+        except FileNotFoundError as e:
+            raise NoDataError(f"{base} not present") from e
+        except OSError as e:
+            raise CollectorError(f"{base}: {e.strerror or e}") from e
+        out: dict[int, CpufreqCpu] = {}
+        for entry in entries:
+            if not entry.startswith("cpu") or not entry[3:].isdigit():
+                continue
+            d = base / entry / "cpufreq"
+            if not d.is_dir():
+                continue
+            cpu = int(entry[3:])
+            gov = self._read(d / "scaling_governor")
+            cur = self._khz(d / "scaling_cur_freq")
+            mx = self._khz(d / "cpuinfo_max_freq")
+            out[cpu] = CpufreqCpu(governor=gov or None, cur_hz=cur, max_hz=mx)
+        if not out:
+            raise NoDataError(f"no cpufreq directory under {base}/cpu* (no cpufreq driver, typical of VMs)")
+        return CpufreqSample(cpus=MappingProxyType(dict(sorted(out.items()))))
+
+    @staticmethod
+    def _read(path: os.PathLike[str]) -> str | None:
+        """One cpufreq attribute, stripped; None when the driver does not provide it."""
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise CollectorError(f"{path}: {e.strerror or e}") from e
+
+    def _khz(self, path: os.PathLike[str]) -> float | None:
+        """A kHz attribute (scaling_cur_freq, cpuinfo_max_freq) in Hz; None when absent or '<unknown>'."""
+        text = self._read(path)
+        if text is None or text == "<unknown>":
+            return None
+        try:
+            return int(text) * HZ_PER_KHZ
+        except ValueError as e:
+            raise CollectorError(f"{path}: not a frequency: {text[:40]!r}") from e
+
+    def metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        sample: CpufreqSample | None = snap.value(self.name)
+        if sample is None:
+            return
+        governors = GaugeMetricFamily(
+            "gpufeed_cpufreq_governor_cpus",
+            "CPUs running each cpufreq scaling governor (powersave on a GPU host starves the launch thread).",
+            labels=["governor"],
+        )
+        for gov, n in sorted(Counter(c.governor for c in sample.cpus.values() if c.governor).items()):
+            governors.add_metric([gov], float(n))
+        yield governors
+        ratios = [
+            c.cur_hz / c.max_hz for c in sample.cpus.values()
+            if c.cur_hz is not None and c.max_hz is not None and c.max_hz > 0
+        ]
+        if not ratios:
+            return
+        lo = GaugeMetricFamily(
+            "gpufeed_cpufreq_current_ratio_min",
+            "Lowest ratio of current to maximum frequency over all CPUs (scaling_cur_freq / cpuinfo_max_freq).",
+        )
+        lo.add_metric([], min(ratios))
+        hi = GaugeMetricFamily(
+            "gpufeed_cpufreq_current_ratio_max",
+            "Highest ratio of current to maximum frequency over all CPUs (scaling_cur_freq / cpuinfo_max_freq).",
+        )
+        hi.add_metric([], max(ratios))
+        yield lo
+        yield hi

@@ -1,0 +1,268 @@
+"""GPU processes (and any named pids): CPU times, placement and reads from /proc/<pid>, threads on demand.
+
+Two samplers, because per-thread reads cost one file per thread (a training job has ~150): ``proc`` reads
+process-level files every second; ``proc_threads`` reads every ``/proc/<pid>/task/<tid>/stat`` every 5 s
+by default, and the derived layer shortens its interval (``engine.set_interval("proc_threads", 0.5)``)
+while a GPU is waiting -- cheap always-on signals, deep evidence on demand.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.collectors import register
+from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option, SamplerSpec
+from exporter.cpulist import CpulistError, parse_cpulist
+from exporter.samples.host import ProcessSample, ProcSample, ThreadStat
+from exporter.snapshot import Snapshot
+
+# utime/stime in /proc/<pid>/stat are clock ticks: "measured in clock ticks (divide by sysconf(_SC_CLK_TCK))"
+# -- proc(5), /proc/pid/stat fields (14) and (15).
+USER_HZ = float(os.sysconf("SC_CLK_TCK"))
+THREADS_SAMPLER = "proc_threads"
+# Thread states as fs/proc/array.c task_state_array prints them; running/sleeping/disk_sleep are always
+# exported (0 included) so "threads in D state" is a value, not an absent series.
+STATE_NAMES = {
+    "R": "running", "S": "sleeping", "D": "disk_sleep", "T": "stopped", "t": "tracing_stop",
+    "X": "dead", "Z": "zombie", "P": "parked", "I": "idle",
+}
+ALWAYS_STATES = ("running", "sleeping", "disk_sleep")
+# Errors that mean "the process or thread is gone" while we read it: normal, not a failure.
+_GONE = (errno.ENOENT, errno.ESRCH)
+
+
+class PidListOption(Option):
+    """A comma-separated list of positive pids; a bad entry is a configuration error naming it."""
+
+    def parse(self, value: object) -> tuple[int, ...]:
+        items = value if isinstance(value, list | tuple) else str(value).split(",")
+        out: list[int] = []
+        for item in items:
+            s = str(item).strip()
+            if not s:
+                continue
+            if not s.isdigit() or int(s) <= 0:
+                raise ValueError(f"not a pid: {s!r} (expected e.g. 123,456)")
+            out.append(int(s))
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class StatFields:
+    """The fields of a /proc/<pid>/stat line that gpufeed uses."""
+
+    comm: str
+    state: str
+    utime: float
+    stime: float
+    num_threads: int
+    processor: int
+
+
+def parse_stat(text: str) -> StatFields:
+    """Parse a /proc/<pid>/stat or /proc/<pid>/task/<tid>/stat line.
+
+    ``comm`` may contain spaces and parentheses (a thread can name itself ``a) b (c``), so it is everything
+    between the first ``(`` and the LAST ``)``; the fields after it are space separated.
+    """
+    lpar = text.find("(")
+    rpar = text.rfind(")")
+    if lpar < 0 or rpar < lpar:
+        raise ValueError(f"no (comm) in {text[:60]!r}")
+    rest = text[rpar + 2:].split()
+    # Field numbers below are proc(5)'s, 1-based; rest[0] is field 3 (state).
+    if len(rest) < 37:
+        raise ValueError(f"{len(rest) + 2} fields, expected at least 39")
+    return StatFields(
+        comm=text[lpar + 1:rpar],
+        state=rest[0],
+        utime=int(rest[11]) / USER_HZ,  # (14) utime
+        stime=int(rest[12]) / USER_HZ,  # (15) stime
+        num_threads=int(rest[17]),  # (20) num_threads
+        processor=int(rest[36]),  # (39) processor
+    )
+
+
+def parse_status(text: str) -> tuple[frozenset[int], frozenset[int]]:
+    """``Cpus_allowed_list`` and ``Mems_allowed_list`` from /proc/<pid>/status."""
+    cpus: frozenset[int] | None = None
+    mems: frozenset[int] | None = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "Cpus_allowed_list":
+            cpus = parse_cpulist(value)
+        elif key == "Mems_allowed_list":
+            mems = parse_cpulist(value)
+    if cpus is None or mems is None:
+        raise ValueError("no Cpus_allowed_list/Mems_allowed_list")
+    return cpus, mems
+
+
+def parse_io(text: str) -> tuple[int, int]:
+    """``rchar`` and ``syscr`` from /proc/<pid>/io."""
+    vals: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("rchar", "syscr"):
+            vals[key] = int(value)
+    if len(vals) != 2:
+        raise ValueError("no rchar/syscr")
+    return vals["rchar"], vals["syscr"]
+
+
+class _GoneError(Exception):
+    """The process vanished while it was being read."""
+
+
+@register
+class ProcCollector(Collector):
+    """CPU time, placement and read pattern of the GPU processes; per-thread state on a second sampler."""
+
+    name = "proc"
+    help = "GPU processes (and --collector.proc.pids) from /proc/<pid>/{stat,status,io,task/*/stat}."
+    default_interval = 1.0
+    options = (
+        PidListOption("pids", "list", (), "Extra pids to inspect besides the GPU processes (e.g. 123,456)."),
+        Option("threads-interval", "duration", 5.0, "Interval of per-thread sampling (sampler proc_threads)."),
+    )
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self.static_pids = frozenset(int(p) for p in ctx.options.get("pids", ()))
+        self.threads_interval = float(ctx.options.get("threads-interval", 5.0))
+
+    def samplers(self) -> list[SamplerSpec]:
+        return [
+            SamplerSpec(self.name, self.interval, self.update),
+            SamplerSpec(THREADS_SAMPLER, self.threads_interval, self.update_threads),
+        ]
+
+    def pids(self) -> frozenset[int]:
+        """The GPU processes (published by the GPU collector) plus the configured ones."""
+        return self.ctx.targets.pids() | self.static_pids
+
+    def update(self) -> ProcSample:
+        return self._sample(deep=False)
+
+    def update_threads(self) -> ProcSample:
+        """Process-level reads plus every thread's stat (the deep sampler)."""
+        return self._sample(deep=True)
+
+    def _sample(self, deep: bool) -> ProcSample:
+        out: dict[int, ProcessSample] = {}
+        for pid in sorted(self.pids()):
+            try:
+                out[pid] = self._process(pid, deep)
+            except _GoneError:
+                continue
+        return ProcSample(processes=MappingProxyType(out), deep=deep)
+
+    def _read(self, *parts: str | int) -> str:
+        """One file under /proc; _GoneError when the process or thread no longer exists."""
+        path = self.ctx.proc(*parts)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError as e:
+            if e.errno in _GONE:
+                raise _GoneError(str(path)) from e
+            raise CollectorError(f"{path}: {e.strerror or e}") from e
+
+    def _process(self, pid: int, deep: bool) -> ProcessSample:
+        """One process from /proc/<pid>/stat, status and io (and task/*/stat when ``deep``)."""
+        stat = self._parse(parse_stat, self._read(pid, "stat"), pid, "stat")
+        cpus, mems = self._parse(parse_status, self._read(pid, "status"), pid, "status")
+        rchar: int | None
+        syscr: int | None
+        try:
+            rchar, syscr = self._parse(parse_io, self._read(pid, "io"), pid, "io")
+        except CollectorError as e:
+            if not isinstance(e.__cause__, PermissionError):
+                raise
+            # Another user's process (ptrace access mode check): the read pattern is unknown, not zero.
+            rchar = syscr = None
+        threads = tuple(self._threads(pid)) if deep else ()
+        return ProcessSample(
+            pid=pid, comm=stat.comm, state=stat.state, utime=stat.utime, stime=stat.stime,
+            num_threads=stat.num_threads, cpus_allowed=cpus, mems_allowed=mems, threads=threads,
+            io_rchar=rchar, io_syscr=syscr,
+        )
+
+    @staticmethod
+    def _parse(fn: Any, text: str, pid: int, what: str) -> Any:
+        if not text:
+            # A process that exited between open and read leaves an empty file behind.
+            raise _GoneError(f"{pid}/{what}")
+        try:
+            return fn(text)
+        except (ValueError, IndexError, CpulistError) as e:
+            raise CollectorError(f"/proc/{pid}/{what}: {e}") from e
+
+    def _threads(self, pid: int) -> Iterable[ThreadStat]:
+        """Per-thread CPU times from /proc/<pid>/task/<tid>/stat; a thread exiting mid-read is skipped."""
+        base = self.ctx.proc(pid, "task")
+        try:
+            tids = sorted(int(t) for t in os.listdir(base) if t.isdigit())
+        except OSError as e:
+            if e.errno in _GONE:
+                raise _GoneError(str(base)) from e
+            raise CollectorError(f"{base}: {e.strerror or e}") from e
+        for tid in tids:
+            try:
+                st = self._parse(parse_stat, self._read(pid, "task", tid, "stat"), tid, "stat")
+            except _GoneError:
+                continue
+            yield ThreadStat(tid=tid, comm=st.comm, state=st.state, utime=st.utime, stime=st.stime,
+                             processor=st.processor)
+
+    def metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        shallow: ProcSample | None = snap.value(self.name)
+        deep: ProcSample | None = snap.value(THREADS_SAMPLER)
+        base = shallow or deep
+        if base is None:
+            return
+        cpu = CounterMetricFamily(
+            "gpufeed_process_cpu_seconds", "CPU time of an inspected process (all its threads), from /proc/<pid>/stat.",
+            labels=["pid", "comm", "mode"],
+        )
+        rbytes = CounterMetricFamily(
+            "gpufeed_process_read_bytes",
+            "Bytes the process asked to read (rchar: includes page-cache hits and sockets), from /proc/<pid>/io; "
+            "absent when not readable (another user's process).",
+            labels=["pid", "comm"],
+        )
+        rcalls = CounterMetricFamily(
+            "gpufeed_process_read_syscalls", "Read syscalls of the process (syscr), from /proc/<pid>/io.",
+            labels=["pid", "comm"],
+        )
+        for pid, p in sorted(base.processes.items()):
+            labels = [str(pid), p.comm]
+            cpu.add_metric([*labels, "user"], p.utime)
+            cpu.add_metric([*labels, "system"], p.stime)
+            if p.io_rchar is not None and p.io_syscr is not None:
+                rbytes.add_metric(labels, float(p.io_rchar))
+                rcalls.add_metric(labels, float(p.io_syscr))
+        yield cpu
+        yield rbytes
+        yield rcalls
+        if deep is None:
+            return
+        threads = GaugeMetricFamily(
+            "gpufeed_process_threads",
+            "Threads of the process per state, from /proc/<pid>/task/*/stat (sampled every "
+            "--collector.proc.threads-interval, faster while a GPU waits).",
+            labels=["pid", "comm", "state"],
+        )
+        for pid, p in sorted(deep.processes.items()):
+            counts = Counter(STATE_NAMES.get(t.state, t.state) for t in p.threads)
+            for state in sorted(set(ALWAYS_STATES) | set(counts)):
+                threads.add_metric([str(pid), p.comm, state], float(counts.get(state, 0)))
+        yield threads
