@@ -157,4 +157,13 @@ def resolve(
         raise ConfigError("--web.telemetry-path must start with '/'")
     if values["simulate-speed"] <= 0:
         raise ConfigError("--simulate-speed must be positive")
+    if values["web.config.file"]:
+        # Validate (and load the certificates of) the web config now, so a bad file fails `gpufeed serve` with
+        # exit 2 and a message naming the key, instead of serving without the TLS or auth the operator asked for.
+        from exporter.webconfig import WebConfigError, load
+
+        try:
+            load(Path(values["web.config.file"]))
+        except WebConfigError as e:
+            raise ConfigError(f"--web.config.file: {e}") from e
     return Settings(values=values, enabled=enabled, collector=copts)

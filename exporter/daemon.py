@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from exporter import log
@@ -15,6 +19,7 @@ from exporter.config import Settings
 from exporter.engine import Clock, Engine, RealClock
 from exporter.exposition import DerivedMetrics, Renderer
 from exporter.web import WebServer, WebSettings, parse_address
+from exporter.webconfig import WebConfigError, WebConfigManager
 
 _log = log.get_logger(component="daemon")
 
@@ -60,6 +65,9 @@ class Daemon:
         self.engine = Engine(collectors, clock or RealClock(), history_seconds=settings["engine.history"],
                              on_publish=self._published)
         self.renderer = Renderer(collectors, derived)
+        web_config = settings["web.config.file"]
+        # Raises WebConfigError for a bad file: the caller exits 2 (at start nothing is served insecurely).
+        self.webconfig = WebConfigManager(Path(web_config)) if web_config else None
         host, port = parse_address(settings["web.listen-address"])
         self.web = WebServer(
             self.renderer,
@@ -69,10 +77,12 @@ class Daemon:
                 read_timeout=settings["web.read-timeout"], idle_timeout=settings["web.idle-timeout"],
             ),
             healthy=self.engine.alive,
+            policy=self.webconfig,
         )
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
         self._render_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
 
     def _published(self, _snap: Any) -> None:
         self._changed.set()
@@ -96,6 +106,19 @@ class Daemon:
         self.engine.start()
         self.renderer.render(self.engine.snapshot)
         self._render_task = asyncio.get_running_loop().create_task(self._render_loop(), name="render")
+        if self.webconfig is not None:
+            self._watch_task = asyncio.get_running_loop().create_task(self.webconfig.watch(), name="webconfig")
+
+    def reload(self) -> None:
+        """SIGHUP: re-read --web.config.file (TLS, auth, headers); a bad file keeps the old config.
+
+        Other settings (collectors, intervals, listen address) need a restart: changing them under a running
+        engine would silently break the counters' continuity.
+        """
+        if self.webconfig is None:
+            _log.info("reload_requested", note="no --web.config.file; other settings need a restart")
+            return
+        self.webconfig.reload(reason="sighup")
 
     def request_stop(self) -> None:
         """Ask the daemon to shut down (signal handler)."""
@@ -107,36 +130,69 @@ class Daemon:
 
     async def stop(self) -> None:
         """Drain: stop accepting, stop samplers, close collectors -- within about 2 s."""
-        if self._render_task is not None:
-            self._render_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._render_task
+        for task in (self._render_task, self._watch_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.web.stop()
         await self.engine.stop(timeout=1.0)
 
 
 async def _amain(settings: Settings, registry: Mapping[str, type[Collector]]) -> int:
     collectors = build_collectors(settings, registry)
-    daemon = Daemon(settings, collectors)
+    try:
+        daemon = Daemon(settings, collectors)
+    except WebConfigError as e:
+        _log.error("web_config_invalid", error=str(e))
+        for c in collectors:
+            with contextlib.suppress(Exception):
+                c.close()
+        return 2
     loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
-    loop.add_signal_handler(signal.SIGHUP, lambda: _log.info("reload_requested", note="nothing to reload"))
+    loop.add_signal_handler(signal.SIGHUP, daemon.reload)
     try:
-        await daemon.start()
-    except OSError as e:
-        _log.error("listen_failed", address=settings["web.listen-address"], error=str(e))
-        await daemon.engine.stop()
-        return 1
-    _log.info("started", collectors=",".join(c.name for c in collectors))
-    await daemon.wait()
-    _log.info("stopping")
-    await daemon.stop()
-    _log.info("stopped")
-    return 0
+        try:
+            await daemon.start()
+        except OSError as e:
+            _log.error("listen_failed", address=settings["web.listen-address"], error=str(e))
+            await daemon.engine.stop()
+            return 1
+        _log.info("started", collectors=",".join(c.name for c in collectors))
+        await daemon.wait()
+        _log.info("stopping")
+        await daemon.stop()
+        _log.info("stopped")
+        return 0
+    finally:
+        # Remove our handlers while the loop's self-pipe is still open. Left to loop.close(), CPython closes
+        # the self-pipe first and removes the handlers after, so a signal landing in between (timeout(1)
+        # and systemd send SIGTERM, then SIGCONT/SIGKILL; a second Ctrl-C) makes the C handler write to a
+        # closed socket: "Exception ignored when trying to write to the signal wakeup fd: BrokenPipeError".
+        # After this a further SIGTERM/SIGINT gets the default action, which is what a second signal means.
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 def run_daemon(settings: Settings, registry: Mapping[str, type[Collector]]) -> int:
     """Run ``gpufeed serve`` until SIGTERM/SIGINT; returns the exit code."""
     log.configure(settings["log.level"], settings["log.format"])
-    return asyncio.run(_amain(settings, registry))
+    code = asyncio.run(_amain(settings, registry))
+    # A sampler thread stuck in a read (hung NFS behind /proc, a wedged driver call) cannot be interrupted,
+    # and the interpreter would join it at exit forever: exit without waiting for it once the daemon has
+    # drained (everything that matters was flushed and closed above).
+    deadline = time.monotonic() + 0.5
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join(max(0.0, deadline - time.monotonic()))  # idle pool workers exit at once
+    stuck = [t.name for t in threading.enumerate()
+             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if stuck:
+        _log.warning("exit_with_blocked_threads", threads=",".join(stuck))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
