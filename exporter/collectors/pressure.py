@@ -14,8 +14,9 @@ from exporter.samples.host import PressureSample, PressureTotals
 from exporter.snapshot import Snapshot
 
 RESOURCES = ("cpu", "io", "memory")
-# PSI totals are in microseconds (Documentation/accounting/psi.rst, "total= ... in us").
-SECONDS_PER_US = 1e-6
+# PSI totals are in microseconds (Documentation/accounting/psi.rst, "total= ... in us"). Divided, not
+# multiplied by 1e-6, so 876543210 us prints as 876.54321 rather than 876.5432099999999.
+US_PER_SECOND = 1e6
 
 
 @register
@@ -56,7 +57,7 @@ class PressureCollector(Collector):
                 key, _, value = field.partition("=")
                 if key == "total":
                     try:
-                        totals[kind] = int(value) * SECONDS_PER_US
+                        totals[kind] = int(value) / US_PER_SECOND
                     except ValueError as e:
                         raise CollectorError(f"pressure/{res}: bad total {value!r}") from e
         if "some" not in totals:

@@ -180,15 +180,18 @@ class ProcCollector(Collector):
         """One process from /proc/<pid>/stat, status and io (and task/*/stat when ``deep``)."""
         stat = self._parse(parse_stat, self._read(pid, "stat"), pid, "stat")
         cpus, mems = self._parse(parse_status, self._read(pid, "status"), pid, "status")
-        rchar: int | None
-        syscr: int | None
+        rchar: int | None = None
+        syscr: int | None = None
         try:
             rchar, syscr = self._parse(parse_io, self._read(pid, "io"), pid, "io")
         except CollectorError as e:
             if not isinstance(e.__cause__, PermissionError):
                 raise
             # Another user's process (ptrace access mode check): the read pattern is unknown, not zero.
-            rchar = syscr = None
+        except _GoneError:
+            if not self.ctx.proc(pid).is_dir():
+                raise
+            # The process is alive but has no io file: a kernel without CONFIG_TASK_IO_ACCOUNTING.
         threads = tuple(self._threads(pid)) if deep else ()
         return ProcessSample(
             pid=pid, comm=stat.comm, state=stat.state, utime=stat.utime, stime=stat.stime,
