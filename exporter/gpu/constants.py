@@ -1,0 +1,77 @@
+"""NVML facts shared by the backend and the fake NVML: reason names, field ids, units.
+
+Values are the ones in nvml.h (API v13) and nvidia-ml-py's ``pynvml.py``; see
+shared/reference/anchors-gpu-nvml.md sections 4.3-4.4. Kept as plain ints here so the fake and the
+backend agree without importing ``pynvml`` at module import time.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+# Clock-event ("throttle") reason bits, nvmlClocksEventReason* in nvml.h; the names are the ones of
+# shared/scenarios/SPEC.md and the ``reason`` label of gpufeed_gpu_clock_event_reason.
+CLOCK_EVENT_REASONS = MappingProxyType({
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clock": 0x100,
+})
+
+# nvmlDeviceGetFieldValues ids (pynvml NVML_FI_DEV_*).
+FI_PCIE_REPLAY_COUNTER = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+FI_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT, milliwatts
+FI_PCIE_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES: "PCIe transmit bytes. Value can be wrapped."
+FI_PCIE_RX_BYTES = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+
+# Cumulative time (nanoseconds) the clocks were held down for a reason: NVML_FI_DEV_CLOCKS_EVENT_REASON_*
+# (nvml.h L2853-2861; the DCGM equivalents are documented "in ns" since dcgm-exporter PR #589).
+THROTTLE_TIME_FIELDS = MappingProxyType({
+    "sw_power_cap": 74,  # = NVML_FI_DEV_PERF_POLICY_POWER
+    "sync_boost": 76,  # = NVML_FI_DEV_PERF_POLICY_SYNC_BOOST
+    "sw_thermal": 269,
+    "hw_thermal": 270,
+    "hw_power_brake": 271,
+})
+
+# GPM metric ids (nvml.h L13506-13520); utilisations are 0.0-100.0, PCIe rates MiB/s.
+GPM_GRAPHICS_UTIL = 1
+GPM_SM_UTIL = 2
+GPM_SM_OCCUPANCY = 3
+GPM_ANY_TENSOR_UTIL = 5
+GPM_DRAM_BW_UTIL = 10
+GPM_PCIE_TX_PER_SEC = 20
+GPM_PCIE_RX_PER_SEC = 21
+
+# nvmlDeviceGetSamples sampling types.
+GPU_UTILIZATION_SAMPLES = 1
+MEMORY_UTILIZATION_SAMPLES = 2
+
+# Below this spacing two GPM samples do not give a valid metric ("should be greater than 100ms due to
+# the internal sample refresh rate", nvml.h L13871-13988).
+GPM_MIN_PAIR_SECONDS = 0.1
+
+MIB = 1 << 20
+
+
+def decode_reasons(mask: int) -> frozenset[str]:
+    """Clock-event reason names set in an nvmlDeviceGetCurrentClocksEventReasons bitmask."""
+    return frozenset(name for name, bit in CLOCK_EVENT_REASONS.items() if mask & bit)
+
+
+def encode_reasons(names: object) -> int:
+    """The bitmask of a list of reason names; ValueError naming an unknown one."""
+    if not isinstance(names, list | tuple | set | frozenset):
+        raise ValueError(f"clock_event_reasons must be a list of names, not {names!r}")
+    mask = 0
+    for n in names:
+        bit = CLOCK_EVENT_REASONS.get(str(n))
+        if bit is None:
+            raise ValueError(f"unknown clock event reason {n!r} (known: {', '.join(CLOCK_EVENT_REASONS)})")
+        mask |= bit
+    return mask
