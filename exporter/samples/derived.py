@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 VERDICTS = (
     "healthy", "idle", "launch_bound", "input_bound", "io_bound", "transfer_bound",
@@ -40,6 +41,34 @@ class Finding:
     detail: str
 
 
+def _no_activity() -> Mapping[int, GpuActivity]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuActivity:
+    """Counters and windowed shape of one GPU, as exported (counters cumulative since the daemon started).
+
+    ``gap_buckets`` are non-cumulative counts of completed idle gaps per ``GAP_BUCKETS`` upper bound plus a
+    final +Inf slot; ``burstiness`` is the coefficient of variation of activity over the window (None when
+    the GPU was never active); ``links`` maps each PCIe hop (BDF) of the GPU's chain to whether it is
+    downgraded while busy.
+    """
+
+    state_seconds: Mapping[str, float]  # working / waiting / idle
+    waiting_seconds: Mapping[str, float]  # by cause (WAITING_CAUSES)
+    gap_buckets: tuple[int, ...]
+    gap_seconds_sum: float
+    burstiness: float | None
+    idle_ratio: float | None
+    periodic_gaps: bool
+    links: Mapping[str, bool]
+
+
+# Buckets of gpufeed_gpu_idle_gap_seconds: 100 ms (the GPM/profiling hardware floor) to 60 s.
+GAP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
 @dataclass(frozen=True, slots=True)
 class DerivedState:
     """The derived layer's newest evaluation at monotonic time ``t``."""
@@ -47,3 +76,5 @@ class DerivedState:
     t: float
     gpus: Mapping[int, GpuVerdict]
     findings: tuple[Finding, ...]
+    activity: Mapping[int, GpuActivity] = field(default_factory=_no_activity)
+    window_s: float = 15.0

@@ -1,0 +1,254 @@
+"""Platform findings, independent of the verdict: several may hold at once. Pure functions over windows.
+
+Each check returns zero or more :class:`Finding` values with a detail a human can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from exporter.derived.gpuview import THERMAL_REASONS, GpuView
+from exporter.derived.hostshape import IoSignals
+from exporter.derived.series import Point
+from exporter.samples.derived import Finding
+from exporter.samples.gpu import GpuSample, GpuSlow
+from exporter.samples.host import CpufreqSample, MemorySample
+from exporter.samples.topology import NumaSample, PcieSample
+from exporter.snapshot import Stamped
+
+BUSY_UTIL = 0.10  # a GPU at >= 10% utilisation has work: its link should be up to speed
+BUSY_TRAFFIC = 50e6  # ... or moves >= 50 MB/s over PCIe
+SUSTAIN_S = 4.0  # a downgrade must be seen across busy link samples at least this far apart
+MEM_AVAILABLE_LOW = 0.10
+MEM_AVAILABLE_CRITICAL = 0.05
+DIRTY_HIGH = 0.10  # Dirty + Writeback above 10% of MemTotal
+PSI_MEMORY_SOME = 0.10
+PSI_MEMORY_FULL = 0.02
+GEN_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+
+@dataclass(frozen=True, slots=True)
+class LinkState:
+    """One hop's link as seen in one sample: current and effective maximum (the lower of both ends)."""
+
+    bdf: str
+    t: float
+    cur_gen: int | None
+    cur_width: int | None
+    max_gen: int | None
+    max_width: int | None
+
+
+def _gen(gts: float | None) -> int | None:
+    return None if gts is None else GEN_BY_GTS.get(float(gts))
+
+
+def _min(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def chain_links(pcie: Sequence[Stamped[PcieSample]], bdf: str) -> list[LinkState]:
+    """Every hop of the GPU's chain (root port .. GPU) in every sample of the window.
+
+    A link's achievable maximum is the lower of its two ends, so a Gen5 GPU in a Gen4 slot (a
+    system limit, not a fault) is compared with Gen4.
+    """
+    out: list[LinkState] = []
+    for s in pcie:
+        chain = s.value.chains.get(bdf)
+        if not chain:
+            continue
+        parent_gen: int | None = None
+        parent_width: int | None = None
+        for hop in chain:
+            dev = s.value.devices.get(hop)
+            link = dev.link if dev is not None else None
+            if link is None:
+                parent_gen = parent_width = None
+                continue
+            mg, mw = _gen(link.max_speed_gts), link.max_width
+            out.append(LinkState(hop, s.t, _gen(link.current_speed_gts), link.current_width,
+                                 _min(mg, parent_gen), _min(mw, parent_width)))
+            parent_gen, parent_width = mg, mw
+    return out
+
+
+def nvml_links(slow: Sequence[Stamped[GpuSample]], index: int, bdf: str) -> list[LinkState]:
+    """The GPU's own link from NVML (system-limited max), for hosts where the pcie collector is off."""
+    out = []
+    for s in slow:
+        g = s.value.gpus.get(index)
+        if isinstance(g, GpuSlow):
+            out.append(LinkState(bdf, s.t, g.link_gen, g.link_width, g.max_link_gen, g.max_link_width))
+    return out
+
+
+def busy_at(util: Sequence[Point], t: float, around: float = 1.5) -> bool | None:
+    """Whether the GPU was working around time ``t`` (None when no activity data covers it)."""
+    near = [p for p in util if p.t + p.dt >= t - around and p.t <= t + around]
+    if not near:
+        return None
+    w = sum(p.dt for p in near)
+    return w > 0 and sum(p.value * p.dt for p in near) / w >= BUSY_UTIL
+
+
+def link_downgrades(
+    view: GpuView, links: Sequence[LinkState], util: Sequence[Point],
+) -> list[tuple[str, str, str]]:
+    """(bdf, severity, detail) for each hop below its maximum across the busy part of the window.
+
+    Load-aware: idle NVIDIA GPUs drop to Gen1 by design and idle links flap, so only samples taken while
+    the GPU was busy count, the best state seen over them is what is judged (a link that reached its
+    maximum while busy is fine), and the busy samples must span at least SUSTAIN_S.
+    """
+    traffic = (view.rx_bytes_per_s or 0.0) + (view.tx_bytes_per_s or 0.0)
+    if (view.util or 0.0) < BUSY_UTIL and traffic < BUSY_TRAFFIC:
+        return []
+    by_hop: dict[str, list[LinkState]] = {}
+    for ls in links:
+        b = busy_at(util, ls.t)
+        if b is None:
+            b = (view.util or 0.0) >= BUSY_UTIL
+        if b:
+            by_hop.setdefault(ls.bdf, []).append(ls)
+    out = []
+    for hop, states in by_hop.items():
+        if len(states) < 2 or states[-1].t - states[0].t < SUSTAIN_S:
+            continue
+        gens = [s.cur_gen for s in states if s.cur_gen is not None]
+        widths = [s.cur_width for s in states if s.cur_width is not None]
+        mg, mw = states[-1].max_gen, states[-1].max_width
+        best_gen = max(gens) if gens else None
+        best_width = max(widths) if widths else None
+        parts = []
+        if best_gen is not None and mg is not None and best_gen < mg:
+            parts.append(f"Gen{best_gen} (max Gen{mg})")
+        if best_width is not None and mw is not None and best_width < mw:
+            parts.append(f"x{best_width} (max x{mw})")
+        if parts:
+            where = "the GPU itself" if hop == view.bdf else f"upstream bridge {hop}"
+            severity = "critical" if best_width is not None and mw is not None and best_width < mw else "warning"
+            out.append((hop, severity, f"link at {where} runs {' '.join(parts)} while GPU {view.index} is busy; "
+                             f"check the slot, riser and BIOS (lspci -vv -s {hop})"))
+    return out
+
+
+def pcie_errors(view: GpuView, pcie: Sequence[Stamped[PcieSample]]) -> Finding | None:
+    """AER counters of any hop on the GPU's chain, or the GPU's replay counter, rising in the window."""
+    rising: list[str] = []
+    severity = "warning"
+    if len(pcie) >= 2 and view.bdf:
+        a, b = pcie[0].value, pcie[-1].value
+        for hop in b.chains.get(view.bdf, ()):
+            d0, d1 = a.devices.get(hop), b.devices.get(hop)
+            if d0 is None or d1 is None or d0.aer is None or d1.aer is None:
+                continue
+            for kind in ("fatal", "nonfatal", "correctable"):
+                n = getattr(d1.aer, kind) - getattr(d0.aer, kind)
+                if n > 0:
+                    rising.append(f"{n} {kind} AER errors at {hop}")
+                    if kind != "correctable":
+                        severity = "critical"
+    if view.replays > 0:
+        rising.append(f"{view.replays} PCIe replays on GPU {view.index}")
+    if not rising:
+        return None
+    return Finding("pcie_errors", view.index, severity,
+                   "; ".join(rising) + " in the window: a marginal link (riser, slot, cable); check lspci -vv")
+
+
+def numa_mismatch(numa: NumaSample | None, gpu_index: Mapping[str, int]) -> list[Finding]:
+    """Placements of GPU processes whose CPUs or memory sit on a node remote from their GPU."""
+    if numa is None:
+        return []
+    out: dict[int | None, list[str]] = {}
+    for p in numa.placements:
+        if not p.mismatch:
+            continue
+        idx = gpu_index.get(p.gpu)
+        if idx is None and p.gpu.isdigit():
+            idx = int(p.gpu)
+        what = []
+        if "cpus_remote" in p.reasons:
+            local = "" if p.local_cpu_ratio is None else f" ({round(100 * p.local_cpu_ratio)}% of its CPUs local)"
+            what.append(f"CPUs on a remote node{local}")
+        if "memory_remote" in p.reasons:
+            what.append("memory bound away from the GPU's node")
+        out.setdefault(idx, []).append(
+            f"pid {p.pid} ({p.comm}) has {' and '.join(what) or ', '.join(p.reasons)}; GPU on node {p.gpu_node}")
+    return [Finding("numa_mismatch", idx, "warning", "; ".join(v) + " (numactl --show; bind with numactl -N)")
+            for idx, v in sorted(out.items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
+
+
+def governor_powersave(cpufreq: CpufreqSample | None, busy_gpus: Sequence[int]) -> Finding | None:
+    """CPUs left at the powersave governor while a GPU is busy (slower submission and preprocessing)."""
+    if cpufreq is None or not busy_gpus:
+        return None
+    slow = sorted(c for c, v in cpufreq.cpus.items() if v.governor == "powersave")
+    if not slow:
+        return None
+    gpus = ", ".join(map(str, busy_gpus))
+    return Finding("cpu_governor_powersave", None, "warning",
+                   f"{len(slow)} of {len(cpufreq.cpus)} CPUs use the powersave governor while GPU {gpus} is busy "
+                   "(cpupower frequency-set -g performance)")
+
+
+def clock_throttled(view: GpuView) -> Finding | None:
+    """Power or thermal clock-event reasons holding a busy GPU's SM clock below its maximum."""
+    if (view.util or 0.0) < 0.5 or not view.throttle_reasons:
+        return None
+    if view.clock_ratio is not None and view.clock_ratio >= 0.9 and not (view.throttle_reasons & THERMAL_REASONS):
+        return None
+    clock = "" if view.clock_ratio is None else f", SM clock at {round(100 * view.clock_ratio)}% of max"
+    return Finding("gpu_clock_throttled", view.index, "warning",
+                   f"GPU {view.index} busy with clock-event reasons {', '.join(sorted(view.throttle_reasons))}{clock}"
+                   " (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER)")
+
+
+def memory_pressure(memory: Sequence[Stamped[MemorySample]], io: IoSignals) -> Finding | None:
+    """MemAvailable low, Dirty/Writeback piling up, memory PSI, or OOM kills in the window."""
+    why: list[str] = []
+    severity = "warning"
+    if memory:
+        m = memory[-1].value
+        if m.total > 0:
+            avail = m.available / m.total
+            if avail < MEM_AVAILABLE_LOW:
+                why.append(f"MemAvailable {round(100 * avail)}% of MemTotal")
+                if avail < MEM_AVAILABLE_CRITICAL:
+                    severity = "critical"
+            dirty = (m.dirty + m.writeback) / m.total
+            if dirty >= DIRTY_HIGH:
+                why.append(f"Dirty+Writeback {round(100 * dirty)}% of MemTotal")
+        first, last = memory[0].value.oom_kills, m.oom_kills
+        if first is not None and last is not None and last > first:
+            why.append(f"{last - first} OOM kills")
+            severity = "critical"
+    if io.psi_memory_some is not None and io.psi_memory_some >= PSI_MEMORY_SOME:
+        why.append(f"tasks stalled on memory {round(100 * io.psi_memory_some)}% of the time")
+    elif io.psi_memory_full is not None and io.psi_memory_full >= PSI_MEMORY_FULL:
+        why.append(f"all tasks stalled on memory {round(100 * io.psi_memory_full)}% of the time")
+    if not why:
+        return None
+    return Finding("memory_pressure", None, severity, "; ".join(why) + " (free -g; vmstat 1)")
+
+
+def nfs_retransmissions(io: IoSignals, window_s: float) -> Finding | None:
+    """The NFS client retransmitted RPCs in the window (server or network struggling)."""
+    r = io.nfs_retrans_per_s
+    if not r:
+        return None
+    ratio = "" if not io.nfs_calls_per_s else f" ({100 * r / io.nfs_calls_per_s:.2f}% of calls)"
+    return Finding("nfs_retransmissions", None, "warning",
+                   f"NFS client retransmitting {r:.1f} RPCs/s{ratio} over the last {window_s:.0f} s (nfsstat -c)")
+
+
+def gpu_lost(index: int) -> Finding:
+    """The GPU fell off the bus (NVML GPU_IS_LOST)."""
+    return Finding("gpu_lost", index, "critical",
+                   f"GPU {index} is lost (NVML GPU_IS_LOST): fell off the bus; check dmesg for Xid 79 and reseat/RMA")

@@ -1,0 +1,265 @@
+"""The host side of a waiting GPU: CPU shape of its processes, storage and network-FS stalls.
+
+Pure functions over windows of host samples. The diagnostic signal is the *shape*, not the average: one
+thread at a full core (submission) vs many cores busy in user time (preprocessing) vs threads blocked in
+D state with iowait and IO pressure (storage). CPU saturation is judged against the CPUs the process is
+*allowed* to use (Cpus_allowed_list), never the host average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from exporter.samples.host import (
+    CpuSample,
+    DiskSample,
+    NfsSample,
+    PressureSample,
+    ProcessSample,
+    ProcSample,
+)
+from exporter.snapshot import Stamped
+
+# A data-loader worker at >= 0.6 core in mostly user time is "busy"; a core >= 85% busy is saturated.
+WORKER_CORE = 0.6
+SATURATED_CORE = 0.85
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadLoad:
+    """One thread's CPU use over the window."""
+
+    pid: int
+    tid: int
+    comm: str
+    cores: float  # core-fraction (1.0 = one full core)
+    system_share: float  # share of its CPU time spent in the kernel
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class CpuShape:
+    """CPU shape of a GPU's processes over the window (``threads`` empty when no deep sample was read)."""
+
+    pids: tuple[int, ...]
+    allowed_cpus: int  # CPUs the processes may run on (union of Cpus_allowed_list)
+    process_cores: float | None  # cores used by the processes together
+    process_system_share: float | None
+    threads: tuple[ThreadLoad, ...]  # busiest first
+    allowed_busy_cores: float | None  # busy cores summed over the allowed CPUs
+    allowed_saturated: int  # allowed CPUs >= SATURATED_CORE busy
+    allowed_user_share: float | None  # user share of the busy time on the allowed CPUs
+    allowed_iowait: float | None  # mean iowait share of the allowed CPUs
+    d_state_threads: float  # mean number of threads in D state across deep samples
+    read_bytes_per_s: float | None
+    read_syscalls_per_s: float | None
+
+    @property
+    def hot(self) -> ThreadLoad | None:
+        return self.threads[0] if self.threads else None
+
+    @property
+    def workers(self) -> tuple[ThreadLoad, ...]:
+        """Busy threads other than the hottest one, mostly in user time (data-loader workers)."""
+        return tuple(t for t in self.threads[1:] if t.cores >= WORKER_CORE and t.system_share < 0.5)
+
+    @property
+    def read_size(self) -> float | None:
+        if self.read_bytes_per_s is None or not self.read_syscalls_per_s:
+            return None
+        return self.read_bytes_per_s / self.read_syscalls_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class IoSignals:
+    """Host-wide storage, network-FS, memory and CPU pressure over the window (rates per second)."""
+
+    psi_io_some: float | None
+    psi_io_full: float | None
+    psi_cpu_some: float | None
+    psi_memory_some: float | None
+    psi_memory_full: float | None
+    disk_await_s: float | None  # mean time per completed IO of the busiest device
+    disk_util: float | None  # share of time the busiest device had IO in flight
+    disk_name: str | None
+    nfs_ops_per_s: float | None
+    nfs_metadata_ops_per_s: float | None  # getattr + lookup + open + access
+    nfs_retrans_per_s: float | None
+    nfs_calls_per_s: float | None
+
+
+def _span(window: Sequence[Stamped[object]]) -> float:
+    return window[-1].t - window[0].t if len(window) >= 2 else 0.0
+
+
+def _procs(window: Sequence[Stamped[ProcSample]], pid: int) -> list[tuple[float, ProcessSample]]:
+    return [(s.t, p) for s in window if (p := s.value.processes.get(pid)) is not None]
+
+
+def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> tuple[ThreadLoad, ...]:
+    """Per-thread core use between the first and last deep sample that saw each thread, busiest first."""
+    out: list[ThreadLoad] = []
+    for pid in pids:
+        seen = [(t, p) for t, p in _procs(deep, pid) if p.threads]
+        if len(seen) < 2:
+            continue
+        (t0, p0), (t1, p1) = seen[0], seen[-1]
+        dt = t1 - t0
+        if dt <= 0:
+            continue
+        first = {th.tid: th for th in p0.threads}
+        for th in p1.threads:
+            a = first.get(th.tid)
+            if a is None:
+                continue
+            du, ds = max(0.0, th.utime - a.utime), max(0.0, th.stime - a.stime)
+            cpu = du + ds
+            out.append(ThreadLoad(pid, th.tid, th.comm, cpu / dt, ds / cpu if cpu > 0 else 0.0, th.state))
+    out.sort(key=lambda x: (-x.cores, x.tid))
+    return tuple(out)
+
+
+def d_state_mean(deep: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> float:
+    """Mean number of the processes' threads in uninterruptible sleep (D) per deep sample."""
+    counts = []
+    for s in deep:
+        if not s.value.deep:
+            continue
+        n = 0
+        for pid in pids:
+            p = s.value.processes.get(pid)
+            if p is not None:
+                n += sum(1 for th in p.threads if th.state == "D")
+        counts.append(n)
+    return sum(counts) / len(counts) if counts else 0.0
+
+
+def cpu_shape(
+    procs: Sequence[Stamped[ProcSample]],
+    deep: Sequence[Stamped[ProcSample]],
+    cpus: Sequence[Stamped[CpuSample]],
+    pids: Collection[int],
+) -> CpuShape:
+    """The CPU shape of ``pids`` over the windows given (process-level, per-thread, per allowed core)."""
+    source = procs if any(_procs(procs, p) for p in pids) else deep
+    allowed: set[int] = set()
+    cores = sys_ = 0.0
+    have = False
+    rbytes = rcalls = 0.0
+    have_io = False
+    for pid in pids:
+        seen = _procs(source, pid)
+        if not seen:
+            continue
+        allowed |= seen[-1][1].cpus_allowed
+        if len(seen) < 2:
+            continue
+        (t0, p0), (t1, p1) = seen[0], seen[-1]
+        dt = t1 - t0
+        if dt <= 0:
+            continue
+        have = True
+        cores += max(0.0, (p1.utime + p1.stime) - (p0.utime + p0.stime)) / dt
+        sys_ += max(0.0, p1.stime - p0.stime) / dt
+        if None not in (p0.io_rchar, p1.io_rchar, p0.io_syscr, p1.io_syscr):
+            have_io = True
+            rbytes += max(0, (p1.io_rchar or 0) - (p0.io_rchar or 0)) / dt
+            rcalls += max(0, (p1.io_syscr or 0) - (p0.io_syscr or 0)) / dt
+    busy = user = iow = total_share = 0.0
+    saturated = 0
+    n_allowed = 0
+    have_cpu = len(cpus) >= 2
+    if have_cpu:
+        c0, c1 = cpus[0].value.cpus, cpus[-1].value.cpus
+        ids = sorted(allowed & set(c1)) if allowed else sorted(c1)
+        for c in ids:
+            a, b = c0.get(c), c1.get(c)
+            if a is None or b is None:
+                continue
+            tot = b.total - a.total
+            if tot <= 0:
+                continue
+            n_allowed += 1
+            share = max(0.0, b.busy - a.busy) / tot
+            busy += share
+            user += max(0.0, (b.user + b.nice) - (a.user + a.nice)) / tot
+            iow += max(0.0, b.iowait - a.iowait) / tot
+            total_share += 1.0
+            if share >= SATURATED_CORE:
+                saturated += 1
+    n_cpus = len(allowed) if allowed else (len(cpus[-1].value.cpus) if cpus else 0)
+    return CpuShape(
+        pids=tuple(sorted(pids)),
+        allowed_cpus=n_cpus,
+        process_cores=cores if have else None,
+        process_system_share=(sys_ / cores if cores > 0 else 0.0) if have else None,
+        threads=thread_loads(deep, pids),
+        allowed_busy_cores=busy if n_allowed else None,
+        allowed_saturated=saturated,
+        allowed_user_share=(user / busy if busy > 0 else 0.0) if n_allowed else None,
+        allowed_iowait=iow / total_share if total_share else None,
+        d_state_threads=d_state_mean(deep, pids),
+        read_bytes_per_s=rbytes if have_io else None,
+        read_syscalls_per_s=rcalls if have_io else None,
+    )
+
+
+def _psi(window: Sequence[Stamped[PressureSample]], res: str, full: bool) -> float | None:
+    if len(window) < 2:
+        return None
+    a, b = window[0].value.resources.get(res), window[-1].value.resources.get(res)
+    dt = _span(window)  # type: ignore[arg-type]
+    if a is None or b is None or dt <= 0:
+        return None
+    va, vb = (a.full, b.full) if full else (a.some, b.some)
+    if va is None or vb is None:
+        return None
+    return max(0.0, min(1.0, (vb - va) / dt))
+
+
+def io_signals(
+    pressure: Sequence[Stamped[PressureSample]],
+    disks: Sequence[Stamped[DiskSample]],
+    nfs: Sequence[Stamped[NfsSample]],
+) -> IoSignals:
+    """Rates of PSI, disk and NFS counters between the first and last sample of each window."""
+    await_s = util = None
+    disk_name = None
+    if len(disks) >= 2:
+        dt = _span(disks)  # type: ignore[arg-type]
+        d0, d1 = disks[0].value.devices, disks[-1].value.devices
+        for name, b in d1.items():
+            a = d0.get(name)
+            if a is None or dt <= 0:
+                continue
+            ios = (b.reads - a.reads) + (b.writes - a.writes)
+            u = max(0.0, min(1.0, (b.io_time - a.io_time) / dt))
+            aw = ((b.read_time - a.read_time) + (b.write_time - a.write_time)) / ios if ios > 0 else None
+            if util is None or u > util:
+                util, await_s, disk_name = u, aw, name
+    ops = meta = retr = calls = None
+    if len(nfs) >= 2:
+        dt = _span(nfs)  # type: ignore[arg-type]
+        if dt > 0:
+            n0, n1 = nfs[0].value, nfs[-1].value
+            per_op = {op: max(0, n1.ops.get(op, 0) - n0.ops.get(op, 0)) / dt for op in n1.ops}
+            ops = sum(per_op.values())
+            meta = sum(per_op.get(op, 0.0) for op in ("getattr", "lookup", "open", "access"))
+            retr = max(0, n1.retransmissions - n0.retransmissions) / dt
+            calls = max(0, n1.rpc_calls - n0.rpc_calls) / dt
+    return IoSignals(
+        psi_io_some=_psi(pressure, "io", False),
+        psi_io_full=_psi(pressure, "io", True),
+        psi_cpu_some=_psi(pressure, "cpu", False),
+        psi_memory_some=_psi(pressure, "memory", False),
+        psi_memory_full=_psi(pressure, "memory", True),
+        disk_await_s=await_s,
+        disk_util=util,
+        disk_name=disk_name,
+        nfs_ops_per_s=ops,
+        nfs_metadata_ops_per_s=meta,
+        nfs_retrans_per_s=retr,
+        nfs_calls_per_s=calls,
+    )
+
