@@ -115,7 +115,7 @@ class CpuCollector(Collector):
     def update(self) -> CpuSample:
         path = self.ctx.proc("stat")
         try:
-            text = path.read_text()
+            text = path.read_text(errors="replace")
         except OSError as e:
             raise CollectorError(f"{path}: {e.strerror or e}") from e
         raw = parse_stat(text)
@@ -152,7 +152,7 @@ class CpuCollector(Collector):
             node = int(entry[4:])
             path = base / entry / "cpulist"
             try:
-                cpus = parse_cpulist(path.read_text())
+                cpus = parse_cpulist(path.read_text(errors="replace"))
             except FileNotFoundError:
                 continue
             except (OSError, CpulistError) as e:

@@ -46,7 +46,7 @@ class CpufreqCollector(Collector):
             gov = self._read(d / "scaling_governor")
             cur = self._khz(d / "scaling_cur_freq")
             mx = self._khz(d / "cpuinfo_max_freq")
-            out[cpu] = CpufreqCpu(governor=gov or None, cur_hz=cur, max_hz=mx)
+            out[cpu] = CpufreqCpu(governor=gov, cur_hz=cur, max_hz=mx)
         if not out:
             raise NoDataError(f"no cpufreq directory under {base}/cpu* (no cpufreq driver, typical of VMs)")
         return CpufreqSample(cpus=MappingProxyType(dict(sorted(out.items()))))
@@ -56,11 +56,14 @@ class CpufreqCollector(Collector):
         """One cpufreq attribute, stripped; None when the driver does not provide it."""
         try:
             with open(path, encoding="ascii", errors="replace") as f:
-                return f.read().strip()
+                text = f.read().strip()
         except FileNotFoundError:
             return None
         except OSError as e:
             raise CollectorError(f"{path}: {e.strerror or e}") from e
+        if not text:
+            raise CollectorError(f"{path}: empty")
+        return text
 
     def _khz(self, path: os.PathLike[str]) -> float | None:
         """A kHz attribute (scaling_cur_freq, cpuinfo_max_freq) in Hz; None when absent or '<unknown>'."""

@@ -51,6 +51,9 @@ class RegexOption(Option):
 
 def parse_diskstats(text: str) -> dict[str, DiskStats]:
     """Every device line of /proc/diskstats (``major minor name`` then at least 11 counters)."""
+    if not text.strip():
+        # Every Linux has at least one block device line; an empty read is a broken source, not "no disks".
+        raise CollectorError("/proc/diskstats: empty")
     out: dict[str, DiskStats] = {}
     for line in text.splitlines():
         parts = line.split()
@@ -90,7 +93,7 @@ class DiskCollector(Collector):
     def update(self) -> DiskSample:
         path = self.ctx.proc("diskstats")
         try:
-            text = path.read_text()
+            text = path.read_text(errors="replace")
         except OSError as e:
             raise CollectorError(f"{path}: {e.strerror or e}") from e
         devices = parse_diskstats(text)

@@ -81,7 +81,7 @@ class MemoryCollector(Collector):
         """/proc/meminfo or /proc/vmstat."""
         path = self.ctx.proc(name)
         try:
-            return path.read_text()
+            return path.read_text(errors="replace")
         except OSError as e:
             raise CollectorError(f"{path}: {e.strerror or e}") from e
 

@@ -67,7 +67,7 @@ class NfsCollector(Collector):
     def update(self) -> NfsSample:
         path = self.ctx.proc("net", "rpc", "nfs")
         try:
-            text = path.read_text()
+            text = path.read_text(errors="replace")
         except FileNotFoundError as e:
             raise NoDataError(f"{path} not present (no NFS client; the nfs module loads on first mount)") from e
         except OSError as e:

@@ -32,7 +32,7 @@ class PressureCollector(Collector):
         for res in RESOURCES:
             path = self.ctx.proc("pressure", res)
             try:
-                text = path.read_text()
+                text = path.read_text(errors="replace")
             except FileNotFoundError:
                 continue
             except OSError as e:

@@ -202,8 +202,8 @@ class ProcCollector(Collector):
     @staticmethod
     def _parse(fn: Any, text: str, pid: int, what: str) -> Any:
         if not text:
-            # A process that exited between open and read leaves an empty file behind.
-            raise _GoneError(f"{pid}/{what}")
+            # An exiting process makes reads fail with ESRCH or ENOENT, never return nothing: empty is broken.
+            raise CollectorError(f"/proc/{pid}/{what}: empty")
         try:
             return fn(text)
         except (ValueError, IndexError, CpulistError) as e:
