@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter import log
+from exporter import hotplug, log
 from exporter.collectors.base import Collector, CollectorContext, TargetPids
 from exporter.config import Settings
 from exporter.engine import Clock, Engine, RealClock
@@ -83,6 +83,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._render_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._hotplug: hotplug.HotplugWatcher | None = None
 
     def _published(self, _snap: Any) -> None:
         self._changed.set()
@@ -104,6 +105,8 @@ class Daemon:
         """Bind the listener, then start sampling and rendering."""
         await self.web.start()
         self.engine.start()
+        # udev pci/block events re-enumerate PCI devices; without udev, periodic rescans (logged once).
+        self._hotplug = hotplug.attach(self.collectors)
         self.renderer.render(self.engine.snapshot)
         self._render_task = asyncio.get_running_loop().create_task(self._render_loop(), name="render")
         if self.webconfig is not None:
@@ -136,6 +139,8 @@ class Daemon:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.web.stop()
+        if self._hotplug is not None:
+            self._hotplug.stop()
         await self.engine.stop(timeout=1.0)
 
 

@@ -8,12 +8,20 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class PcieLink:
-    """A link's negotiated and maximum state from sysfs (speeds in GT/s; None when absent or Unknown)."""
+    """A link's negotiated and maximum state from sysfs (speeds in GT/s; None when absent or Unknown).
+
+    ``max_*`` is this device's own capability (LnkCap). ``limit_*`` is the system-limited maximum of the
+    link: the lower of this device's and its link partner's capability (a Gen4 GPU in a Gen3 slot has
+    limit Gen3) -- compare ``current_*`` with ``limit_*`` to find a downgrade, never with ``max_*`` alone.
+    None when the partner is unknown (then fall back to ``max_*``).
+    """
 
     current_speed_gts: float | None
     current_width: int | None
     max_speed_gts: float | None
     max_width: int | None
+    limit_speed_gts: float | None = None
+    limit_width: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +38,16 @@ class PcieDevice:
     """One PCI device: a GPU, a device that feeds one (nvme, nic), or a bridge on a GPU's path.
 
     ``gpu_bdf`` is, for a bridge, the GPU below it (a bridge above several GPUs appears once per GPU
-    chain in ``PcieSample.chains`` but once here, with the first GPU); ``upstream`` is the chain of
-    bridges from the root port down to this device's parent.
+    chain in ``PcieSample.chains`` but once here, with the first GPU in BDF order); for a GPU, its own
+    BDF; None for nvme/nic. ``upstream`` is the chain of bridges from the root port down to this
+    device's parent.
+
+    ``port`` is the device's place on its link: ``root_port`` and ``downstream_port`` (their link files
+    describe the link below them), ``upstream_port`` (a switch's port towards the root) and
+    ``endpoint`` (both describe the link above them); ``link_peer`` is the BDF of the device on the
+    other end of that link (None when unknown). ``link_changes`` counts changes of the negotiated
+    speed/width seen by the collector since it first saw the device (sampled, so changes faster than
+    the interval are undercounted); flapping = its increase per minute.
     """
 
     bdf: str
@@ -46,6 +62,9 @@ class PcieDevice:
     aer: AerCounts | None
     gpu_bdf: str | None
     upstream: tuple[str, ...]
+    port: str = "endpoint"  # root_port | upstream_port | downstream_port | endpoint
+    link_peer: str | None = None
+    link_changes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

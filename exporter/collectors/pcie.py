@@ -1,0 +1,531 @@
+"""PCIe link state of GPUs, the devices that feed them (NVMe, NICs) and every bridge on a GPU's path.
+
+Reads /sys/bus/pci/devices/<bdf> (symlinks into /sys/devices/pci<dom>:<bus>/...). Enumerating the devices
+(listing the bus, reading classes, resolving paths, walking each GPU's chain of bridges up to its root
+port) costs far more than reading a few link files, so it runs only at start, when the hotplug watcher
+(exporter/hotplug.py) reports a udev event, and every ``rescan-interval`` when udev is unavailable. The
+link and AER files are re-read every cycle.
+
+The collector records evidence only -- current vs maximum vs system-limited maximum per hop, and how
+often each link renegotiated. Idle NVIDIA GPUs drop to Gen1 by design and some links flap while idle:
+"current below max" is not a fault by itself. Judging "downgraded while busy, sustained" is the derived
+layer's job (see docs/topology.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter import linkmath, log
+from exporter.collectors import register
+from exporter.collectors.base import Collector, CollectorContext, NoDataError, Option
+from exporter.cpulist import CpulistError, parse_cpulist
+from exporter.samples.topology import AerCounts, PcieDevice, PcieLink, PcieSample
+from exporter.snapshot import Snapshot
+
+# PCI class codes (PCI Code and ID Assignment Specification), upper 16 bits of the 24-bit class.
+GPU_CLASSES = frozenset({0x0300, 0x0302})  # VGA-compatible controller, 3D controller
+NVME_CLASSES = frozenset({0x0108})  # non-volatile memory controller
+NIC_CLASSES = frozenset({0x0200, 0x0207})  # Ethernet, InfiniBand
+NVIDIA = "0x10de"
+
+ROLES = ("gpu", "nvme", "nic", "bridge")
+PORTS = ("root_port", "upstream_port", "downstream_port", "endpoint")
+AER_FILES = (  # sysfs file, its total line, severity label (Documentation/ABI/testing/sysfs-bus-pci-devices-aer)
+    ("aer_dev_correctable", "TOTAL_ERR_COR", "correctable"),
+    ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL", "nonfatal"),
+    ("aer_dev_fatal", "TOTAL_ERR_FATAL", "fatal"),
+)
+GTS = 1e9  # sysfs speeds are in GT/s; exported as transfers per second
+# With udev, events drive re-enumeration; a slow safety net still catches a dropped netlink message.
+HOTPLUG_SAFETY_FACTOR = 10
+
+_BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """A device found by enumeration: its static identity and place in the tree."""
+
+    bdf: str
+    role: str
+    path: Path
+    vendor: str
+    device: str
+    class_code: str
+    driver: str
+    numa_node: int | None
+    local_cpus: frozenset[int]
+    gpu_bdf: str | None
+    upstream: tuple[str, ...]
+    port: str
+    link_peer: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Topology:
+    nodes: tuple[_Node, ...]
+    chains: Mapping[str, tuple[str, ...]]
+    peer_paths: Mapping[str, Path]  # link peers that are not themselves tracked (parents of nvme/nic)
+
+
+def role_of(class_code: int) -> str | None:
+    """gpu / nvme / nic from a 24-bit PCI class code; None for anything else."""
+    base = class_code >> 8
+    if base in GPU_CLASSES:
+        return "gpu"
+    if base in NVME_CLASSES:
+        return "nvme"
+    if base in NIC_CLASSES:
+        return "nic"
+    return None
+
+
+def parse_aer_total(text: str, key: str) -> int:
+    """The ``<key> N`` line of an aer_dev_* file; ValueError when absent or not a number."""
+    for line in text.splitlines():
+        name, _, value = line.strip().partition(" ")
+        if name == key:
+            return int(value.strip(), 10)
+    raise ValueError(f"no {key} line")
+
+
+@register
+class PcieCollector(Collector):
+    """Link speed/width (current, max, system limit), AER totals and link changes along each GPU's path."""
+
+    name = "pcie"
+    help = "PCIe link state and AER errors of GPUs, NVMe, NICs and the bridges above GPUs, from sysfs."
+    default_interval = 5.0
+    options = (
+        Option("rescan-interval", "duration", 60.0,
+               "Re-enumerate PCI devices this often when udev hotplug events are unavailable."),
+        Option("feeders", "bool", True, "Also report NVMe and network devices (not only GPUs and their bridges)."),
+    )
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self._rescan = threading.Event()
+        self._rescan.set()
+        self._topology: _Topology | None = None
+        self._cycles_since_scan = 0
+        self._hotplug_active = False
+        self._links: dict[str, tuple[tuple[float | None, int | None], int]] = {}
+        self.scans = 0
+
+    # ---- hotplug interface (called from the event loop thread) ------------------------------------------
+
+    def request_rescan(self, reason: str = "") -> None:
+        """Re-enumerate devices on the next cycle (a udev add/remove/change event arrived)."""
+        if not self._rescan.is_set():
+            self.log.debug("pcie_rescan_requested", reason=reason)
+        self._rescan.set()
+
+    def set_hotplug(self, active: bool) -> None:
+        """Tell the collector whether udev events drive re-enumeration (else it rescans periodically)."""
+        self._hotplug_active = active
+
+    @property
+    def rescan_interval(self) -> float:
+        """Seconds between re-enumerations without udev events."""
+        return float(self.ctx.options.get("rescan-interval", 60.0))
+
+    def _scan_due(self) -> bool:
+        if self._rescan.is_set() or self._topology is None:
+            return True
+        every = self.rescan_interval
+        if self._hotplug_active:
+            every *= HOTPLUG_SAFETY_FACTOR
+        return self._cycles_since_scan * self.interval >= every
+
+    # ---- sampling -----------------------------------------------------------------------------------------
+
+    def update(self) -> PcieSample:
+        if self._scan_due():
+            self._rescan.clear()
+            self._topology = self._enumerate()
+            self._cycles_since_scan = 0
+            self.scans += 1
+            live = {n.bdf for n in self._topology.nodes}
+            self._links = {k: v for k, v in self._links.items() if k in live}
+        self._cycles_since_scan += 1
+        topo = self._topology
+        assert topo is not None
+        links: dict[str, PcieLink | None] = {}
+        aers: dict[str, AerCounts | None] = {}
+        for node in topo.nodes:
+            if not node.path.is_dir():
+                # Removed between enumeration and now (surprise removal before udev told us): drop it.
+                self.request_rescan(f"{node.bdf} vanished")
+                continue
+            links[node.bdf] = self._read_link(node.path)
+            aers[node.bdf] = self._read_aer(node.path)
+        peer_max = {b: self._read_max(p) for b, p in topo.peer_paths.items()}
+        devices: dict[str, PcieDevice] = {}
+        for node in topo.nodes:
+            if node.bdf not in links:
+                continue
+            link = links[node.bdf]
+            if link is not None:
+                link = self._with_limit(link, node.link_peer, links, peer_max)
+            changes = self._count_change(node.bdf, link)
+            devices[node.bdf] = PcieDevice(
+                bdf=node.bdf, role=node.role, vendor=node.vendor, device=node.device,
+                class_code=node.class_code, driver=node.driver, numa_node=node.numa_node,
+                local_cpus=node.local_cpus, link=link, aer=aers[node.bdf], gpu_bdf=node.gpu_bdf,
+                upstream=node.upstream, port=node.port, link_peer=node.link_peer, link_changes=changes,
+            )
+        chains = {g: c for g, c in topo.chains.items() if all(b in devices for b in c)}
+        return PcieSample(devices=MappingProxyType(devices), chains=MappingProxyType(chains))
+
+    def _count_change(self, bdf: str, link: PcieLink | None) -> int:
+        """Count renegotiations: the (current speed, current width) pair differs from the previous cycle."""
+        state = (None, None) if link is None else (link.current_speed_gts, link.current_width)
+        prev = self._links.get(bdf)
+        changes = 0 if prev is None else prev[1] + (prev[0] != state)
+        self._links[bdf] = (state, changes)
+        return changes
+
+    @staticmethod
+    def _with_limit(
+        link: PcieLink, peer: str | None, links: Mapping[str, PcieLink | None],
+        peer_max: Mapping[str, tuple[float | None, int | None]],
+    ) -> PcieLink:
+        """The system-limited maximum: the lower capability of the two ends of the link."""
+        if peer is None:
+            return link
+        other = links.get(peer)
+        p_speed, p_width = (other.max_speed_gts, other.max_width) if other is not None else peer_max.get(
+            peer, (None, None))
+        speed = None if p_speed is None or link.max_speed_gts is None else min(p_speed, link.max_speed_gts)
+        width = None if p_width is None or link.max_width is None else min(p_width, link.max_width)
+        return replace(link, limit_speed_gts=speed, limit_width=width)
+
+    # ---- enumeration --------------------------------------------------------------------------------------
+
+    def _enumerate(self) -> _Topology:
+        """Devices from /sys/bus/pci/devices: classify, resolve real paths, walk GPU chains to the root port."""
+        bus = self.ctx.sys("bus", "pci", "devices")
+        try:
+            names = sorted(os.listdir(bus))
+        except FileNotFoundError as e:
+            raise NoDataError(f"{bus} not present (no PCI bus, or sysfs not mounted)") from e
+        if not names:
+            raise NoDataError(f"{bus} is empty (no PCI devices)")
+        found: list[tuple[str, str, Path]] = []
+        for bdf in names:
+            path = self._resolve(bus / bdf)
+            if path is None:
+                continue
+            try:
+                cls = int(self._read(path / "class"), 16)
+            except (OSError, ValueError) as e:
+                self._once_warn("pcie_device_skipped", str(path / "class"), bdf=bdf, error=_err(e))
+                continue
+            role = role_of(cls)
+            if role is None or (role != "gpu" and not self.ctx.options.get("feeders", True)):
+                continue
+            found.append((bdf, role, path))
+        gpus = sorted((f for f in found if f[1] == "gpu"), key=lambda f: (self._vendor(f[2]) != NVIDIA, f[0]))
+        feeders = [f for f in found if f[1] != "gpu"]
+        nodes: list[_Node] = []
+        bridges: dict[str, _Node] = {}
+        chains: dict[str, tuple[str, ...]] = {}
+        for bdf, role, path in gpus:
+            ups = self._upstream(path)
+            chains[bdf] = (*(b for b, _ in ups), bdf)
+            nodes.append(self._node(bdf, role, path, ups, gpu_bdf=bdf, child=None))
+            for i, (b, bpath) in enumerate(ups):
+                if b in bridges:
+                    continue
+                child = ups[i + 1][0] if i + 1 < len(ups) else bdf
+                bridges[b] = self._node(b, "bridge", bpath, ups[:i], gpu_bdf=bdf, child=child)
+        # The first GPU (in BDF order) below a shared bridge names it, whatever the vendor order.
+        for b, node in bridges.items():
+            first = min(g for g, c in chains.items() if b in c)
+            if first != node.gpu_bdf:
+                bridges[b] = replace(node, gpu_bdf=first)
+        ordered_bridges = sorted(bridges.values(), key=lambda n: (n.upstream, n.bdf))
+        peer_paths: dict[str, Path] = {}
+        tracked = {n.bdf for n in nodes} | set(bridges)
+        feeder_nodes = []
+        for bdf, role, path in feeders:
+            ups = self._upstream(path)
+            node = self._node(bdf, role, path, ups, gpu_bdf=None, child=None)
+            feeder_nodes.append(node)
+            if ups and ups[-1][0] not in tracked:
+                peer_paths[ups[-1][0]] = ups[-1][1]
+        all_nodes = (*nodes, *ordered_bridges, *sorted(feeder_nodes, key=lambda n: (n.role, n.bdf)))
+        self.log.debug("pcie_enumerated", gpus=len(gpus), bridges=len(bridges), feeders=len(feeder_nodes))
+        return _Topology(nodes=all_nodes, chains=MappingProxyType(chains), peer_paths=MappingProxyType(peer_paths))
+
+    def _resolve(self, link: Path) -> Path | None:
+        """Real path of /sys/bus/pci/devices/<bdf>, kept under --path.sysfs even for an absolute link."""
+        try:
+            target = os.readlink(link)
+        except FileNotFoundError:
+            return None  # removed while listing
+        except OSError:
+            target = str(link)  # a plain directory (some captures, some container sysfs)
+        if os.path.isabs(target) and self.ctx.sysfs != Path("/sys") and target.startswith("/sys/"):
+            target = str(self.ctx.sysfs / os.path.relpath(target, "/sys"))
+        real = Path(os.path.realpath(link.parent / target))
+        if not real.is_dir():
+            self._once_warn("pcie_dangling_device", str(link), target=target)
+            return None
+        return real
+
+    def _upstream(self, path: Path) -> list[tuple[str, Path]]:
+        """Bridges from the root port down to the parent of ``path``, read from the directory names."""
+        out: list[tuple[str, Path]] = []
+        root = Path(os.path.realpath(self.ctx.sysfs))
+        p = path.parent
+        while p not in (root, p.parent):
+            if _BDF.match(p.name):
+                out.append((p.name, p))
+            elif not _HOST_BRIDGE.match(p.name):
+                break  # reached /sys/devices (or a non-PCI parent such as a platform device)
+            p = p.parent
+        out.reverse()
+        return out
+
+    def _node(
+        self, bdf: str, role: str, path: Path, ups: list[tuple[str, Path]], *, gpu_bdf: str | None,
+        child: str | None,
+    ) -> _Node:
+        """Identity, NUMA affinity and link position of one device (read once per enumeration)."""
+        parent_is_bdf = _BDF.match(path.parent.name) is not None
+        if not parent_is_bdf:
+            port = "root_port" if role == "bridge" else "endpoint"
+        elif role != "bridge":
+            port = "endpoint"
+        else:
+            # Ports alternate down a switch hierarchy: root/downstream port -> upstream port -> downstream ...
+            kinds = ["root_port"]
+            for _ in ups[1:]:
+                kinds.append("downstream_port" if kinds[-1] == "upstream_port" else "upstream_port")
+            above = kinds[-1] if ups else "root_port"
+            port = "downstream_port" if above == "upstream_port" else "upstream_port"
+        # Root and downstream ports' link files describe the link below them; the others, the link above.
+        below = port in ("root_port", "downstream_port")
+        peer = child if below else (ups[-1][0] if ups and parent_is_bdf else None)
+        return _Node(
+            bdf=bdf, role=role, path=path, vendor=self._vendor(path), device=self._hex(path / "device"),
+            class_code=self._hex(path / "class"), driver=self._driver(path), numa_node=self._numa_node(path),
+            local_cpus=self._local_cpus(path), gpu_bdf=gpu_bdf, upstream=tuple(b for b, _ in ups), port=port,
+            link_peer=peer,
+        )
+
+    # ---- small readers ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _read(path: Path) -> str:
+        """One sysfs attribute, stripped."""
+        return path.read_text(errors="replace").strip()
+
+    def _attr(self, path: Path) -> str | None:
+        """An optional attribute: None when absent; unreadable ones are logged once and also None."""
+        try:
+            return self._read(path)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._once_warn("pcie_attribute_unreadable", str(path), error=_err(e))
+            return None
+
+    def _vendor(self, path: Path) -> str:
+        """Vendor id from <dev>/vendor (``0x10de``)."""
+        return self._hex(path / "vendor")
+
+    def _hex(self, path: Path) -> str:
+        """A hex id attribute (vendor, device, class) normalised to lower-case ``0x..``; "" when unknown."""
+        raw = self._attr(path)
+        if raw is None:
+            return ""
+        try:
+            int(raw, 16)
+        except ValueError:
+            self._once_warn("pcie_bad_value", str(path), value=raw[:40])
+            return ""
+        return raw.lower() if raw.lower().startswith("0x") else "0x" + raw.lower()
+
+    def _driver(self, path: Path) -> str:
+        """Bound driver: basename of the <dev>/driver symlink; "" when unbound."""
+        try:
+            return os.path.basename(os.readlink(path / "driver"))
+        except OSError:
+            return ""
+
+    def _numa_node(self, path: Path) -> int | None:
+        """NUMA node from <dev>/numa_node; -1 (no affinity, single-node or VM) is None."""
+        raw = self._attr(path / "numa_node")
+        if raw is None:
+            return None
+        try:
+            node = int(raw, 10)
+        except ValueError:
+            self._once_warn("pcie_bad_value", str(path / "numa_node"), value=raw[:40])
+            return None
+        return node if node >= 0 else None
+
+    def _local_cpus(self, path: Path) -> frozenset[int]:
+        """CPUs local to the device from <dev>/local_cpulist."""
+        raw = self._attr(path / "local_cpulist")
+        if raw is None:
+            return frozenset()
+        try:
+            return parse_cpulist(raw)
+        except CpulistError:
+            self._once_warn("pcie_bad_value", str(path / "local_cpulist"), value=raw[:40])
+            return frozenset()
+
+    def _speed(self, path: Path) -> float | None:
+        """A *_link_speed attribute in GT/s ("16.0 GT/s PCIe", "Unknown")."""
+        raw = self._attr(path)
+        if raw is None:
+            return None
+        try:
+            return linkmath.parse_speed(raw)
+        except linkmath.LinkParseError:
+            self._once_warn("pcie_bad_value", str(path), value=raw[:40])
+            return None
+
+    def _width(self, path: Path) -> int | None:
+        """A *_link_width attribute in lanes."""
+        raw = self._attr(path)
+        if raw is None:
+            return None
+        try:
+            return linkmath.parse_width(raw)
+        except linkmath.LinkParseError:
+            self._once_warn("pcie_bad_value", str(path), value=raw[:40])
+            return None
+
+    def _read_link(self, path: Path) -> PcieLink | None:
+        """Negotiated and maximum link state from <dev>/{current,max}_link_{speed,width}; None without PCIe."""
+        link = PcieLink(
+            current_speed_gts=self._speed(path / "current_link_speed"),
+            current_width=self._width(path / "current_link_width"),
+            max_speed_gts=self._speed(path / "max_link_speed"),
+            max_width=self._width(path / "max_link_width"),
+        )
+        if link == PcieLink(None, None, None, None):
+            return None  # no link files (VM, integrated endpoint, conventional PCI)
+        return link
+
+    def _read_max(self, path: Path) -> tuple[float | None, int | None]:
+        """The link capability of an untracked link peer, from <dev>/max_link_{speed,width}."""
+        return self._speed(path / "max_link_speed"), self._width(path / "max_link_width")
+
+    def _read_aer(self, path: Path) -> AerCounts | None:
+        """AER totals from <dev>/aer_dev_{correctable,nonfatal,fatal}; None without AER (or any unreadable)."""
+        totals: list[int] = []
+        for fname, key, _ in AER_FILES:
+            raw = self._attr(path / fname)
+            if raw is None:
+                return None
+            try:
+                totals.append(parse_aer_total(raw, key))
+            except ValueError:
+                self._once_warn("pcie_bad_value", str(path / fname), value=f"no valid {key} line")
+                return None
+        return AerCounts(correctable=totals[0], nonfatal=totals[1], fatal=totals[2])
+
+    def _once_warn(self, event: str, key: str, **kw: object) -> None:
+        """Warn once per (event, file): a bad item is skipped every cycle but reported one time."""
+        if log.once((event, key)):
+            self.log.warning(event, path=key, **kw)
+
+    # ---- exposition ---------------------------------------------------------------------------------------
+
+    def metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        sample: PcieSample | None = snap.value(self.name)
+        if sample is None:
+            return
+        link_labels = ["bdf", "role", "gpu_bdf"]
+        info = GaugeMetricFamily(
+            "gpufeed_pcie_device_info",
+            "PCI device identity, value 1: role (gpu, nvme, nic, bridge on a GPU's path), ids, driver, the GPU "
+            "below a bridge (gpu_bdf), its NUMA node and port type.",
+            labels=["bdf", "role", "vendor", "device", "class", "driver", "gpu_bdf", "numa_node", "port"],
+        )
+        cur_speed = GaugeMetricFamily(
+            "gpufeed_pcie_link_current_speed_transfers_per_second",
+            "Negotiated PCIe link speed (sysfs current_link_speed). Idle GPUs drop to Gen1 by design.",
+            labels=link_labels,
+        )
+        max_speed = GaugeMetricFamily(
+            "gpufeed_pcie_link_max_speed_transfers_per_second",
+            "Maximum PCIe link speed the device supports (sysfs max_link_speed).", labels=link_labels,
+        )
+        lim_speed = GaugeMetricFamily(
+            "gpufeed_pcie_link_limit_speed_transfers_per_second",
+            "System-limited maximum speed of the link: the lower max_link_speed of its two ends.",
+            labels=link_labels,
+        )
+        cur_width = GaugeMetricFamily(
+            "gpufeed_pcie_link_current_width", "Negotiated PCIe link width in lanes (sysfs current_link_width).",
+            labels=link_labels,
+        )
+        max_width = GaugeMetricFamily(
+            "gpufeed_pcie_link_max_width", "Maximum PCIe link width of the device (sysfs max_link_width).",
+            labels=link_labels,
+        )
+        lim_width = GaugeMetricFamily(
+            "gpufeed_pcie_link_limit_width",
+            "System-limited maximum width of the link: the lower max_link_width of its two ends.",
+            labels=link_labels,
+        )
+        capacity = GaugeMetricFamily(
+            "gpufeed_pcie_link_capacity_bytes_per_second",
+            "Achievable unidirectional payload throughput of the current link (line encoding and TLP/DLLP "
+            "overhead deducted, 256-byte payloads).", labels=link_labels,
+        )
+        changes = CounterMetricFamily(
+            "gpufeed_pcie_link_changes",
+            "Changes of the negotiated link speed or width seen between samples (flapping: rate per minute).",
+            labels=link_labels,
+        )
+        aer = CounterMetricFamily(
+            "gpufeed_pcie_aer_errors",
+            "PCIe Advanced Error Reporting totals (sysfs aer_dev_*, TOTAL_ERR_* lines) by severity.",
+            labels=["bdf", "role", "severity"],
+        )
+        for d in sample.devices.values():
+            gpu = d.gpu_bdf or ""
+            lv = [d.bdf, d.role, gpu]
+            info.add_metric(
+                [d.bdf, d.role, d.vendor, d.device, d.class_code, d.driver, gpu,
+                 "" if d.numa_node is None else str(d.numa_node), d.port], 1.0,
+            )
+            if d.link is not None:
+                ln = d.link
+                for fam, v in ((cur_speed, ln.current_speed_gts), (max_speed, ln.max_speed_gts),
+                               (lim_speed, ln.limit_speed_gts)):
+                    if v is not None:
+                        fam.add_metric(lv, v * GTS)
+                for fam, w in ((cur_width, ln.current_width), (max_width, ln.max_width), (lim_width, ln.limit_width)):
+                    if w is not None:
+                        fam.add_metric(lv, float(w))
+                cap = linkmath.capacity_from_speed(ln.current_speed_gts, ln.current_width)
+                if cap is not None:
+                    capacity.add_metric(lv, cap)
+                changes.add_metric(lv, float(d.link_changes))
+            if d.aer is not None:
+                for sev, n in (("correctable", d.aer.correctable), ("nonfatal", d.aer.nonfatal),
+                               ("fatal", d.aer.fatal)):
+                    aer.add_metric([d.bdf, d.role, sev], float(n))
+        yield from (info, cur_speed, max_speed, lim_speed, cur_width, max_width, lim_width, capacity, changes, aer)
+
+
+def _err(e: BaseException) -> str:
+    return (e.strerror if isinstance(e, OSError) and e.strerror else None) or str(e)
