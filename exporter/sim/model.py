@@ -1,0 +1,267 @@
+"""A scenario turned into functions of time: every rate, counter and placement the renderer writes.
+
+Built once per scenario (all per-phase pieces precomputed), then asked for any time ``t`` in any order.
+Counters are exact integrals of the rates (see :mod:`exporter.sim.signal`); integer counters are the
+floor of the integral, so they never go backwards.
+
+Thread placement (SPEC "Process state"): per phase, every thread of every process, pids ascending and
+tids ascending, goes on the least-loaded core of its process's ``cpus_allowed`` (lowest number on a tie),
+load measured by the phase means (background plus threads already placed). Where the threads on a core
+would take it past one full core, their contribution is scaled down to fit (and so are their own
+utime/stime): a thread cannot run more than the core it is on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from exporter.sim import signal
+from exporter.sim.scenario import (
+    CLOCK_EVENT_REASONS,
+    CPU_MODES,
+    DISK_KEYS,
+    FRACTION,
+    GPU_NUMERIC,
+    NFS_OPS,
+    NONNEG,
+    PSI_KEYS,
+    CpuModes,
+    Gpu,
+    Link,
+    Phase,
+    Process,
+    Scenario,
+    Value,
+)
+from exporter.sim.signal import Piecewise, Track
+
+# /proc/stat and /proc/<pid>/stat count in USER_HZ ticks; the collectors divide by the same sysconf value.
+USER_HZ = int(os.sysconf("SC_CLK_TCK"))
+IDLE_SM_CLOCK_MHZ = 345.0  # SPEC: sm_clock_mhz default when gpu_util is 0
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadPlan:
+    """Where one thread sits in one phase."""
+
+    processor: int
+    state: str
+
+
+class Model:
+    """Time functions of one scenario."""
+
+    def __init__(self, sc: Scenario) -> None:
+        self.sc = sc
+        self.length = sc.duration_s
+        self._starts = [p.start_s for p in sc.phases]
+        self.gpu_tracks: dict[int, dict[str, Track]] = {}
+        self.reason_tracks: dict[int, dict[str, Track]] = {}
+        for g in sc.gpus:
+            self._build_gpu(g)
+        self.core_tracks: list[dict[str, Track]] = []
+        self.thread_tracks: dict[int, list[tuple[Track, Track]]] = {}
+        self.thread_plans: dict[int, list[list[ThreadPlan]]] = {}  # pid -> per phase -> per thread
+        self._build_cpu()
+        self.proc_io: dict[int, dict[str, Track]] = {
+            p.pid: {k: self._track(lambda ph, q=p.pid, k=k: getattr(ph.processes[q], k), f"processes.{p.pid}.{k}",
+                                   NONNEG) for k in ("read_bytes_per_s", "read_syscalls_per_s")}
+            for p in sc.processes
+        }
+        self.psi = {k: self._track(lambda ph, k=k: ph.host.psi[k], f"host.psi.{k}", FRACTION) for k in PSI_KEYS}
+        self.disks: dict[str, dict[str, Track]] = {}
+        for d in sc.host.disks:
+            tr = {k: self._track(lambda ph, d=d, k=k: getattr(ph.host.disks[d], k), f"host.disks.{d}.{k}", NONNEG)
+                  for k in DISK_KEYS}
+            # Derived: time spent per completed I/O (ms/s) and the share of time with I/O in flight.
+            tr["read_ms"] = self._combined(lambda r, a: r * a, (tr["reads_per_s"], tr["await_ms"]))
+            tr["write_ms"] = self._combined(lambda w, a: w * a, (tr["writes_per_s"], tr["await_ms"]))
+            tr["busy"] = self._combined(lambda r, w, a: min(1.0, (r + w) * a / 1000.0),
+                                        (tr["reads_per_s"], tr["writes_per_s"], tr["await_ms"]))
+            self.disks[d] = tr
+        self.nfs_ops = {o: self._track(lambda ph, o=o: ph.host.nfs.ops_per_s[o], f"host.nfs.ops_per_s.{o}", NONNEG)
+                        for o in NFS_OPS}
+        self.nfs_retrans = self._track(lambda ph: ph.host.nfs.retrans_per_s, "host.nfs.retrans_per_s", NONNEG)
+        self.memory = {
+            "available_ratio": self._track(lambda ph: ph.host.memory.available_ratio, "host.memory.available_ratio",
+                                           FRACTION),
+            "dirty_bytes": self._track(lambda ph: ph.host.memory.dirty_bytes, "host.memory.dirty_bytes", NONNEG),
+            "writeback_bytes": self._track(lambda ph: ph.host.memory.writeback_bytes, "host.memory.writeback_bytes",
+                                           NONNEG),
+        }
+        self.oom = self._track(lambda ph: ph.host.oom_kills_per_s, "host.oom_kills_per_s", NONNEG)
+
+    # ---- construction helpers ----------------------------------------------------------------------------
+
+    def _piece(self, ph: Phase, v: Value, key: str, rng: tuple[float, float]) -> Piecewise:
+        return signal.build(v, ph.duration_s, seed=self.sc.seed, key=f"{ph.index}/{key}", lo=rng[0], hi=rng[1])
+
+    def _track(self, get: object, key: str, rng: tuple[float, float]) -> Track:
+        fn = get  # Callable[[Phase], Value]
+        return Track([self._piece(ph, fn(ph), key, rng) for ph in self.sc.phases], self._starts)  # type: ignore[operator]
+
+    def _combined(self, fn: object, tracks: tuple[Track, ...]) -> Track:
+        pieces = [signal.combine(fn, [t.phases[i] for t in tracks], ph.duration_s)  # type: ignore[arg-type]
+                  for i, ph in enumerate(self.sc.phases)]
+        return Track(pieces, self._starts)
+
+    def _build_gpu(self, g: Gpu) -> None:
+        tracks: dict[str, Track] = {}
+        for k, rng in GPU_NUMERIC.items():
+            if k in ("sm_clock_mhz", "power_w"):
+                continue
+            tracks[k] = self._track(lambda ph, k=k: getattr(ph.gpus[g.index], k), f"gpus.{g.index}.{k}", rng)
+        util = tracks["gpu_util"]
+        clock: list[Piecewise] = []
+        power: list[Piecewise] = []
+        reasons: dict[str, list[Piecewise]] = {r: [] for r in CLOCK_EVENT_REASONS}
+        for i, ph in enumerate(self.sc.phases):
+            st = ph.gpus[g.index]
+            u = util.phases[i]
+            if st.sm_clock_mhz is None:
+                clock.append(signal.combine(lambda x: g.max_sm_clock_mhz if x > 0 else IDLE_SM_CLOCK_MHZ, [u],
+                                            ph.duration_s))
+            else:
+                clock.append(self._piece(ph, st.sm_clock_mhz, f"gpus.{g.index}.sm_clock_mhz", NONNEG))
+            if st.power_w is None:
+                power.append(signal.combine(lambda x: g.power_limit_w * (0.1 + 0.8 * x), [u], ph.duration_s))
+            else:
+                power.append(self._piece(ph, st.power_w, f"gpus.{g.index}.power_w", NONNEG))
+            for r in CLOCK_EVENT_REASONS:
+                if st.clock_event_reasons is None:
+                    if r == "gpu_idle":
+                        reasons[r].append(signal.combine(lambda x: 1.0 if x <= 0 else 0.0, [u], ph.duration_s))
+                    else:
+                        reasons[r].append(Piecewise.const(0.0, ph.duration_s))
+                else:
+                    reasons[r].append(Piecewise.const(1.0 if r in st.clock_event_reasons else 0.0, ph.duration_s))
+        tracks["sm_clock_mhz"] = Track(clock, self._starts)
+        tracks["power_w"] = Track(power, self._starts)
+        self.gpu_tracks[g.index] = tracks
+        self.reason_tracks[g.index] = {r: Track(v, self._starts) for r, v in reasons.items()}
+
+    def _build_cpu(self) -> None:
+        sc = self.sc
+        ncpu = sc.host.cpus
+        core_pieces: list[dict[str, list[Piecewise]]] = [{m: [] for m in CPU_MODES} for _ in range(ncpu)]
+        thread_pieces: dict[int, list[tuple[list[Piecewise], list[Piecewise]]]] = {
+            p.pid: [([], []) for _ in range(p.threads)] for p in sc.processes
+        }
+        for p in sc.processes:
+            self.thread_plans[p.pid] = []
+        for ph in sc.phases:
+            d = ph.duration_s
+            modes_of: list[tuple[str, CpuModes]] = [("host.cpu_background", ph.host.cpu_background)] * ncpu
+            for j, (cpus, modes) in enumerate(ph.host.cpu_cores):
+                for c in cpus:
+                    modes_of[c] = (f"host.cpu_cores[{j}]", modes)
+            base_pieces: dict[tuple[str, str], Piecewise] = {}
+
+            def base(c: int, m: str, ph: Phase = ph, modes_of: list[tuple[str, CpuModes]] = modes_of,
+                     cache: dict[tuple[str, str], Piecewise] = base_pieces) -> Piecewise:
+                src, modes = modes_of[c]
+                if (src, m) not in cache:
+                    cache[(src, m)] = self._piece(ph, modes.get(m), f"{src}.{m}", FRACTION)
+                return cache[(src, m)]
+
+            load = [sum(base(c, m).mean() for m in CPU_MODES) for c in range(ncpu)]
+            placed: list[list[tuple[int, int, Piecewise, Piecewise]]] = [[] for _ in range(ncpu)]
+            group_cache: dict[tuple[int, int, str], Piecewise] = {}
+            for p in sc.processes:
+                st = ph.processes[p.pid]
+                allowed = sorted(st.cpus_allowed)
+                plans: list[ThreadPlan] = []
+                groups = [(gi, g) for gi, g in enumerate(st.threads_cpu) for _ in range(g.count)]
+                for ti in range(p.threads):
+                    if ti < len(groups):
+                        gi, grp = groups[ti]
+                        for m, v in (("user", grp.user), ("system", grp.system)):
+                            if (p.pid, gi, m) not in group_cache:
+                                group_cache[(p.pid, gi, m)] = self._piece(
+                                    ph, v, f"processes.{p.pid}.threads_cpu.{gi}.{m}", FRACTION)
+                        u, s, state = group_cache[(p.pid, gi, "user")], group_cache[(p.pid, gi, "system")], grp.state
+                    else:
+                        u = s = Piecewise.const(0.0, d)
+                        state = "S"
+                    core = min(allowed, key=lambda c: (load[c], c))
+                    load[core] += u.mean() + s.mean()
+                    placed[core].append((p.pid, ti, u, s))
+                    plans.append(ThreadPlan(core, state))
+                self.thread_plans[p.pid].append(plans)
+            for c in range(ncpu):
+                base_busy = sum(base(c, m).mean() for m in CPU_MODES)
+                threads_busy = sum(u.mean() + s.mean() for _, _, u, s in placed[c])
+                scale = 1.0
+                if threads_busy > 0 and base_busy + threads_busy > 1.0:
+                    scale = max(0.0, 1.0 - base_busy) / threads_busy
+                users: list[Piecewise] = []
+                systems: list[Piecewise] = []
+                for pid, ti, u, s in placed[c]:
+                    su = u if scale == 1.0 else signal.total([u], d, scale)
+                    ss = s if scale == 1.0 else signal.total([s], d, scale)
+                    thread_pieces[pid][ti][0].append(su)
+                    thread_pieces[pid][ti][1].append(ss)
+                    users.append(su)
+                    systems.append(ss)
+                for m in CPU_MODES:
+                    extra = users if m == "user" else systems if m == "system" else []
+                    core_pieces[c][m].append(signal.total([base(c, m), *extra], d) if extra else base(c, m))
+        self.core_tracks = [{m: Track(v, self._starts) for m, v in cp.items()} for cp in core_pieces]
+        self.thread_tracks = {
+            pid: [(Track(u, self._starts), Track(s, self._starts)) for u, s in lst]
+            for pid, lst in thread_pieces.items()
+        }
+
+    # ---- queries -----------------------------------------------------------------------------------------
+
+    def local(self, t: float) -> float:
+        """Scenario time within the current loop of the timeline."""
+        return t - math.floor(t / self.length) * self.length if t >= self.length else max(t, 0.0)
+
+    def phase(self, t: float) -> Phase:
+        """The phase playing at ``t`` (looping)."""
+        return self.sc.phase_at(self.local(t))
+
+    def loops(self, t: float) -> int:
+        """How many full passes of the timeline lie before ``t``."""
+        return math.floor(t / self.length) if t >= self.length else 0
+
+    def link(self, index: int, t: float) -> Link:
+        """The GPU's current link at ``t``."""
+        return self.phase(t).gpus[index].link
+
+    def lost_since(self, index: int, t: float) -> bool:
+        """Whether the GPU is lost at ``t`` (SPEC: from the phase that says so on; a new loop starts fresh)."""
+        return self.phase(t).gpus[index].lost
+
+    def thread_plan(self, proc: Process, t: float) -> list[ThreadPlan]:
+        """Processor and state of each thread of ``proc`` at ``t``."""
+        return self.thread_plans[proc.pid][self.phase(t).index]
+
+    def governor(self, t: float) -> str:
+        """scaling_governor at ``t``."""
+        return self.phase(t).host.governor
+
+    def cpus_allowed(self, pid: int, t: float) -> frozenset[int]:
+        """Cpus_allowed_list at ``t``."""
+        return self.phase(t).processes[pid].cpus_allowed
+
+    def mems_allowed(self, pid: int, t: float) -> frozenset[int]:
+        """Mems_allowed_list at ``t``."""
+        return self.phase(t).processes[pid].mems_allowed
+
+    def core_busy_now(self, c: int, t: float) -> float:
+        """Instantaneous busy fraction of CPU ``c`` (everything but idle and iowait)."""
+        return min(1.0, sum(self.core_tracks[c][m].at(t) for m in CPU_MODES if m != "iowait"))
+
+    def reasons_at(self, index: int, t: float) -> tuple[str, ...]:
+        """Clock-event reasons active at ``t``."""
+        return tuple(r for r, tr in self.reason_tracks[index].items() if tr.at(t) > 0.5)
+
+
+def gpus_of(sc: Scenario) -> Mapping[int, Gpu]:
+    """GPUs by NVML index."""
+    return {g.index: g for g in sc.gpus}
