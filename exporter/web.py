@@ -80,6 +80,25 @@ class _BadRequestError(Exception):
         self.status = status
 
 
+class _Protocol(asyncio.StreamReaderProtocol):
+    """A stream protocol that, for a TLS connection, stops reading the socket before any byte arrives.
+
+    The listener is plain TCP and TLS starts per connection. If the protocol read the ClientHello into the
+    plain-text stream buffer before ``start_tls`` took over, the handshake would wait forever for bytes it
+    already lost (a race seen as ~1 in 3 handshakes hanging). Paused, the bytes stay in the kernel until
+    the TLS protocol resumes reading.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, cb: Any, *, pause: bool) -> None:
+        super().__init__(reader, cb)
+        self._pause = pause
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._pause and isinstance(transport, asyncio.ReadTransport):
+            transport.pause_reading()
+        super().connection_made(transport)
+
+
 def _log_once_refused(server: WebServer) -> bool:
     """Log the connection cap at most once per 1000 refusals (a flood must not flood the log)."""
     return server.connections_refused % 1000 == 1
@@ -137,9 +156,9 @@ class WebServer:
         """
         ctx = self.policy.ssl_context() if self.policy else None
         host = self.settings.host or None
-        self._server = await asyncio.start_server(
-            self._handle, host=host, port=self.settings.port, limit=MAX_HEADER_BYTES,
-            reuse_address=True, backlog=1024,
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._protocol, host=host, port=self.settings.port, reuse_address=True, backlog=1024,
         )
         _log.info("listening", address=f"{self.settings.host}:{self.port}", tls=ctx is not None)
 
@@ -155,7 +174,19 @@ class WebServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _protocol(self) -> asyncio.StreamReaderProtocol:
+        """Called once per accepted connection: fixes that connection's TLS context (the current one)."""
+        ctx = self.policy.ssl_context() if self.policy else None
+        reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES)
+
+        async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await self._handle(r, w, ctx)
+
+        return _Protocol(reader, handle, pause=ctx is not None)
+
+    async def _handle(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ctx: ssl.SSLContext | None = None
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         if len(self._connections) >= self.settings.max_connections:
@@ -166,7 +197,7 @@ class WebServer:
             return
         self._connections.add(task)
         try:
-            if not await self._start_tls(writer):
+            if ctx is not None and not await self._start_tls(writer, ctx):
                 return
             await self._serve_connection(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ssl.SSLError,
@@ -179,11 +210,8 @@ class WebServer:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    async def _start_tls(self, writer: asyncio.StreamWriter) -> bool:
-        """Upgrade the connection to TLS if the policy says so; False when the handshake or peer check failed."""
-        ctx = self.policy.ssl_context() if self.policy else None
-        if ctx is None:
-            return True
+    async def _start_tls(self, writer: asyncio.StreamWriter, ctx: ssl.SSLContext) -> bool:
+        """Upgrade the connection to TLS; False when the handshake or the peer check failed."""
         if sys.version_info < (3, 11):  # pragma: no cover - StreamWriter.start_tls is 3.11+
             raise RuntimeError("TLS needs Python 3.11 or newer")
         try:
