@@ -61,8 +61,8 @@ class CpuShape:
 
     @property
     def workers(self) -> tuple[ThreadLoad, ...]:
-        """Busy threads other than the hottest one, mostly in user time (data-loader workers)."""
-        return tuple(t for t in self.threads[1:] if t.cores >= WORKER_CORE and t.system_share < 0.5)
+        """Busy threads mostly in user time (data-loader workers; may include the hottest thread)."""
+        return tuple(t for t in self.threads if t.cores >= WORKER_CORE and t.system_share < 0.5)
 
     @property
     def read_size(self) -> float | None:

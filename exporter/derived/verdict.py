@@ -119,7 +119,8 @@ def _cpu_verdict(shape: CpuShape) -> tuple[str | None, float, list[str]]:
     if hot is not None:
         hot_str = f"thread {hot.tid} ({hot.comm}) at {hot.cores:.2f} core, {_pct(hot.system_share)} system"
         worker_cores = sum(w.cores for w in workers)
-        if len(workers) >= 2 and worker_cores >= 1.5:
+        many = len(workers) >= 3 or (len(workers) >= 2 and hot.cores < LAUNCH_CORE and worker_cores >= 1.2)
+        if many:
             why = [f"{len(workers)} worker threads of pid {workers[0].pid} busy at {worker_cores:.1f} cores in "
                    "user time (data loading/preprocessing)"]
             if busy_str:
