@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import MappingProxyType
+from typing import Any
 
 from exporter.derived import findings as fnd
 from exporter.derived.gpuview import activity_points, gpu_view
@@ -17,11 +19,11 @@ RISER = "0000:81:00.0"
 ROOT = "0000:80:03.1"
 
 
-def downgrades(gpu: GpuSpec, hops: list[tuple[str, object, tuple[int, int]]], t1: float = 30.0) -> list[str]:
+def downgrades(gpu: GpuSpec, hops: Sequence[tuple[str, Any, tuple[int, int]]], t1: float = 30.0) -> list[str]:
     fast, slow = gpu_windows([gpu], 0.0, t1)
     view = gpu_view(gpu.index, fast, [], slow)
     util, _ = activity_points(fast, [], gpu.index, gpu.gpm)
-    pcie = pcie_window(GPU, hops, 0.0, t1)  # type: ignore[arg-type]
+    pcie = pcie_window(GPU, hops, 0.0, t1)
     return [bdf for bdf, _, _ in fnd.link_downgrades(view, fnd.chain_links(pcie, GPU), util)]
 
 
