@@ -104,8 +104,10 @@ def runbook(cfg: dict[str, Any], alert: str) -> str:
     return f"{cfg['runbook_base_url']}#{alert.lower()}"
 
 
-def alert(cfg: dict[str, Any], name: str, key: str, expr: str, summary: str, description: str,
-          *, severity: str | None = None, labels: dict[str, str] | None = None) -> Rule:
+def alert(  # noqa: PLR0917 -- the rule fields read best in the order Prometheus lists them
+    cfg: dict[str, Any], name: str, key: str, expr: str, summary: str, description: str,
+    *, severity: str | None = None, labels: dict[str, str] | None = None,
+) -> Rule:
     c = cfg[key]
     rule_labels = {"severity": severity or c["severity"], **(labels or {})}
     return {
@@ -163,9 +165,9 @@ and on (instance, gpu)
         "[{w}]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > {thr}"
     )
     gpu_of_bdf = evidence("gpufeed_pcie_device_info{instance=%q,bdf=%q}", "$labels.instance $labels.bdf",
-                          "{{ . | first | label `role` }} of GPU {{ . | first | label `gpu_bdf` }}")
+                          " ({{ . | first | label `role` }} of GPU {{ . | first | label `gpu_bdf` }})")
     aer_desc = (
-        "PCIe device {{ $labels.bdf }} (" + gpu_of_bdf + ") on {{ $labels.instance }} logged "
+        "PCIe device {{ $labels.bdf }}" + gpu_of_bdf + " on {{ $labels.instance }} logged "
         "{{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last " + e["window"] + "."
     )
     correctable = alert(
@@ -270,7 +272,7 @@ rate(gpufeed_gpu_busy_seconds_total[{w}]) > {_num(t["min_busy_ratio"])}
 
 
 def host_alerts(cfg: dict[str, Any]) -> list[Rule]:
-    g, m, n = cfg["cpu_governor_powersave"], cfg["memory_pressure"], cfg["nfs_retransmissions"]
+    m, n = cfg["memory_pressure"], cfg["nfs_retransmissions"]
     gpu_host = "and on (instance) count by (instance) (gpufeed_gpu_info)"
     total_cpus = evidence("sum(gpufeed_cpufreq_governor_cpus{instance=%q})", "$labels.instance",
                           "{{ . | first | value }}")

@@ -1,0 +1,122 @@
+"""The shipped Prometheus rules: generated, valid, documented, and unit-tested both ways by promtool."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.samples.derived import SEVERITIES
+from tests.rules.conftest import ALERTS, REPO
+
+RULE_FILES = (ALERTS / "gpufeed-alerts.yml", ALERTS / "gpufeed-recording.yml")
+TEST_FILES = sorted((ALERTS / "tests").glob("*.test.yml"))
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+
+
+def _rules(kind: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for f in RULE_FILES:
+        for group in yaml.safe_load(f.read_text())["groups"]:
+            out.extend(r for r in group["rules"] if kind in r)
+    return out
+
+
+def _promtool(promtool: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([promtool, *map(str, args)], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_committed_rule_files_are_what_the_generator_emits() -> None:
+    r = subprocess.run([sys.executable, str(ALERTS / "generate.py"), "--check"], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+def test_shipped_rule_files_pass_promtool_check(promtool: str) -> None:
+    r = _promtool(promtool, "check", "rules", *RULE_FILES)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+def test_promtool_unit_tests_of_every_rule_pass(promtool: str) -> None:
+    assert TEST_FILES, "no promtool test files under alerts/tests"
+    r = _promtool(promtool, "test", "rules", *TEST_FILES)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_alert_is_tested_firing_and_not_firing() -> None:
+    firing: set[str] = set()
+    silent: set[str] = set()
+    for f in TEST_FILES:
+        for case in yaml.safe_load(f.read_text())["tests"]:
+            for t in case.get("alert_rule_test", []):
+                (firing if t.get("exp_alerts") else silent).add(t["alertname"])
+    names = {r["alert"] for r in _rules("alert")}
+    assert names - firing == set(), "alerts without a firing promtool test"
+    assert names - silent == set(), "alerts without a not-firing promtool test"
+
+
+def test_every_recording_rule_is_evaluated_by_a_promtool_test() -> None:
+    exprs = " ".join(
+        t["expr"] for f in TEST_FILES for case in yaml.safe_load(f.read_text())["tests"]
+        for t in case.get("promql_expr_test", [])
+    )
+    untested = [r["record"] for r in _rules("record") if r["record"] not in exprs]
+    assert untested == []
+
+
+def test_every_alert_has_for_severity_summary_description_and_a_runbook_section() -> None:
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", line[3:].strip().lower()).replace(" ", "-")
+        for line in RUNBOOKS.read_text().splitlines() if line.startswith("## ")
+    }
+    for rule in _rules("alert"):
+        name = rule["alert"]
+        assert re.fullmatch(r"[0-9]+[smh]", rule["for"]), name
+        assert rule["labels"]["severity"] in SEVERITIES, name
+        ann = rule["annotations"]
+        assert ann["summary"] and "{{ $labels.instance }}" in ann["description"], name
+        url = ann["runbook_url"]
+        assert url.endswith("#" + name.lower()), name
+        assert name.lower() in anchors, f"docs/runbooks.md has no section '## {name}'"
+
+
+def test_paging_alerts_wait_long_enough_to_ignore_idle_link_flaps_and_blips() -> None:
+    minutes = {"s": 1 / 60, "m": 1, "h": 60}
+    by_name = {r["alert"]: r for r in _rules("alert")}
+    link = by_name["GpufeedPCIeLinkDowngraded"]
+    assert int(link["for"][:-1]) * minutes[link["for"][-1]] >= 10
+    # Load-aware: the rule itself requires the GPU to be in use, not only the exporter's gauge.
+    assert 'state!="idle"' in link["expr"]
+
+
+def test_a_changed_threshold_makes_the_promtool_tests_fail(promtool: str, tmp_path: Path) -> None:
+    """The unit tests pin the shipped numbers: regenerating with other thresholds must break them."""
+    override = tmp_path / "mine.yaml"
+    override.write_text("gpu_starved: {min_waiting_ratio: 0.7}\npcie_link_downgraded: {min_in_use_ratio: 0.1}\n")
+    out = tmp_path / "rules"
+    r = subprocess.run([sys.executable, str(ALERTS / "generate.py"), "--thresholds", str(override), "--out",
+                        str(out)], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    (out / "tests").mkdir()
+    for f in TEST_FILES:
+        shutil.copy(f, out / "tests" / f.name)
+    res = _promtool(promtool, "test", "rules", out / "tests" / "gpu.test.yml", out / "tests" / "pcie.test.yml")
+    assert res.returncode != 0
+    report = res.stdout + res.stderr
+    assert "GpufeedGPUStarved" in report and "GpufeedPCIeLinkDowngraded" in report
+
+
+def test_unknown_or_malformed_threshold_override_is_rejected_naming_the_key(tmp_path: Path) -> None:
+    for text, needle in (("gpu_starvd: {for: 5m}\n", "gpu_starvd"), ("gpu_starved: {for: soon}\n", "gpu_starved.for"),
+                         ("gpu_lost: {severity: page}\n", "gpu_lost.severity")):
+        f = tmp_path / "bad.yaml"
+        f.write_text(text)
+        r = subprocess.run([sys.executable, str(ALERTS / "generate.py"), "--thresholds", str(f), "--check"],
+                           capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode == 2 and needle in r.stderr, (text, r.stderr)
