@@ -26,6 +26,11 @@ from exporter.snapshot import SamplerStatus, Snapshot, Stamped
 
 _log = log.get_logger(component="engine")
 
+# Restart backoff of a crashed sampler task: doubles per crash up to the max; reset after a quiet period.
+BACKOFF_START = 1.0
+BACKOFF_MAX = 60.0
+BACKOFF_RESET = 300.0
+
 
 class Clock(Protocol):
     """Monotonic seconds and a way to wait for a point in time."""
@@ -323,18 +328,22 @@ class Engine:
 
     async def _supervise(self, s: Sampler) -> None:
         """Restart a crashed sampler loop with exponential backoff (a bug must not kill sampling)."""
-        backoff = 1.0
+        backoff = BACKOFF_START
         while not self._stopping:
+            started = time.monotonic()
             try:
                 await self._loop(s)
                 return
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if time.monotonic() - started > BACKOFF_RESET:
+                    backoff = BACKOFF_START  # it ran fine for a while: a new, rare crash restarts quickly
                 s.restarts += 1
-                _log.error("sampler_crashed", sampler=s.spec.name, error=repr(e), restart_in=backoff)
+                self._publish()  # make the restart visible (gpufeed_sampler_restarts_total) right away
+                _log.error("sampler_crashed", sampler=s.spec.name, error=repr(e), restart_in=backoff, exc_info=e)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 60.0)
+                backoff = min(backoff * 2, BACKOFF_MAX)
 
     def start(self) -> None:
         """Start one task per sampler on the running event loop."""
