@@ -7,10 +7,14 @@ import sys
 
 
 def run_diagnose(ns: argparse.Namespace) -> int:
-    """Not built yet: say so plainly instead of printing a made-up report."""
+    """``--scenario``: play it in virtual time (exporter.sim.report). The live host: not built yet."""
+    if getattr(ns, "scenario", None):
+        from exporter.sim.report import run_scenario
+
+        return run_scenario(ns)
     print(
-        "gpufeed diagnose: not available yet in this build -- the verdict classifier and the scenario "
-        "player have not landed. Use `gpufeed serve` and read /metrics meanwhile.",
+        "gpufeed diagnose: live-host diagnosis is not available yet in this build -- the verdict classifier "
+        "has not landed. Use `gpufeed serve` and read /metrics meanwhile, or `--scenario FILE`.",
         file=sys.stderr,
     )
     return 3

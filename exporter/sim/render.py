@@ -374,11 +374,12 @@ UTIL_SAMPLE_PERIOD_S = 1 / 6  # the driver's utilisation sample period on most p
 UTIL_BUFFER_S = 10.0  # how much of the driver's sample buffer the state carries (the reader polls every 1 s)
 
 
-def nvml_state(model: Model, t: float, *, counter_bits: int = 32) -> dict[str, Any]:
+def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool = True) -> dict[str, Any]:
     """The fake NVML's state dict (exporter.sim.fakenvml docstring) for scenario time ``t``.
 
     Counters and integrals are absolute, exact integrals of the scenario's rates; the utilisation buffer
-    holds the samples of the last :data:`UTIL_BUFFER_S` seconds, each the mean over its own period.
+    holds the samples of the last :data:`UTIL_BUFFER_S` seconds, each the mean over its own period (empty
+    when ``samples`` is false: a caller that polls the buffer rarely fills it only when it is read).
     """
     sc = model.sc
     devices: list[dict[str, Any]] = []
@@ -387,14 +388,15 @@ def nvml_state(model: Model, t: float, *, counter_bits: int = 32) -> dict[str, A
         link = model.link(g.index, t)
         util = tr["gpu_util"]
         dram = tr["dram_active"]
-        samples: list[list[int]] = []
+        util_buf: list[list[int]] = []
         mem_samples: list[list[int]] = []
         p = UTIL_SAMPLE_PERIOD_S
         k_end = math.floor(t / p + 1e-9)
-        for k in range(max(1, k_end - int(UTIL_BUFFER_S / p)), k_end + 1):
+        first = max(1, k_end - int(UTIL_BUFFER_S / p)) if samples else k_end + 1
+        for k in range(first, k_end + 1):
             a, b = (k - 1) * p, k * p
             ts = round(b * 1e6)
-            samples.append([ts, round(100.0 * (util.integral(b) - util.integral(a)) / p)])
+            util_buf.append([ts, round(100.0 * (util.integral(b) - util.integral(a)) / p)])
             mem_samples.append([ts, round(100.0 * (dram.integral(b) - dram.integral(a)) / p)])
         procs = [q for q in sc.processes if g.index in q.gpus]
         now_util = util.at(t)
@@ -411,7 +413,7 @@ def nvml_state(model: Model, t: float, *, counter_bits: int = 32) -> dict[str, A
             "sm_occupancy_integral": tr["sm_occupancy"].integral(t),
             "tensor_active_integral": tr["tensor_active"].integral(t),
             "dram_active_integral": dram.integral(t),
-            "util_samples": samples, "mem_util_samples": mem_samples,
+            "util_samples": util_buf, "mem_util_samples": mem_samples,
             "process_util": [
                 {"pid": q.pid, "ts_us": round(t * 1e6), "sm_pct": round(100.0 * now_util / len(procs)),
                  "mem_pct": round(100.0 * dram.at(t) / len(procs))} for q in procs
