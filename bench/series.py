@@ -1,0 +1,110 @@
+"""Series budget: how many series gpufeed exports per GPU and per host, scenario by scenario.
+
+Each scenario runs under ``gpufeed serve --simulate`` at default settings until its GPUs are all
+described and the series count has settled; then the text payload is counted. A series belongs to a
+GPU when it carries that GPU's ``gpu`` label (non-empty) or its PCI address as ``gpu_bdf`` (the PCIe
+chain above it); everything else is host-level.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+from bench import procs, scrape
+from bench.common import SCENARIOS, Context, Options, gpu_count, series_count
+from bench.report import Section
+
+BUDGET_PER_GPU = 60
+BUDGET_PER_HOST = 200
+REPO_SCENARIOS = Path(__file__).resolve().parent.parent / "tests" / "scenarios"
+SHARED_SCENARIOS = Path(__file__).resolve().parent.parent.parent / "shared" / "scenarios"
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? \S+", re.M)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def default_scenarios() -> list[Path]:
+    """The project's scenarios (tests/scenarios, else ../shared/scenarios) and the benchmark's own."""
+    base = REPO_SCENARIOS if any(REPO_SCENARIOS.glob("*.yaml")) else SHARED_SCENARIOS
+    return sorted(base.glob("*.yaml")) + sorted(SCENARIOS.glob("*.yaml"))
+
+
+def _bdf(addr: str) -> str:
+    # NVML writes an 8-digit PCI domain ("00000000:18:00.0"), sysfs a 4-digit one: compare the tail.
+    return addr.lower()[-12:]
+
+
+def attribute(body: str) -> tuple[Counter[str], int, int]:
+    """(series per GPU index, host-level series, total) of a text exposition."""
+    lines = [(m.group(1), dict(_LABEL.findall(m.group(2) or ""))) for m in _LINE.finditer(body)]
+    bdf_to_gpu = {_bdf(lb["pci_bus_id"]): lb["gpu"] for name, lb in lines
+                  if name == "gpufeed_gpu_info" and "pci_bus_id" in lb and "gpu" in lb}
+    per: Counter[str] = Counter()
+    host = 0
+    for _, lb in lines:
+        gpu = lb.get("gpu") or bdf_to_gpu.get(_bdf(lb.get("gpu_bdf", "")), "")
+        if gpu:
+            per[gpu] += 1
+        else:
+            host += 1
+    return per, host, len(lines)
+
+
+def measure(path: Path, opts: Options) -> tuple[Counter[str], int, int, int]:
+    """Run one scenario; (per GPU, host, total, GPUs expected)."""
+    expected = len(yaml.safe_load(path.read_text()).get("gpus") or [])
+    port = procs.free_port()
+    proc = procs.gpufeed(port, ["--simulate", str(path)], name="gpufeed-series")
+    with proc:
+        body = procs.wait_ready(proc, port, timeout=opts.series_timeout)
+        deadline = time.monotonic() + opts.series_timeout
+        last, stable_since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            proc.check_alive()
+            _, body = procs.get(port, headers=scrape.TEXT_HEADERS)
+            n = series_count(body)
+            if n != last:
+                last, stable_since = n, time.monotonic()
+            elif gpu_count(body) >= expected and time.monotonic() - stable_since >= opts.series_settle:
+                break
+            time.sleep(0.5)
+    per, host, total = attribute(body.decode())
+    return per, host, total, expected
+
+
+def run(ctx: Context, opts: Options) -> Section:
+    sec = Section("series", "Series budget (default settings)")
+    if not ctx.simulator_active(opts):
+        port = procs.free_port()
+        with procs.gpufeed(port, [], name="gpufeed-series") as proc:
+            procs.wait_ready(proc, port)
+            time.sleep(opts.series_settle)
+            _, body = procs.get(port, headers=scrape.TEXT_HEADERS)
+        per, host, total = attribute(body.decode())
+        sec.add("this host (no simulator, no GPU)", f"{host} host series, {total} in all",
+                f"<= {BUDGET_PER_HOST} per host", host <= BUDGET_PER_HOST)
+        sec.note(ctx.simulate_detail)
+        return sec
+    worst_gpu = 0
+    worst_host = 0
+    for path in opts.scenarios or default_scenarios():
+        try:
+            per, host, total, expected = measure(path, opts)
+        except (procs.BenchError, OSError, yaml.YAMLError) as e:
+            sec.add(path.name, f"failed: {str(e)[:300]}", "", False)
+            continue
+        top = max(per.values(), default=0)
+        worst_gpu, worst_host = max(worst_gpu, top), max(worst_host, host)
+        sec.raw[path.name] = {"per_gpu": dict(per), "host": host, "total": total, "gpus": expected}
+        ok = top <= BUDGET_PER_GPU and host <= BUDGET_PER_HOST and len(per) >= expected
+        sec.add(path.name, f"{len(per)}/{expected} GPUs, max {top} per GPU, {host} host, {total} total",
+                f"<= {BUDGET_PER_GPU} per GPU, <= {BUDGET_PER_HOST} per host", ok)
+    sec.note(f"Worst case over all scenarios: {worst_gpu} series per GPU, {worst_host} host-level series.")
+    sec.note("A series counts for a GPU when it has a non-empty gpu label or that GPU's address as gpu_bdf; "
+             "histogram buckets count one series each.")
+    return sec
