@@ -7,7 +7,7 @@ import errno
 import io
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +57,12 @@ def large(tmp_path: Path) -> Path:
 MakeCollector = Callable[..., Collector]
 
 
-def make(name: str, root: Path, *, pids: tuple[int, ...] = (), **options: Any) -> Collector:
+def make(name: str, root: Path, *, pids: tuple[int, ...] = (), options: Mapping[str, Any] | None = None) -> Collector:
     """Collector ``name`` reading ``root/proc`` and ``root/sys`` with its default options plus ``options``."""
     cls = load_all()[name]
     opts: dict[str, Any] = {o.name: o.default for o in cls.options}
     opts["interval"] = cls.default_interval
-    opts.update(options)
+    opts.update(options or {})
     return cls(CollectorContext(procfs=root / "proc", sysfs=root / "sys", options=opts,
                                 targets=TargetPids(pids)))
 

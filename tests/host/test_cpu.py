@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from exporter.collectors.cpu import MODES, USER_HZ, CpuCollector, CpuState, parse_stat
@@ -10,7 +11,7 @@ from exporter.samples.host import CpuSample
 from tests.host.conftest import CAPTURE, LARGE, exposition, make, run_engine, series
 
 
-def _stat_lines(ticks: dict[int, tuple[int, ...]]) -> str:
+def _stat_lines(ticks: Mapping[int, tuple[int, ...]]) -> str:
     return "cpu  0 0 0 0 0 0 0 0 0 0\n" + "".join(
         f"cpu{c} " + " ".join(map(str, t)) + " 0 0\n" for c, t in sorted(ticks.items())
     ) + "intr 1\nctxt 2\n"
@@ -42,7 +43,7 @@ def test_sample_keeps_every_core_for_the_derived_layer_with_its_node() -> None:
 
 
 def test_per_core_option_exports_every_cpu_and_mode() -> None:
-    eng = run_engine(make("cpu", LARGE, **{"per-core": True}))
+    eng = run_engine(make("cpu", LARGE, options={"per-core": True}))
     s = series(exposition(eng))
     assert len([k for k in s if k.startswith("gpufeed_cpu_seconds_total")]) == 192 * len(MODES)
     assert 'gpufeed_cpu_seconds_total{cpu="191",mode="steal"}' in s

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from exporter.collectors import load_all
 from exporter.collectors.base import TargetPids
 from exporter.collectors.proc import USER_HZ, PidListOption, ProcCollector, parse_stat
 from exporter.config import ConfigError, resolve
-from exporter.collectors import load_all
 from exporter.engine import Engine, VirtualClock
 from exporter.samples.host import ProcSample
 from tests.host.conftest import CAPTURE, LARGE, exposition, make, run_engine, series
@@ -119,7 +119,7 @@ def test_pids_option_is_validated_at_config_time() -> None:
 
 
 def test_threads_sampler_interval_is_an_option_and_adaptive(large: Path) -> None:
-    col = make("proc", LARGE, pids=(GPU,), **{"threads-interval": 5.0})
+    col = make("proc", LARGE, pids=(GPU,), options={"threads-interval": 5.0})
     clock = VirtualClock()
     eng = Engine([col], clock, inline=True)
     eng.run_until(10.0)
