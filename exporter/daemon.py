@@ -144,8 +144,10 @@ class Daemon:
         await self.engine.stop(timeout=1.0)
 
 
-async def _amain(settings: Settings, registry: Mapping[str, type[Collector]]) -> int:
-    collectors = build_collectors(settings, registry)
+async def _amain(
+    settings: Settings, registry: Mapping[str, type[Collector]], shared: dict[str, Any] | None = None
+) -> int:
+    collectors = build_collectors(settings, registry, shared=shared)
     try:
         daemon = Daemon(settings, collectors)
     except WebConfigError as e:
@@ -185,7 +187,22 @@ async def _amain(settings: Settings, registry: Mapping[str, type[Collector]]) ->
 def run_daemon(settings: Settings, registry: Mapping[str, type[Collector]]) -> int:
     """Run ``gpufeed serve`` until SIGTERM/SIGINT; returns the exit code."""
     log.configure(settings["log.level"], settings["log.format"])
-    code = asyncio.run(_amain(settings, registry))
+    sim = None
+    shared: dict[str, Any] | None = None
+    if settings["simulate"]:
+        # --simulate: a child process renders the scenario's host; this process only reads it (exporter.sim.live).
+        from exporter.sim.live import LiveSimulation, SimulationError
+
+        try:
+            sim, settings, shared = LiveSimulation.start(settings, registry)
+        except SimulationError as e:
+            _log.error("simulation_failed", error=str(e))
+            return 2
+    try:
+        code = asyncio.run(_amain(settings, registry, shared))
+    finally:
+        if sim is not None:
+            sim.stop()
     # A sampler thread stuck in a read (hung NFS behind /proc, a wedged driver call) cannot be interrupted,
     # and the interpreter would join it at exit forever: exit without waiting for it once the daemon has
     # drained (everything that matters was flushed and closed above).
