@@ -1,0 +1,221 @@
+"""``gpufeed serve --simulate FILE``: a scenario played in real time by a child process the daemon only reads.
+
+The daemon (:class:`LiveSimulation`) validates the scenario, makes a temporary directory and starts
+``python -m exporter.sim.live`` in it. The child renders ``<dir>/proc``, ``<dir>/sys`` and the fake NVML's
+state ``<dir>/nvml.json`` (every file replaced atomically) at scenario time ``(now - start) x speed``,
+looping the timeline, each group of files as often as the fastest sampler that reads it. The daemon points
+``--path.procfs`` / ``--path.sysfs`` at the trees and puts ``FakeNvml.from_file(<dir>/nvml.json)`` in
+``ctx.shared["nvml"]``: it reads the simulated host exactly as it reads a real one, and its own
+``/proc/<pid>/stat`` counts the daemon alone (the renderer's CPU is the child's).
+
+The child dies with the parent: its stdin is a pipe from the daemon, and end-of-file on it (the daemon
+exited, however it exited) ends the child, which then removes the directory. It also checks its parent
+pid. The daemon removes the directory too, after stopping the child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from exporter import log
+from exporter.collectors.base import Collector
+from exporter.config import Settings
+from exporter.sim.model import Model
+from exporter.sim.player import SAMPLER_GROUPS
+from exporter.sim.render import GROUPS, Renderer, nvml_state, write_json
+from exporter.sim.scenario import ScenarioError, load
+
+_log = log.get_logger(component="sim")
+NVML_FILE = "nvml.json"
+READY_TIMEOUT_S = 60.0
+MIN_PERIOD_S = 0.05  # never render a group more often than this (real seconds)
+# The fake's PCIe byte counters wrap at 32 bits like the driver's fields; played faster, a 32-bit counter
+# could wrap more than once between two reads of the fast sampler, so it is widened instead.
+WRAP_SAFE_FRACTION = 0.25
+
+
+class SimulationError(Exception):
+    """The simulation could not start (bad scenario, child failed); the message says why."""
+
+
+def group_periods(settings: Settings, registry: Mapping[str, type[Collector]]) -> dict[str, float]:
+    """Real-time render period of each file group: the interval of the fastest sampler reading it."""
+    intervals: dict[str, float] = {}
+    for name, cls in registry.items():
+        if not settings.enabled.get(name, cls.default_enabled):
+            continue
+        opts = settings.collector.get(name, {})
+        main = float(opts.get("interval", cls.default_interval))
+        intervals[name] = main
+        for key, val in opts.items():
+            if key.endswith("-interval"):
+                sampler = {"threads-interval": "proc_threads", "samples-interval": "gpu_samples",
+                           "slow-interval": "gpu_slow"}.get(key, f"{name}_{key[:-len('-interval')]}")
+                intervals[sampler] = float(val)
+    periods: dict[str, float] = {}
+    for sampler, iv in intervals.items():
+        for g in SAMPLER_GROUPS.get(sampler, frozenset()):
+            periods[g] = min(periods.get(g, math.inf), iv)
+    # numa reads /proc/<pid>/status; the derived layer shortens proc_threads to 0.5 s while a GPU waits.
+    periods["threads"] = min(periods.get("threads", math.inf), 0.5)
+    return {g: max(MIN_PERIOD_S, p) for g, p in periods.items() if math.isfinite(p)}
+
+
+class LiveSimulation:
+    """The daemon's side: start the renderer child, hand out the paths and the fake NVML, stop it."""
+
+    def __init__(self, scenario: str, speed: float, periods: Mapping[str, float]) -> None:
+        self.scenario = scenario
+        self.speed = speed
+        self.periods = dict(periods)
+        self.dir: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def start(cls, settings: Settings, registry: Mapping[str, type[Collector]]) -> tuple[LiveSimulation, Settings,
+                                                                                        dict[str, Any]]:
+        """Start the child; returns the simulation, settings pointed at its trees, and the ``shared`` dict."""
+        path = str(settings["simulate"])
+        try:
+            load(path)  # fail fast, in the daemon, with the file and key named
+        except ScenarioError as e:
+            raise SimulationError(str(e)) from e
+        sim = cls(path, float(settings["simulate-speed"]), group_periods(settings, registry))
+        sim._spawn()
+        assert sim.dir is not None
+        from exporter.sim.fakenvml import FakeNvml
+
+        values = dict(settings.values)
+        values["path.procfs"] = str(sim.dir / "proc")
+        values["path.sysfs"] = str(sim.dir / "sys")
+        shared: dict[str, Any] = {"nvml": FakeNvml.from_file(sim.dir / NVML_FILE)}
+        return sim, replace(settings, values=values), shared
+
+    def _spawn(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-"))
+        argv = [sys.executable, "-m", "exporter.sim.live", "--scenario", self.scenario, "--root", str(self.dir),
+                "--speed", repr(self.speed), "--parent", str(os.getpid())]
+        for g, p in sorted(self.periods.items()):
+            argv += ["--period", f"{g}={p!r}"]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+                                     close_fds=True)
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], READY_TIMEOUT_S)
+        line = self.proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            self.stop()
+            raise SimulationError(f"the scenario renderer did not start (exit code {self.proc.poll()})")
+        _log.info("simulation_started", scenario=self.scenario, speed=self.speed, root=str(self.dir),
+                  renderer_pid=self.proc.pid)
+
+    def stop(self) -> None:
+        """Stop the child (closing its stdin, then SIGTERM, then SIGKILL) and remove the directory."""
+        p = self.proc
+        if p is not None and p.poll() is None:
+            with contextlib.suppress(OSError):
+                if p.stdin is not None:
+                    p.stdin.close()
+            try:
+                p.wait(2.0)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                try:
+                    p.wait(2.0)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        if p is not None and p.stdout is not None:
+            p.stdout.close()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
+# ---- the child -------------------------------------------------------------------------------------------------
+
+
+def _parse_periods(items: Sequence[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for it in items:
+        g, _, v = it.partition("=")
+        out[g] = float(v)
+    return out
+
+
+def _terminate(_sig: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def child_main(argv: Sequence[str] | None = None) -> int:
+    """Render until the parent goes away."""
+    ap = argparse.ArgumentParser(prog="python -m exporter.sim.live")
+    ap.add_argument("--scenario", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--speed", type=float, default=1.0)
+    ap.add_argument("--parent", type=int, default=0)
+    ap.add_argument("--period", action="append", default=[])
+    ns = ap.parse_args(argv)
+    log.configure("info", "logfmt")
+    root = Path(ns.root)
+    try:
+        sc = load(ns.scenario)
+    except ScenarioError as e:
+        print(f"gpufeed simulate: invalid scenario: {e}", file=sys.stderr)
+        return 2
+    model = Model(sc)
+    renderer = Renderer(model, root)
+    periods = _parse_periods(ns.period)
+    for g in (*GROUPS, "nvml"):
+        periods.setdefault(g, 1.0)
+    max_rate = max((max(p.vs) for tr in model.gpu_tracks.values() for key in ("pcie_tx_bytes_per_s",
+                    "pcie_rx_bytes_per_s") for p in tr[key].phases), default=0.0)
+    bits = 32 if max_rate * ns.speed * periods["nvml"] < 2**32 * WRAP_SAFE_FRACTION else 64
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        start = time.monotonic()
+        renderer.setup()
+        renderer.render(0.0)
+        write_json(root / NVML_FILE, nvml_state(model, 0.0, counter_bits=bits))
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+        due = dict.fromkeys(periods, start)
+        while True:
+            now = time.monotonic()
+            groups = [g for g, d in due.items() if d <= now]
+            if groups:
+                t = (now - start) * ns.speed
+                renderer.render(t, [g for g in groups if g in GROUPS])
+                if "nvml" in groups:
+                    write_json(root / NVML_FILE, nvml_state(model, t, counter_bits=bits))
+                for g in groups:
+                    due[g] = max(due[g] + periods[g], now)
+            wait = max(0.0, min(due.values()) - time.monotonic())
+            # stdin readable means EOF (the parent never writes): the daemon is gone.
+            r, _, _ = select.select([sys.stdin], [], [], wait)
+            if r and not os.read(sys.stdin.fileno(), 1):
+                break
+            if ns.parent and os.getppid() != ns.parent:
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(child_main())
