@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""Generate gpufeed's Grafana dashboards (plain Python, no SDK) into deploy/grafana/dashboards/.
+
+    python3 deploy/grafana/generate.py           # rewrite the committed JSON
+    python3 deploy/grafana/generate.py --check   # exit 1 when the committed JSON drifts (CI)
+
+Two dashboards: a fleet overview (GPU-time by state and cause, worst hosts, active findings) and a host
+drill-down that answers "why is GPU N waiting?". Every query uses the metric names of docs/metrics.md or
+the recording rules of alerts/gpufeed-recording.yml; template variables are ``datasource``, ``host``
+(the ``instance`` label) and ``gpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from exporter.samples.derived import VERDICTS  # noqa: E402 -- the repo root is put on sys.path above
+
+OUT = HERE / "dashboards"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+H = 'instance=~"$host"'
+HG = 'instance=~"$host", gpu=~"$gpu"'
+RI = "$__rate_interval"
+
+Panel = dict[str, Any]
+
+# Colours of the states and causes, the same on every panel.
+COLORS = {
+    "working": "green", "healthy": "green", "waiting": "orange", "idle": "#8e8e8e",
+    "launch_bound": "purple", "input_bound": "blue", "io_bound": "yellow", "transfer_bound": "red",
+    "latency_bound": "#73bfb8", "gpu_throttled": "dark-red", "gpu_inefficient": "#ff9830",
+}
+
+
+def target(expr: str, legend: str = "", *, ref: str = "A", instant: bool = False, fmt: str = "time_series"
+           ) -> dict[str, Any]:
+    return {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend or "__auto",
+            "instant": instant, "range": not instant, "format": fmt}
+
+
+def overrides_by_name(names: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [{"matcher": {"id": "byName", "options": n},
+             "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": COLORS[n]}}]}
+            for n in names if n in COLORS]
+
+
+def panel(kind: str, title: str, desc: str, targets: list[dict[str, Any]], *, unit: str = "short",
+          stack: bool = False, color_names: tuple[str, ...] = (), options: dict[str, Any] | None = None,
+          custom: dict[str, Any] | None = None, mappings: list[dict[str, Any]] | None = None,
+          minmax: tuple[float | None, float | None] = (None, None)) -> Panel:
+    defaults: dict[str, Any] = {"unit": unit, "custom": dict(custom or {})}
+    if minmax[0] is not None:
+        defaults["min"] = minmax[0]
+    if minmax[1] is not None:
+        defaults["max"] = minmax[1]
+    if kind == "timeseries":
+        defaults["custom"].update({"drawStyle": "line", "lineWidth": 1, "fillOpacity": 60 if stack else 10,
+                                   "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+                                   "showPoints": "never"})
+    if mappings:
+        defaults["mappings"] = mappings
+    for i, t in enumerate(targets):
+        t["refId"] = chr(ord("A") + i)
+    return {"type": kind, "title": title, "description": desc, "datasource": DS, "targets": targets,
+            "fieldConfig": {"defaults": defaults, "overrides": overrides_by_name(color_names)},
+            "options": options or {}}
+
+
+def layout(rows: list[tuple[str, list[tuple[Panel, int, int]]]]) -> list[Panel]:
+    """Place panels left to right in rows of 24 columns; each entry is (panel, width, height)."""
+    out: list[Panel] = []
+    y, pid = 0, 1
+    for title, panels in rows:
+        out.append({"type": "row", "title": title, "id": pid, "collapsed": False, "panels": [],
+                    "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}})
+        pid += 1
+        y += 1
+        x, row_h = 0, 0
+        for p, w, h in panels:
+            if x + w > 24:
+                x, y, row_h = 0, y + row_h, 0
+            p["id"] = pid
+            p["gridPos"] = {"x": x, "y": y, "w": w, "h": h}
+            pid += 1
+            x += w
+            row_h = max(row_h, h)
+            out.append(p)
+        y += row_h
+    return out
+
+
+def variables(*, with_gpu: bool) -> list[dict[str, Any]]:
+    ds = {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+          "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}
+    host_q = "label_values(gpufeed_build_info, instance)"
+    host = {"name": "host", "label": "Host", "type": "query", "datasource": DS,
+            "query": {"query": host_q, "refId": "host"}, "definition": host_q, "refresh": 2, "sort": 1,
+            "multi": not with_gpu, "includeAll": not with_gpu, "allValue": ".+", "current": {}, "hide": 0,
+            "options": [], "regex": ""}
+    out = [ds, host]
+    if with_gpu:
+        gpu_q = 'label_values(gpufeed_gpu_state_seconds_total{instance=~"$host"}, gpu)'
+        out.append({"name": "gpu", "label": "GPU", "type": "query", "datasource": DS,
+                    "query": {"query": gpu_q, "refId": "gpu"}, "definition": gpu_q, "refresh": 2, "sort": 3,
+                    "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "hide": 0,
+                    "options": [], "regex": ""})
+    return out
+
+
+def dashboard(uid: str, title: str, desc: str, panels: list[Panel], *, templating: list[dict[str, Any]],
+              links: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "uid": uid, "title": title, "description": desc, "tags": ["gpufeed", "gpu"],
+        "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1, "timezone": "",
+        "time": {"from": "now-6h", "to": "now"}, "refresh": "30s",
+        "templating": {"list": templating},
+        "annotations": {"list": [{
+            "name": "gpufeed alerts", "datasource": DS, "enable": True, "iconColor": "red",
+            "expr": 'ALERTS{alertname=~"Gpufeed.*", alertstate="firing", instance=~"$host"}',
+            "titleFormat": "{{ alertname }}", "textFormat": "{{ instance }} GPU {{ gpu }} {{ cause }}",
+            "step": "60s",
+        }]},
+        "links": links, "panels": panels,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ fleet
+
+
+def fleet() -> dict[str, Any]:
+    states = ("working", "waiting", "idle")
+    causes = ("launch_bound", "input_bound", "io_bound", "transfer_bound", "latency_bound")
+    table_opts = {"showHeader": True, "cellHeight": "sm"}
+    hide_time = [{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True}}}]
+    worst_24h = panel(
+        "table", "Worst hosts: waiting GPU-hours, last 24h",
+        "Hosts ranked by GPU-hours their GPUs spent waiting (all causes) over the last day, and their share of "
+        "the fleet's waiting. Recording rules instance:gpufeed_gpu_waiting_hours:increase1d and "
+        ":fleet_ratio1d.",
+        [target(f"sort_desc(topk(15, instance:gpufeed_gpu_waiting_hours:increase1d{{{H}}}))", instant=True,
+                fmt="table"),
+         target(f"instance:gpufeed_gpu_waiting_hours:fleet_ratio1d{{{H}}}", instant=True, fmt="table")],
+        options=table_opts)
+    worst_24h["transformations"] = [{"id": "merge", "options": {}}, *hide_time]
+    worst_now = panel(
+        "table", "Worst hosts now: share of GPU-time waiting",
+        "Hosts ranked by the share of their GPU-time spent waiting over the last 5 minutes.",
+        [target(f'sort_desc(topk(15, instance_state:gpufeed_gpu_time:ratio_rate5m{{state="waiting", {H}}}))',
+                instant=True, fmt="table")],
+        unit="percentunit", options=table_opts)
+    worst_now["transformations"] = hide_time
+    findings = panel(
+        "table", "Active findings", "Platform findings raised now (gpufeed_finding), one row per host, check "
+        "and GPU; gpu empty means host-wide. Each has an alert and a runbook section.",
+        [target(f"gpufeed_finding{{{H}}} == 1", instant=True, fmt="table")], options=table_opts)
+    findings["transformations"] = [{"id": "organize", "options": {
+        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+    alerts = panel(
+        "table", "Firing gpufeed alerts", "Alerts from alerts/gpufeed-alerts.yml firing now.",
+        [target(f'ALERTS{{alertname=~"Gpufeed.*", alertstate="firing", {H}}}', instant=True, fmt="table")],
+        options=table_opts)
+    alerts["transformations"] = [{"id": "organize", "options": {
+        "excludeByName": {"Time": True, "Value": True, "__name__": True, "alertstate": True,
+                          "job": True, "runbook_url": True}}}]
+    health = panel(
+        "table", "Exporter health", "Per collector: the worst success over the fleet (0 means at least one "
+        "host's collector is failing) and how many hosts run it.",
+        [target(f"min by (collector) (gpufeed_collector_success{{{H}}})", instant=True, fmt="table"),
+         target(f"count by (collector) (gpufeed_collector_success{{{H}}})", instant=True, fmt="table")],
+        options=table_opts)
+    health["transformations"] = [{"id": "merge", "options": {}}, *hide_time]
+    rows: list[tuple[str, list[tuple[Panel, int, int]]]] = [
+        ("Fleet now", [
+            (panel("stat", "Hosts reporting", "gpufeed exporters Prometheus scrapes.",
+                   [target(f"count(gpufeed_build_info{{{H}}})", instant=True)]), 4, 4),
+            (panel("stat", "GPUs", "GPUs with a working/waiting/idle account.",
+                   [target(f"count(count by (instance, gpu) (gpufeed_gpu_state_seconds_total{{{H}}}))",
+                           instant=True)]), 4, 4),
+            (panel("stat", "Fleet GPU-time by state (5m)", "Share of all GPUs' time working, waiting, idle.",
+                   [target("sum by (state) (job_state:gpufeed_gpu_time:ratio_rate5m)", "{{state}}",
+                           instant=True)], unit="percentunit", color_names=states,
+                   options={"colorMode": "background", "textMode": "value_and_name"}), 8, 4),
+            (panel("stat", "GPU-hours lost waiting, last 24h", "Sum over all causes and hosts.",
+                   [target("sum(job_cause:gpufeed_gpu_waiting_hours:increase1d)", instant=True)], unit="h"),
+             8, 4),
+        ]),
+        ("GPU-time", [
+            (panel("timeseries", "Fleet GPU-time by state", "job_state:gpufeed_gpu_time:ratio_rate5m.",
+                   [target("sum by (state) (job_state:gpufeed_gpu_time:ratio_rate5m)", "{{state}}")],
+                   unit="percentunit", stack=True, color_names=states, minmax=(0, 1)), 12, 8),
+            (panel("timeseries", "Fleet GPU-time waiting, by cause",
+                   "Share of all GPU-time spent waiting on each cause "
+                   "(job_cause:gpufeed_gpu_waiting_time:ratio_rate5m).",
+                   [target("sum by (cause) (job_cause:gpufeed_gpu_waiting_time:ratio_rate5m)", "{{cause}}")],
+                   unit="percentunit", stack=True, color_names=causes, minmax=(0, None)), 12, 8),
+            (panel("bargauge", "GPU-hours lost per cause, last 24h",
+                   "job_cause:gpufeed_gpu_waiting_hours:increase1d: where the fleet's GPU time goes to waste.",
+                   [target("sum by (cause) (job_cause:gpufeed_gpu_waiting_hours:increase1d)", "{{cause}}",
+                           instant=True)], unit="h", color_names=causes,
+                   options={"orientation": "horizontal", "displayMode": "gradient"}), 12, 8),
+            (panel("piechart", "Current verdicts", "Number of GPUs per current verdict (gpufeed_gpu_bottleneck).",
+                   [target(f"count by (cause) (gpufeed_gpu_bottleneck{{{H}}} == 1)", "{{cause}}", instant=True)],
+                   color_names=tuple(VERDICTS), options={"pieType": "donut", "legend": {"displayMode": "table",
+                                                                                      "placement": "right"}}),
+             12, 8),
+        ]),
+        ("Hosts", [
+            (worst_24h, 12, 9),
+            (worst_now, 12, 9),
+            (panel("timeseries", "Waiting share per host", "instance_state:gpufeed_gpu_time:ratio_rate5m.",
+                   [target(f'instance_state:gpufeed_gpu_time:ratio_rate5m{{state="waiting", {H}}}',
+                           "{{instance}}")], unit="percentunit", minmax=(0, 1)), 24, 8),
+        ]),
+        ("Findings and alerts", [
+            (findings, 12, 8),
+            (alerts, 12, 8),
+            (health, 24, 7),
+        ]),
+    ]
+    links = [{"title": "Host drill-down", "type": "link", "url": "/d/gpufeed-host/gpufeed-host?${__url_time_range}",
+              "icon": "dashboard"}]
+    return dashboard("gpufeed-fleet", "gpufeed / Fleet overview",
+                     "Is the fleet's GPU time spent working, or waiting -- and on what?",
+                     layout(rows), templating=variables(with_gpu=False), links=links)
+
+
+# ------------------------------------------------------------------------------------------------- host
+
+
+def verdict_code_expr() -> str:
+    """One series per GPU whose value is the index (1-based) of its current verdict in VERDICTS."""
+    parts = [f'(gpufeed_gpu_bottleneck{{cause="{c}", {HG}}} == 1) * {i}' for i, c in enumerate(VERDICTS, 1)]
+    return "max by (gpu) (\n  " + "\n  or ".join(parts) + "\n)"
+
+
+def host() -> dict[str, Any]:
+    verdict_map = [{"type": "value", "options": {
+        str(i): {"text": c, "color": COLORS.get(c, "text"), "index": i - 1} for i, c in enumerate(VERDICTS, 1)}}]
+    timeline = panel(
+        "state-timeline", "Verdict history", "The classifier's verdict per GPU over time (gpufeed_gpu_bottleneck).",
+        [target(verdict_code_expr(), "GPU {{gpu}}")], mappings=verdict_map,
+        options={"showValue": "auto", "mergeValues": True, "rowHeight": 0.8})
+    gaps = panel(
+        "heatmap", "Idle gaps between bursts",
+        "Histogram of idle stretches between bursts of GPU activity (gpufeed_gpu_idle_gap_seconds): many short "
+        "gaps = launch-bound small kernels; gaps at batch boundaries = input; long irregular gaps = IO.",
+        [target(f"sum by (le) (increase(gpufeed_gpu_idle_gap_seconds_bucket{{{HG}}}[{RI}]))", "{{le}}",
+                fmt="heatmap")],
+        options={"calculate": False, "yAxis": {"unit": "s"}, "cellGap": 1,
+                 "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64}})
+    placement = panel(
+        "table", "NUMA placement of GPU processes",
+        "Share of each GPU process's allowed CPUs local to its GPU's NUMA node, and mismatches with their reason.",
+        [target(f"gpufeed_process_numa_local_cpu_ratio{{{HG}}}", instant=True, fmt="table"),
+         target(f"gpufeed_process_numa_mismatch{{{HG}}}", instant=True, fmt="table")],
+        options={"showHeader": True})
+    placement["transformations"] = [{"id": "organize", "options": {
+        "excludeByName": {"Time": True, "__name__": True, "job": True}}}]
+    gpus = panel(
+        "table", "GPUs and NUMA nodes", "gpufeed_gpu_info: each GPU's PCI bus id and NUMA node.",
+        [target(f"gpufeed_gpu_info{{{HG}}}", instant=True, fmt="table")], options={"showHeader": True})
+    gpus["transformations"] = [{"id": "organize", "options": {
+        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+    findings = panel(
+        "table", "Findings on this host", "gpufeed_finding raised now (gpu empty = host-wide).",
+        [target(f"gpufeed_finding{{{H}}} == 1", instant=True, fmt="table")], options={"showHeader": True})
+    findings["transformations"] = [{"id": "organize", "options": {
+        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+    rows: list[tuple[str, list[tuple[Panel, int, int]]]] = [
+        ("Why is the GPU waiting?", [
+            (timeline, 24, 6),
+            (panel("timeseries", "GPU time by state", "GPU-seconds per second working, waiting, idle.",
+                   [target(f"sum by (gpu, state) (rate(gpufeed_gpu_state_seconds_total{{{HG}}}[{RI}]))",
+                           "GPU {{gpu}} {{state}}")], unit="percentunit", stack=True, minmax=(0, None)), 12, 8),
+            (panel("timeseries", "GPU time waiting, by cause", "GPU-seconds per second waiting on each cause.",
+                   [target(f"sum by (gpu, cause) (rate(gpufeed_gpu_waiting_seconds_total{{{HG}}}[{RI}]))",
+                           "GPU {{gpu}} {{cause}}")], unit="percentunit", stack=True, minmax=(0, None)), 12, 8),
+            (panel("stat", "Verdict confidence", "gpufeed_gpu_bottleneck_confidence.",
+                   [target(f"gpufeed_gpu_bottleneck_confidence{{{HG}}}", "GPU {{gpu}}", instant=True)],
+                   unit="percentunit", minmax=(0, 1)), 6, 5),
+            (findings, 18, 5),
+        ]),
+        ("Activity shape", [
+            (gaps, 12, 8),
+            (panel("timeseries", "Burstiness and idle share",
+                   "Coefficient of variation of GPU activity (0 steady, >1 bursty), idle share of the window, "
+                   "and whether idle gaps are periodic (batch boundaries).",
+                   [target(f"gpufeed_gpu_burstiness_ratio{{{HG}}}", "GPU {{gpu}} burstiness"),
+                    target(f"gpufeed_gpu_idle_ratio{{{HG}}}", "GPU {{gpu}} idle share"),
+                    target(f"gpufeed_gpu_idle_gaps_periodic{{{HG}}}", "GPU {{gpu}} periodic gaps")]), 12, 8),
+            (panel("timeseries", "GPU busy, SM active and clock",
+                   "Share of time a kernel ran (busy), SM activity, and SM clock as a share of its maximum.",
+                   [target(f"rate(gpufeed_gpu_busy_seconds_total{{{HG}}}[{RI}])", "GPU {{gpu}} busy"),
+                    target(f"rate(gpufeed_gpu_sm_active_seconds_total{{{HG}}}[{RI}])", "GPU {{gpu}} SM active"),
+                    target(f"gpufeed_gpu_sm_clock_hertz{{{HG}}} / gpufeed_gpu_sm_clock_max_hertz{{{HG}}}",
+                           "GPU {{gpu}} SM clock / max")], unit="percentunit", minmax=(0, None)), 24, 7),
+        ]),
+        ("CPU shape of the GPU processes", [
+            (panel("timeseries", "CPU of the GPU processes",
+                   "Cores used per GPU process, user vs system: one core near 1.0 with high system = launch-bound; "
+                   "many cores in user = input-bound.",
+                   [target(f"sum by (pid, comm, mode) (rate(gpufeed_process_cpu_seconds_total{{{H}}}[{RI}]))",
+                           "{{comm}}[{{pid}}] {{mode}}")], unit="short", stack=True), 12, 8),
+            (panel("timeseries", "Threads by state", "Threads of the GPU processes in R, S and D (D = waiting on IO).",
+                   [target(f"sum by (pid, comm, state) (gpufeed_process_threads{{{H}}})",
+                           "{{comm}}[{{pid}}] {{state}}")], stack=True), 12, 8),
+            (panel("timeseries", "Host CPU busy per NUMA node", "Non-idle share of each node's CPUs, by mode.",
+                   [target(f'sum by (node, mode) (rate(gpufeed_cpu_node_seconds_total{{mode!="idle", {H}}}[{RI}]))'
+                           f" / on (node) group_left sum by (node) (gpufeed_cpu_node_cpus{{{H}}})",
+                           "node {{node}} {{mode}}")], unit="percentunit", stack=True), 12, 8),
+            (panel("timeseries", "Average read size of the GPU processes",
+                   "rchar / syscr from /proc/<pid>/io: a few KiB per read = small random reads.",
+                   [target(f"sum by (pid, comm) (rate(gpufeed_process_read_bytes_total{{{H}}}[{RI}]))"
+                           f" / sum by (pid, comm) (rate(gpufeed_process_read_syscalls_total{{{H}}}[{RI}]))",
+                           "{{comm}}[{{pid}}]")], unit="bytes"), 12, 8),
+        ]),
+        ("PCIe and NUMA", [
+            (panel("timeseries", "PCIe traffic vs link capacity",
+                   "GPU PCIe RX/TX against the achievable capacity of the current link at every hop (GPU and "
+                   "upstream bridges): traffic near the lowest capacity = transfer-bound.",
+                   [target(f"rate(gpufeed_gpu_pcie_rx_bytes_total{{{HG}}}[{RI}])", "GPU {{gpu}} RX (host to GPU)"),
+                    target(f"rate(gpufeed_gpu_pcie_tx_bytes_total{{{HG}}}[{RI}])", "GPU {{gpu}} TX (GPU to host)"),
+                    target(f"gpufeed_pcie_link_capacity_bytes_per_second{{{H}}}",
+                           "capacity {{role}} {{bdf}} (GPU {{gpu_bdf}})")], unit="Bps"), 12, 8),
+            (panel("timeseries", "PCIe link speed per hop, current vs max",
+                   "Idle GPUs drop to Gen1 by design; a hop below max while the GPU is busy is a downgrade.",
+                   [target(f"gpufeed_pcie_link_current_speed_transfers_per_second{{{H}}}", "{{role}} {{bdf}} current"),
+                    target(f"gpufeed_pcie_link_max_speed_transfers_per_second{{{H}}}", "{{role}} {{bdf}} max")],
+                   unit="short"), 12, 8),
+            (panel("state-timeline", "Link downgraded under load", "gpufeed_pcie_link_downgraded per GPU and hop.",
+                   [target(f"gpufeed_pcie_link_downgraded{{{HG}}}", "GPU {{gpu}} {{bdf}}")],
+                   mappings=[{"type": "value", "options": {
+                       "0": {"text": "ok", "color": "green", "index": 0},
+                       "1": {"text": "downgraded", "color": "red", "index": 1}}}]), 12, 6),
+            (panel("timeseries", "PCIe errors", "AER errors per device and NVML replays per GPU.",
+                   [target(f"sum by (bdf, severity) (increase(gpufeed_pcie_aer_errors_total{{{H}}}[{RI}]))",
+                           "AER {{severity}} {{bdf}}"),
+                    target(f"increase(gpufeed_gpu_pcie_replays_total{{{HG}}}[{RI}])", "GPU {{gpu}} replays")]),
+             12, 6),
+            (placement, 12, 7),
+            (gpus, 12, 7),
+        ]),
+        ("IO, memory and pressure", [
+            (panel("timeseries", "Pressure stall (PSI some)", "Share of wall time tasks stalled on CPU, IO, memory.",
+                   [target(f"rate(gpufeed_pressure_stalled_seconds_total{{{H}}}[{RI}])", "{{resource}}")],
+                   unit="percentunit", minmax=(0, None)), 8, 8),
+            (panel("timeseries", "Disk read latency and utilisation",
+                   "Mean time per completed read (await) and share of time the device was busy.",
+                   [target(f"rate(gpufeed_disk_read_time_seconds_total{{{H}}}[{RI}])"
+                           f" / rate(gpufeed_disk_reads_completed_total{{{H}}}[{RI}])", "{{device}} read await"),
+                    target(f"rate(gpufeed_disk_io_time_seconds_total{{{H}}}[{RI}])", "{{device}} busy")],
+                   unit="s"), 8, 8),
+            (panel("timeseries", "Memory", "Available, dirty and writeback memory.",
+                   [target(f"gpufeed_memory_available_bytes{{{H}}}", "available"),
+                    target(f"gpufeed_memory_dirty_bytes{{{H}}}", "dirty"),
+                    target(f"gpufeed_memory_writeback_bytes{{{H}}}", "writeback")], unit="bytes"), 8, 8),
+            (panel("timeseries", "NFS client", "RPC calls, retransmissions and operations per second.",
+                   [target(f"rate(gpufeed_nfs_rpc_calls_total{{{H}}}[{RI}])", "rpc calls"),
+                    target(f"rate(gpufeed_nfs_rpc_retransmissions_total{{{H}}}[{RI}])", "retransmissions"),
+                    target(f"sum by (op) (rate(gpufeed_nfs_operations_total{{{H}}}[{RI}]))", "{{op}}")],
+                   unit="ops"), 12, 8),
+            (panel("timeseries", "CPU frequency governor", "CPUs per cpufreq governor (powersave starves bursty "
+                   "threads).", [target(f"gpufeed_cpufreq_governor_cpus{{{H}}}", "{{governor}}")]), 12, 8),
+        ]),
+    ]
+    links = [{"title": "Fleet overview", "type": "link", "url": "/d/gpufeed-fleet/gpufeed-fleet?${__url_time_range}",
+              "icon": "dashboard"}]
+    return dashboard("gpufeed-host", "gpufeed / Host drill-down",
+                     "Why is GPU N waiting? Verdicts, activity shape, CPU shape, PCIe, NUMA, IO and pressure.",
+                     layout(rows), templating=variables(with_gpu=True), links=links)
+
+
+def outputs() -> dict[str, str]:
+    return {name: json.dumps(d, indent=2, sort_keys=False) + "\n"
+            for name, d in (("gpufeed-fleet.json", fleet()), ("gpufeed-host.json", host()))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--check", action="store_true", help="exit 1 if the JSON in --out differs from the generator")
+    ns = p.parse_args(argv)
+    drift = []
+    for name, text in outputs().items():
+        path = ns.out / name
+        if ns.check:
+            if not path.exists() or path.read_text() != text:
+                drift.append(str(path))
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if drift:
+        print("dashboards differ from the generator (run python3 deploy/grafana/generate.py): " + ", ".join(drift),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
