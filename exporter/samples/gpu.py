@@ -15,6 +15,10 @@ class GpuIdentity:
     name: str
     pci_bus_id: str
     gpm: bool
+    # NUMA node of the GPU (sysfs numa_node, else NVML memory affinity when it names one node) and the
+    # CPUs NVML calls ideal for it (nvmlDeviceGetCpuAffinity); None when unknown.
+    numa_node: int | None = None
+    cpu_affinity: frozenset[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +26,10 @@ class GpuFast:
     """Fast path (default 100 ms) of one GPU. Ratios 0..1; ``*_total`` are cumulative and unwrapped.
 
     ``sm_active_seconds`` / ``busy_seconds`` integrate SM activity / utilisation over time, so a
-    ``rate()`` of them equals the average over any range.
+    ``rate()`` of them equals the average over any range. Both come from GPM pairs (Hopper and newer:
+    SM_UTIL and GRAPHICS_UTIL, "time any compute/graphics app was active") and are None without GPM; the
+    driver-sample integral of utilisation, available on every GPU, is ``GpuBuffered.busy_seconds``.
+    ``throttle_seconds`` maps a clock-event reason to the cumulative seconds the driver reports for it.
     """
 
     sm_active: float | None
@@ -48,6 +55,7 @@ class GpuProcess:
     pid: int
     used_memory_bytes: int | None
     sm_ratio: float | None
+    comm: str = ""  # /proc/<pid>/comm, "" when unreadable (another pid namespace, already gone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +76,8 @@ class GpuSlow:
     max_sm_clock_hz: float | None
     processes: tuple[GpuProcess, ...]
     numa_node: int | None
+    # False when the driver does not report clock-event reasons (then clock_event_reasons is empty).
+    clock_event_reasons_supported: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +94,9 @@ class GpuBuffered:
 
     gpu_util: tuple[UtilPoint, ...]
     memory_util: tuple[UtilPoint, ...]
+    # Integral of the utilisation samples over driver time (seconds a kernel was executing), monotonic;
+    # None when the GPU gives no samples.
+    busy_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

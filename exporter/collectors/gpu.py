@@ -1,0 +1,282 @@
+"""NVIDIA GPUs over NVML (exporter/gpu/backend.py): activity, PCIe traffic, clocks, power, link, processes.
+
+Three samplers share one NVML session: ``gpu`` (fast, default 100 ms: GPM pairs, field-value counters,
+SM clock, power), ``gpu_samples`` (default 1 s: the driver's buffered utilisation samples) and
+``gpu_slow`` (default 5 s: link state, clock-event reasons, temperature, memory, limits, processes).
+The NVML module comes from ``ctx.shared["nvml"]`` when present (the simulator's fake NVML), else from
+``pynvml``, imported on first use. Time comes from ``ctx.shared["clock"]`` or the wired engine's clock
+(virtual time under ``diagnose --scenario``), else the monotonic clock.
+
+On every slow cycle the collector publishes the pids per GPU to ``ctx.targets`` (the ``proc`` and
+``numa`` collectors inspect exactly those) and the GPU index -> sysfs PCI address map to
+``ctx.shared["gpu_bus_ids"]``. No driver, no library or no GPU is "not available" (NoDataError), quietly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.collectors import register
+from exporter.collectors.base import Collector, CollectorContext, NoDataError, Option, SamplerSpec
+from exporter.gpu.backend import PID_MAX_LIMIT, GpuUnavailableError, NvmlBackend
+from exporter.gpu.constants import CLOCK_EVENT_REASONS
+from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuSample, GpuSlow
+from exporter.snapshot import Snapshot
+
+FAST, BUFFERED, SLOW = "gpu", "gpu_samples", "gpu_slow"
+COMM_MAX = 64  # /proc/<pid>/comm is at most TASK_COMM_LEN (16) bytes; bound hostile input anyway
+
+
+@register
+class GpuCollector(Collector):
+    """Per-GPU signals from NVML, sampled at three rates."""
+
+    name = "gpu"
+    help = "NVIDIA GPUs over NVML: activity, PCIe traffic, clocks, power, link state, processes."
+    default_interval = 0.1
+    options = (
+        Option("samples-interval", "duration", 1.0,
+               "Interval of the driver's buffered utilisation samples (sampler gpu_samples)."),
+        Option("slow-interval", "duration", 5.0,
+               "Interval of link state, clock-event reasons, temperature, memory and processes (sampler gpu_slow)."),
+    )
+
+    def __init__(self, ctx: CollectorContext) -> None:
+        super().__init__(ctx)
+        self._lock = threading.Lock()
+        self._backend: NvmlBackend | None = None
+        self._pid_max = self._read_pid_max()
+
+    # ---- sampling --------------------------------------------------------------------------------------------
+
+    def samplers(self) -> list[SamplerSpec]:
+        opts = self.ctx.options
+        return [
+            SamplerSpec(FAST, self.interval, self.update),
+            SamplerSpec(BUFFERED, float(opts.get("samples-interval", 1.0)), self.update_samples),
+            SamplerSpec(SLOW, float(opts.get("slow-interval", 5.0)), self.update_slow),
+        ]
+
+    def update(self) -> GpuSample:
+        return self._sample(NvmlBackend.fast)
+
+    def update_samples(self) -> GpuSample:
+        """Buffered utilisation samples since the previous call."""
+        return self._sample(NvmlBackend.buffered)
+
+    def update_slow(self) -> GpuSample:
+        """Slow-path sample, with process names; publishes GPU pids and PCI addresses for other collectors."""
+        try:
+            sample = self._sample(NvmlBackend.slow)
+        except NoDataError:
+            self.ctx.targets.publish({})
+            raise
+        gpus: dict[int, object] = {}
+        pids: dict[str, list[int]] = {}
+        for idx, g in sample.gpus.items():
+            if isinstance(g, GpuSlow):
+                procs = tuple(dataclasses.replace(p, comm=self._comm(p.pid)) for p in g.processes)
+                gpus[idx] = dataclasses.replace(g, processes=procs)
+                pids[str(idx)] = [p.pid for p in procs]
+            else:
+                gpus[idx] = g
+        self.ctx.targets.publish(pids)
+        self.ctx.shared["gpu_bus_ids"] = MappingProxyType(
+            {str(i): ident.pci_bus_id for i, ident in sorted(sample.identities.items()) if ident.pci_bus_id})
+        return GpuSample(identities=sample.identities, gpus=MappingProxyType(gpus), lost=sample.lost)
+
+    def _sample(self, path: Callable[[NvmlBackend], GpuSample]) -> GpuSample:
+        try:
+            return path(self._get_backend())
+        except GpuUnavailableError as e:
+            raise NoDataError(f"GPU not available: {e}") from e
+
+    def _get_backend(self) -> NvmlBackend:
+        with self._lock:
+            if self._backend is None:
+                self._backend = NvmlBackend(
+                    self._nvml_module, clock=self._now, pid_max=self._pid_max, numa_of=self._sysfs_numa_node,
+                )
+            return self._backend
+
+    def _nvml_module(self) -> Any:
+        """The injected NVML module (simulator/tests) or the real bindings, imported on first use."""
+        injected = self.ctx.shared.get("nvml")
+        if injected is not None:
+            return injected
+        return importlib.import_module("pynvml")
+
+    def _now(self) -> float:
+        clock = self.ctx.shared.get("clock")
+        if clock is None:
+            engine = self.ctx.shared.get("engine")
+            clock = getattr(engine, "clock", None)
+        return float(clock.now()) if clock is not None else time.monotonic()
+
+    def _read_pid_max(self) -> int:
+        """Upper bound of pids on this host, from /proc/sys/kernel/pid_max."""
+        try:
+            v = int(self.ctx.proc("sys", "kernel", "pid_max").read_text().strip())
+        except (OSError, ValueError):
+            return PID_MAX_LIMIT
+        return v if 0 < v <= PID_MAX_LIMIT else PID_MAX_LIMIT
+
+    def _comm(self, pid: int) -> str:
+        """Process name from /proc/<pid>/comm; "" when unreadable (gone, other pid namespace)."""
+        try:
+            raw = self.ctx.proc(pid, "comm").read_bytes()[:COMM_MAX]
+        except OSError:
+            return ""
+        return raw.decode("utf-8", errors="replace").strip()
+
+    def _sysfs_numa_node(self, bdf: str) -> int | None:
+        """The GPU's NUMA node from /sys/bus/pci/devices/<bdf>/numa_node (-1, absent: unknown)."""
+        try:
+            v = int(self.ctx.sys("bus", "pci", "devices", bdf, "numa_node").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return v if v >= 0 else None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._backend is not None:
+                self._backend.close()
+                self._backend = None
+
+    # ---- exposition ------------------------------------------------------------------------------------------
+
+    def metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        fast: GpuSample | None = snap.value(FAST)
+        buffered: GpuSample | None = snap.value(BUFFERED)
+        slow: GpuSample | None = snap.value(SLOW)
+        samples = [s for s in (fast, slow, buffered) if s is not None]
+        if not samples:
+            return
+        identities: Mapping[int, GpuIdentity] = max((s.identities for s in samples), key=len)
+        lost = samples[0].lost
+        yield from _identity_families(identities, lost)
+        if fast is not None:
+            yield from _fast_families(fast)
+        if buffered is not None:
+            yield from _buffered_families(buffered)
+        if slow is not None:
+            yield from _slow_families(slow)
+
+
+def _per_gpu(sample: GpuSample, kind: type[Any]) -> Iterator[tuple[str, Any]]:
+    for idx, g in sorted(sample.gpus.items()):
+        if isinstance(g, kind):
+            yield str(idx), g
+
+
+def _identity_families(identities: Mapping[int, GpuIdentity], lost: frozenset[int]) -> Iterator[Metric]:
+    info = GaugeMetricFamily(
+        "gpufeed_gpu_info", "GPU identity from NVML (value 1); pci_bus_id in sysfs form, numa_node from sysfs "
+        "(or NVML memory affinity), '' when unknown.", labels=["gpu", "uuid", "name", "pci_bus_id", "numa_node"])
+    lost_f = GaugeMetricFamily(
+        "gpufeed_gpu_lost", "1 while the GPU answers NVML with GPU_IS_LOST (fell off the bus); gpufeed retries "
+        "with backoff.", labels=["gpu"])
+    for idx, ident in sorted(identities.items()):
+        numa = "" if ident.numa_node is None else str(ident.numa_node)
+        info.add_metric([str(idx), ident.uuid, ident.name, ident.pci_bus_id, numa], 1.0)
+        lost_f.add_metric([str(idx)], 1.0 if idx in lost else 0.0)
+    yield info
+    yield lost_f
+
+
+def _fast_families(sample: GpuSample) -> Iterator[Metric]:
+    sm_s = CounterMetricFamily(
+        "gpufeed_gpu_sm_active_seconds", "Integral of GPM SM utilisation (share of SMs busy) over time: rate() is "
+        "the mean SM activity over any range. Hopper and newer only.", labels=["gpu"])
+    occ = GaugeMetricFamily("gpufeed_gpu_sm_occupancy_ratio",
+                            "GPM SM occupancy (resident warps / theoretical max) over the last >=100 ms pair.",
+                            labels=["gpu"])
+    tensor = GaugeMetricFamily("gpufeed_gpu_tensor_active_ratio",
+                               "GPM any-tensor-pipe utilisation over the last >=100 ms pair.", labels=["gpu"])
+    dram = GaugeMetricFamily("gpufeed_gpu_dram_active_ratio",
+                             "GPM DRAM bandwidth utilisation over the last >=100 ms pair.", labels=["gpu"])
+    tx = CounterMetricFamily("gpufeed_gpu_pcie_tx_bytes", "Bytes the GPU sent over PCIe (device to host), NVML "
+                             "field 197 unwrapped.", labels=["gpu"])
+    rx = CounterMetricFamily("gpufeed_gpu_pcie_rx_bytes", "Bytes the GPU received over PCIe (host to device), NVML "
+                             "field 198 unwrapped.", labels=["gpu"])
+    replays = CounterMetricFamily("gpufeed_gpu_pcie_replays", "PCIe replays (link-level retransmissions) seen by "
+                                  "the GPU, NVML field 94.", labels=["gpu"])
+    clock = GaugeMetricFamily("gpufeed_gpu_sm_clock_hertz", "Current SM clock.", labels=["gpu"])
+    power = GaugeMetricFamily("gpufeed_gpu_power_watts", "Power draw (instantaneous where the GPU reports it).",
+                              labels=["gpu"])
+    throttle = CounterMetricFamily(
+        "gpufeed_gpu_throttle_seconds", "Time the clocks were held down for the reason, from NVML's cumulative "
+        "clock-event counters.", labels=["gpu", "reason"])
+    for gpu, g in _per_gpu(sample, GpuFast):
+        _add(sm_s, [gpu], g.sm_active_seconds)
+        _add(occ, [gpu], g.sm_occupancy)
+        _add(tensor, [gpu], g.tensor_active)
+        _add(dram, [gpu], g.dram_active)
+        _add(tx, [gpu], g.pcie_tx_bytes_total)
+        _add(rx, [gpu], g.pcie_rx_bytes_total)
+        _add(replays, [gpu], g.pcie_replays_total)
+        _add(clock, [gpu], g.sm_clock_hz)
+        _add(power, [gpu], g.power_w)
+        for reason, secs in sorted(g.throttle_seconds.items()):
+            throttle.add_metric([gpu, reason], secs)
+    yield from (sm_s, occ, tensor, dram, tx, rx, replays, clock, power, throttle)
+
+
+def _buffered_families(sample: GpuSample) -> Iterator[Metric]:
+    busy = CounterMetricFamily(
+        "gpufeed_gpu_busy_seconds", "Time a kernel was executing: integral of the driver's buffered utilisation "
+        "samples (nvmlDeviceGetSamples) over driver time; rate() is the mean utilisation over any range.",
+        labels=["gpu"])
+    for gpu, g in _per_gpu(sample, GpuBuffered):
+        _add(busy, [gpu], g.busy_seconds)
+    yield busy
+
+
+def _slow_families(sample: GpuSample) -> Iterator[Metric]:
+    max_clock = GaugeMetricFamily("gpufeed_gpu_sm_clock_max_hertz", "Maximum SM clock.", labels=["gpu"])
+    limit = GaugeMetricFamily("gpufeed_gpu_power_limit_watts", "Enforced power limit.", labels=["gpu"])
+    temp = GaugeMetricFamily("gpufeed_gpu_temperature_celsius", "GPU core temperature.", labels=["gpu"])
+    reason = GaugeMetricFamily(
+        "gpufeed_gpu_clock_event_reason", "1 while NVML reports the clock-event (throttle) reason; gpu_idle is "
+        "normal on an idle GPU.", labels=["gpu", "reason"])
+    used = GaugeMetricFamily("gpufeed_gpu_memory_used_bytes", "Device memory in use.", labels=["gpu"])
+    total = GaugeMetricFamily("gpufeed_gpu_memory_total_bytes", "Device memory size.", labels=["gpu"])
+    gen = GaugeMetricFamily(
+        "gpufeed_gpu_pcie_link_generation", "PCIe link generation as NVML sees it: current (drops at idle by "
+        "design), max (limited by GPU and slot), gpu_max (the GPU's own).", labels=["gpu", "kind"])
+    width = GaugeMetricFamily("gpufeed_gpu_pcie_link_width", "PCIe link width as NVML sees it: current, max "
+                              "(GPU and slot), gpu_max (the GPU's own).", labels=["gpu", "kind"])
+    pmem = GaugeMetricFamily("gpufeed_gpu_process_memory_bytes", "Device memory used by a compute process.",
+                             labels=["gpu", "pid", "comm"])
+    psm = GaugeMetricFamily("gpufeed_gpu_process_sm_ratio", "Share of the GPU's SM time used by the process in "
+                            "its latest driver sample (0 when it had none).", labels=["gpu", "pid", "comm"])
+    for gpu, g in _per_gpu(sample, GpuSlow):
+        _add(max_clock, [gpu], g.max_sm_clock_hz)
+        _add(limit, [gpu], g.power_limit_w)
+        _add(temp, [gpu], g.temperature_c)
+        if g.clock_event_reasons_supported:
+            for r in CLOCK_EVENT_REASONS:
+                reason.add_metric([gpu, r], 1.0 if r in g.clock_event_reasons else 0.0)
+        _add(used, [gpu], g.memory_used_bytes)
+        _add(total, [gpu], g.memory_total_bytes)
+        for kind, gv, wv in (("current", g.link_gen, g.link_width), ("max", g.max_link_gen, g.max_link_width),
+                             ("gpu_max", g.gpu_max_link_gen, g.gpu_max_link_width)):
+            _add(gen, [gpu, kind], gv)
+            _add(width, [gpu, kind], wv)
+        for p in g.processes:
+            _add(pmem, [gpu, str(p.pid), p.comm], p.used_memory_bytes)
+            _add(psm, [gpu, str(p.pid), p.comm], p.sm_ratio)
+    yield from (max_clock, limit, temp, reason, used, total, gen, width, pmem, psm)
+
+
+def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:
+    if value is not None:
+        family.add_metric(labels, float(value))

@@ -1,0 +1,817 @@
+"""The NVML backend: the only code in gpufeed that calls NVML.
+
+It receives the NVML module through injection (``pynvml``, imported lazily by the caller, or the fake in
+``exporter.sim.fakenvml``) and a clock, and offers three sampling paths, each returning a
+:class:`~exporter.samples.gpu.GpuSample`:
+
+- :meth:`NvmlBackend.fast` (default every 100 ms): GPM sample pairs >= 100 ms apart on Hopper and newer;
+  one ``nvmlDeviceGetFieldValues`` call per GPU for the PCIe byte counters (197/198), the replay counter
+  (94), instantaneous power (186) and the throttle-time counters; the current SM clock.
+- :meth:`NvmlBackend.buffered` (default every 1 s): ``nvmlDeviceGetSamples`` for GPU and memory
+  utilisation, carrying ``lastSeenTimeStamp`` from the returned samples (driver clock, not ours).
+- :meth:`NvmlBackend.slow` (default every 5 s): PCIe link state, clock-event reasons, temperature, memory,
+  power limit, max SM clock, compute processes and their utilisation.
+
+Errors (nvml.h return codes): ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_PERMISSION`` disable that
+call (or field) for that GPU, logged once. ``GPU_IS_LOST`` marks the GPU lost (so do three ``UNKNOWN`` in a
+row: drivers answer that for a GPU that fell off the bus); the others keep sampling, and NVML is
+re-initialised with exponential backoff until the GPU answers again. No library, no driver or no GPU
+raise :class:`GpuUnavailableError` and are retried every ``retry_unavailable_s``. Any other exception (a bug,
+or the strict fake's AssertionError) propagates. ``nvmlDeviceGetPcieThroughput`` is never called: it
+blocks ~20 ms per call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from exporter import log
+from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
+from exporter.gpu.counters import SampleIntegrator, WrappingCounter
+from exporter.samples.gpu import (
+    GpuBuffered,
+    GpuFast,
+    GpuIdentity,
+    GpuProcess,
+    GpuSample,
+    GpuSlow,
+    UtilPoint,
+)
+
+NvmlProvider = Callable[[], Any]
+
+# Error codes (nvml.h nvmlReturn_t); compared by value so this module never imports pynvml itself.
+SUCCESS = 0
+ERR_UNINITIALIZED = 1
+ERR_NOT_SUPPORTED = 3
+ERR_NO_PERMISSION = 4
+ERR_NOT_FOUND = 6
+ERR_DRIVER_NOT_LOADED = 9
+ERR_LIBRARY_NOT_FOUND = 12
+ERR_FUNCTION_NOT_FOUND = 13
+ERR_GPU_IS_LOST = 15
+ERR_UNKNOWN = 999
+_DISABLING = {ERR_NOT_SUPPORTED: "not_supported", ERR_FUNCTION_NOT_FOUND: "function_not_found",
+              ERR_NO_PERMISSION: "no_permission"}
+_UNAVAILABLE = {ERR_LIBRARY_NOT_FOUND: "NVML library not found (no NVIDIA driver installed)",
+                ERR_DRIVER_NOT_LOADED: "NVIDIA driver not loaded"}
+
+# NVML value types of nvmlFieldValue_t (pynvml NVML_VALUE_TYPE_*).
+_VT_DOUBLE, _VT_UINT, _VT_ULONG, _VT_ULL, _VT_SLL, _VT_SINT, _VT_USHORT = range(7)
+_MODULUS = {_VT_UINT: 1 << 32, _VT_ULONG: 1 << 64, _VT_ULL: 1 << 64, _VT_USHORT: 1 << 16}
+
+# Plausibility bounds for the counter-reset check: above any PCIe link (Gen6 x16 ~ 121 GB/s per
+# direction), a replay storm, and real time for throttle nanoseconds.
+MAX_PCIE_BYTES_PER_S = 256e9
+MAX_REPLAYS_PER_S = 1e7
+MAX_THROTTLE_NS_PER_S = 1e9
+
+_FAST_FIELDS = (C.FI_PCIE_TX_BYTES, C.FI_PCIE_RX_BYTES, C.FI_PCIE_REPLAY_COUNTER, C.FI_POWER_INSTANT,
+                *C.THROTTLE_TIME_FIELDS.values())
+_THROTTLE_BY_FIELD = {f: r for r, f in C.THROTTLE_TIME_FIELDS.items()}
+_GPM_METRICS = (C.GPM_GRAPHICS_UTIL, C.GPM_SM_UTIL, C.GPM_SM_OCCUPANCY, C.GPM_ANY_TENSOR_UTIL,
+                C.GPM_DRAM_BW_UTIL, C.GPM_PCIE_TX_PER_SEC, C.GPM_PCIE_RX_PER_SEC)
+
+# Linux's PID_MAX_LIMIT on 64-bit (include/linux/threads.h): the fallback bound when pid_max is unreadable.
+PID_MAX_LIMIT = 1 << 22
+
+# nvmlDeviceGetCpuAffinity / GetMemoryAffinity bitmask sizes in 64-bit words: 1024 CPUs, 256 nodes.
+CPU_SET_WORDS = 16
+NODE_SET_WORDS = 4
+AFFINITY_SCOPE_NODE = 0
+
+UNKNOWN_STREAK_LOST = 3
+
+
+class GpuUnavailableError(Exception):
+    """NVML cannot be used on this host (no library, no driver, no GPU); the message says which."""
+
+
+class _GpuLostError(Exception):
+    """Internal: the GPU answered GPU_IS_LOST (or UNKNOWN repeatedly)."""
+
+
+def bus_id_to_sysfs(bus_id: str | bytes, domain: int | None = None) -> str:
+    """NVML's ``00000000:82:00.0`` -> sysfs ``0000:82:00.0`` (lower case, 4-digit domain like the kernel)."""
+    s = bus_id.decode(errors="replace") if isinstance(bus_id, bytes) else str(bus_id)
+    s = s.strip("\x00 ").lower()
+    parts = s.split(":")
+    if len(parts) == 3:
+        try:
+            dom = int(parts[0], 16)
+        except ValueError:
+            return s
+        return f"{dom:04x}:{parts[1]}:{parts[2]}"
+    if len(parts) == 2 and domain is not None:
+        return f"{domain:04x}:{parts[0]}:{parts[1]}"
+    return s
+
+
+def _bits(words: Iterable[int]) -> frozenset[int]:
+    """Set bit positions of an array of 64-bit words (bit i of word w = item 64*w + i)."""
+    out: set[int] = set()
+    for w, word in enumerate(words):
+        v = int(word)
+        while v:
+            low = v & -v
+            out.add(64 * w + low.bit_length() - 1)
+            v ^= low
+    return frozenset(out)
+
+
+@dataclass
+class CallStats:
+    """What one NVML function returned and cost (bench/gpu_check.py reads these)."""
+
+    calls: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    total_us: float = 0.0
+    max_us: float = 0.0
+    last: str = ""
+
+
+@dataclass
+class _Gpu:
+    """Runtime state of one GPU (only the backend, under its lock, touches it)."""
+
+    index: int
+    handle: Any
+    identity: GpuIdentity
+    lost: bool = False
+    unknown_streak: int = 0
+    disabled: set[str] = field(default_factory=set)
+    disabled_fields: set[int] = field(default_factory=set)
+    # fast path
+    gpm_ok: bool = False
+    gpm_samples: list[Any] = field(default_factory=list)
+    gpm_mg: Any = None
+    gpm_prev: tuple[Any, float] | None = None
+    gpm_last: dict[int, float | None] = field(default_factory=dict)
+    sm_active_seconds: float | None = None
+    graphics_seconds: float | None = None
+    tx: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_PCIE_BYTES_PER_S))
+    rx: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_PCIE_BYTES_PER_S))
+    replays: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_REPLAYS_PER_S))
+    throttle: dict[str, WrappingCounter] = field(default_factory=dict)
+    wrap_warned: bool = False
+    # buffered path
+    util: SampleIntegrator = field(default_factory=SampleIntegrator)
+    mem: SampleIntegrator = field(default_factory=SampleIntegrator)
+    fields_prev_t: float | None = None
+    # slow path
+    proc_last_seen: int = 0
+    link_capacity: float | None = None
+
+
+class NvmlBackend:
+    """One NVML session for every GPU of the host; thread-safe (one lock around each sampling path)."""
+
+    def __init__(
+        self,
+        provider: NvmlProvider,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        pid_max: int = PID_MAX_LIMIT,
+        numa_of: Callable[[str], int | None] | None = None,
+        retry_unavailable_s: float = 60.0,
+        lost_backoff_s: tuple[float, float] = (5.0, 300.0),
+        profile: bool = False,
+    ) -> None:
+        self._provider = provider
+        self._clock = clock
+        self._pid_max = pid_max
+        self._numa_of = numa_of
+        self._retry_unavailable_s = retry_unavailable_s
+        self._backoff_min, self._backoff_max = lost_backoff_s
+        self._lock = threading.RLock()
+        self._nvml: Any = None
+        self._initialised = False
+        self._gpus: dict[int, _Gpu] = {}
+        self._unavailable: str | None = None
+        self._next_init: float = float("-inf")
+        self._backoff = self._backoff_min
+        self._next_reinit: float | None = None
+        self._profile = profile
+        self.stats: dict[str, CallStats] = {}
+        self.driver_version: str | None = None
+        self._tag = f"{id(self):x}"
+        self._log = log.get_logger(component="gpu_backend")
+
+    # ---- public sampling paths -----------------------------------------------------------------------------
+
+    def fast(self) -> GpuSample:
+        """GPM, field values (PCIe bytes, replays, power, throttle time) and SM clock of every GPU."""
+        return self._run(self._fast_one)
+
+    def buffered(self) -> GpuSample:
+        """The driver's buffered utilisation samples since the previous call, integrated."""
+        return self._run(self._buffered_one)
+
+    def slow(self) -> GpuSample:
+        """Link state, clock-event reasons, temperature, memory, limits, processes."""
+        return self._run(self._slow_one)
+
+    @property
+    def identities(self) -> Mapping[int, GpuIdentity]:
+        """Every GPU enumerated so far."""
+        with self._lock:
+            return MappingProxyType({i: g.identity for i, g in self._gpus.items()})
+
+    def close(self) -> None:
+        """Free GPM samples and shut NVML down."""
+        with self._lock:
+            if self._initialised:
+                self._teardown()
+
+    # ---- session ------------------------------------------------------------------------------------------------
+
+    def _run(self, one: Callable[[_Gpu, float], object]) -> GpuSample:
+        with self._lock:
+            now = self._clock()
+            if self._next_reinit is None:
+                self._ensure_init()
+            elif now >= self._next_reinit:
+                self._reinit(now)
+            out: dict[int, object] = {}
+            for idx, g in sorted(self._gpus.items()):
+                if g.lost:
+                    continue
+                try:
+                    out[idx] = one(g, self._clock())
+                except _GpuLostError:
+                    self._mark_lost(g, self._clock())
+            return GpuSample(
+                identities=MappingProxyType({i: g.identity for i, g in self._gpus.items()}),
+                gpus=MappingProxyType(out),
+                lost=frozenset(i for i, g in self._gpus.items() if g.lost),
+            )
+
+    def _ensure_init(self) -> None:
+        if self._initialised:
+            return
+        now = self._clock()
+        if now < self._next_init and self._unavailable is not None:
+            raise GpuUnavailableError(self._unavailable)
+        self._next_init = now + self._retry_unavailable_s
+        try:
+            self._init()
+        except GpuUnavailableError as e:
+            self._unavailable = str(e)
+            raise
+        self._unavailable = None
+
+    def _init(self) -> None:
+        """Load NVML, initialise, enumerate; GpuUnavailableError when there is nothing to sample."""
+        try:
+            nvml = self._provider()
+        except ImportError as e:
+            raise GpuUnavailableError(f"NVML Python bindings not importable: {e}") from e
+        self._nvml = nvml
+        try:
+            self._timed("nvmlInit", nvml.nvmlInit)
+        except nvml.NVMLError as e:
+            code = _code(e)
+            reason = _UNAVAILABLE.get(code, f"nvmlInit failed: {_errname(e)}")
+            raise GpuUnavailableError(reason) from e
+        self._initialised = True
+        try:
+            try:
+                self.driver_version = str(self._timed("nvmlSystemGetDriverVersion", nvml.nvmlSystemGetDriverVersion))
+            except nvml.NVMLError:
+                self.driver_version = None
+            count = int(self._timed("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
+            if count <= 0:
+                raise GpuUnavailableError("NVML reports no GPU")
+            self._enumerate(count, self._clock())
+        except GpuUnavailableError:
+            self._teardown()
+            raise
+        except nvml.NVMLError as e:
+            self._teardown()
+            raise GpuUnavailableError(f"NVML enumeration failed: {_errname(e)}") from e
+        self._log.info("nvml_initialised", driver=self.driver_version, gpus=len(self._gpus),
+                       gpm=",".join(str(i) for i, g in sorted(self._gpus.items()) if g.gpm_ok) or "none")
+
+    def _teardown(self) -> None:
+        nvml = self._nvml
+        for g in self._gpus.values():
+            self._free_gpm(g)
+        if self._initialised:
+            try:
+                self._timed("nvmlShutdown", nvml.nvmlShutdown)
+            except nvml.NVMLError as e:
+                self._log.debug("nvml_shutdown_failed", error=_errname(e))
+        self._initialised = False
+
+    def _enumerate(self, count: int, now: float) -> None:
+        """(Re)acquire a handle for every index; GPUs keep their counters across a re-init (matched by UUID)."""
+        nvml = self._nvml
+        by_uuid = {g.identity.uuid: g for g in self._gpus.values() if g.identity.uuid}
+        fresh: dict[int, _Gpu] = {}
+        for idx in range(count):
+            try:
+                handle = self._timed("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, idx)
+                uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
+            except nvml.NVMLError as e:
+                if _code(e) not in (ERR_GPU_IS_LOST, ERR_UNKNOWN):
+                    raise
+                old = self._gpus.get(idx)
+                g = old or _Gpu(idx, None, GpuIdentity(idx, "", "", "", False))
+                g.handle = None
+                if not g.lost:
+                    self._mark_lost(g, now)
+                fresh[idx] = g
+                continue
+            g = by_uuid.get(uuid) or _Gpu(idx, handle, GpuIdentity(idx, uuid, "", "", False))
+            was_lost = g.lost
+            g.index, g.handle, g.lost, g.unknown_streak = idx, handle, False, 0
+            try:
+                self._setup(g)
+            except _GpuLostError:
+                g.lost = was_lost
+                if not g.lost:
+                    self._mark_lost(g, now)
+                fresh[idx] = g
+                continue
+            if was_lost:
+                g.tx.rebase()
+                g.rx.rebase()
+                g.replays.rebase()
+                for c in g.throttle.values():
+                    c.rebase()
+                self._log.info("gpu_recovered", gpu=idx, uuid=uuid)
+                log.forget(("gpu_lost", self._tag, str(idx)))
+            fresh[idx] = g
+        # A GPU that left the bus may drop out of the enumeration: keep reporting it as lost.
+        for old in self._gpus.values():
+            if old not in fresh.values() and old.index not in fresh:
+                if not old.lost:
+                    self._mark_lost(old, now)
+                fresh[old.index] = old
+        self._gpus = fresh
+
+    def _setup(self, g: _Gpu) -> None:
+        """Identity, GPM support and affinity of a freshly acquired handle."""
+        nvml, h = self._nvml, g.handle
+        name = self._opt(g, "nvmlDeviceGetName", nvml.nvmlDeviceGetName, h)
+        pci = self._opt(g, "nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, h)
+        bdf = bus_id_to_sysfs(pci.busId, int(pci.domain)) if pci is not None else ""
+        gpm = False
+        if "nvmlGpmQueryDeviceSupport" not in g.disabled:
+            sup = self._opt(g, "nvmlGpmQueryDeviceSupport", nvml.nvmlGpmQueryDeviceSupport, h)
+            gpm = bool(sup is not None and sup.isSupportedDevice)
+        self._free_gpm(g)
+        if gpm:
+            s1 = self._timed("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
+            s2 = self._timed("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
+            mg = nvml.c_nvmlGpmMetricsGet_t()
+            mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(_GPM_METRICS)
+            for i, mid in enumerate(_GPM_METRICS):
+                mg.metrics[i].metricId = mid
+            g.gpm_samples, g.gpm_mg = [s1, s2], mg
+            if g.sm_active_seconds is None:
+                g.sm_active_seconds, g.graphics_seconds = 0.0, 0.0
+        g.gpm_ok = gpm
+        g.gpm_prev = None
+        cpus = None
+        words = self._opt(g, "nvmlDeviceGetCpuAffinity", nvml.nvmlDeviceGetCpuAffinity, h, CPU_SET_WORDS)
+        if words is not None:
+            cpus = _bits(words) or None
+        numa = self._numa_of(bdf) if (self._numa_of is not None and bdf) else None
+        if numa is None:
+            nodes = self._opt(g, "nvmlDeviceGetMemoryAffinity", nvml.nvmlDeviceGetMemoryAffinity, h,
+                              NODE_SET_WORDS, AFFINITY_SCOPE_NODE)
+            if nodes is not None and len(b := _bits(nodes)) == 1:
+                numa = next(iter(b))
+        g.identity = GpuIdentity(
+            index=g.index, uuid=g.identity.uuid, name=str(name) if name is not None else "",
+            pci_bus_id=bdf, gpm=gpm, numa_node=numa, cpu_affinity=cpus,
+        )
+
+    def _free_gpm(self, g: _Gpu) -> None:
+        for s in g.gpm_samples:
+            try:
+                self._timed("nvmlGpmSampleFree", self._nvml.nvmlGpmSampleFree, s)
+            except self._nvml.NVMLError as e:
+                self._log.debug("gpm_sample_free_failed", gpu=g.index, error=_errname(e))
+        g.gpm_samples, g.gpm_mg, g.gpm_prev = [], None, None
+
+    def _mark_lost(self, g: _Gpu, now: float) -> None:
+        g.lost = True
+        g.gpm_prev = None
+        if log.once(("gpu_lost", self._tag, str(g.index))):
+            self._log.warning("gpu_lost", gpu=g.index, uuid=g.identity.uuid, retry_in=self._backoff)
+        if self._next_reinit is None:
+            self._next_reinit = now + self._backoff
+
+    def _reinit(self, now: float) -> None:
+        """Shut NVML down and initialise it again, hoping a lost GPU answers; back off exponentially."""
+        nvml = self._nvml
+        self._teardown()
+        try:
+            self._timed("nvmlInit", nvml.nvmlInit)
+            self._initialised = True
+            count = int(self._timed("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
+            self._enumerate(count, now)
+        except nvml.NVMLError as e:
+            self._log.warning("nvml_reinit_failed", error=_errname(e), retry_in=self._backoff)
+            if not self._initialised:
+                # Keep the last enumeration; every GPU is unreachable until the next attempt.
+                for g in self._gpus.values():
+                    g.lost, g.handle = True, None
+        if any(g.lost for g in self._gpus.values()):
+            self._backoff = min(self._backoff * 2, self._backoff_max)
+            self._next_reinit = now + self._backoff
+        else:
+            self._backoff = self._backoff_min
+            self._next_reinit = None
+
+    # ---- calling NVML ---------------------------------------------------------------------------------------
+
+    def _timed(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if not self._profile:
+            return fn(*args)
+        st = self.stats.setdefault(name, CallStats())
+        t0 = time.perf_counter()
+        try:
+            out = fn(*args)
+        except Exception as e:
+            st.errors[_errname(e)] = st.errors.get(_errname(e), 0) + 1
+            raise
+        finally:
+            us = (time.perf_counter() - t0) * 1e6
+            st.calls += 1
+            st.total_us += us
+            st.max_us = max(st.max_us, us)
+        st.last = describe(out)
+        return out
+
+    def _opt(self, g: _Gpu, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call an NVML function for GPU ``g``: None when unsupported (disabled from now on) or failing."""
+        if name in g.disabled:
+            return None
+        try:
+            out = self._timed(name, fn, *args)
+        except self._nvml.NVMLError as e:
+            return self._failed(g, name, e)
+        g.unknown_streak = 0
+        return out
+
+    def _failed(self, g: _Gpu, name: str, e: BaseException) -> None:
+        code = _code(e)
+        if code == ERR_GPU_IS_LOST:
+            raise _GpuLostError() from e
+        if code == ERR_UNKNOWN:
+            g.unknown_streak += 1
+            if g.unknown_streak >= UNKNOWN_STREAK_LOST:
+                raise _GpuLostError() from e
+        if code in _DISABLING:
+            g.disabled.add(name)
+            if log.once(("gpu_call_disabled", self._tag, str(g.index), name)):
+                self._log.info("gpu_call_disabled", gpu=g.index, call=name, reason=_DISABLING[code])
+            return None
+        if code != ERR_NOT_FOUND and log.once(("gpu_call_failed", self._tag, str(g.index), name, str(code))):
+            self._log.warning("gpu_call_failed", gpu=g.index, call=name, error=_errname(e))
+        return None
+
+    # ---- fast path ---------------------------------------------------------------------------------------------
+
+    def _fast_one(self, g: _Gpu, now: float) -> GpuFast:
+        nvml, h = self._nvml, g.handle
+        self._gpm(g, now)
+        fields = self._fields(g, now)
+        clock = self._opt(g, "nvmlDeviceGetClockInfo", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
+        power_mw = fields.get(C.FI_POWER_INSTANT)
+        if power_mw is None and C.FI_POWER_INSTANT in g.disabled_fields:
+            # No instantaneous field (pre-Ampere boards): the getter's value, 1 s averaged on Ampere+.
+            power_mw = self._opt(g, "nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, h)
+        throttle = {r: float(c.total) / 1e9 for r, c in sorted(g.throttle.items()) if c.total is not None}
+        last = g.gpm_last
+
+        def pct(mid: int) -> float | None:
+            v = last.get(mid)
+            return None if v is None else max(0.0, v) / 100.0
+
+        def mib(mid: int) -> float | None:
+            v = last.get(mid)
+            return None if v is None else max(0.0, v) * C.MIB
+
+        return GpuFast(
+            sm_active=pct(C.GPM_SM_UTIL),
+            sm_occupancy=pct(C.GPM_SM_OCCUPANCY),
+            tensor_active=pct(C.GPM_ANY_TENSOR_UTIL),
+            dram_active=pct(C.GPM_DRAM_BW_UTIL),
+            pcie_tx_bytes_per_s=mib(C.GPM_PCIE_TX_PER_SEC),
+            pcie_rx_bytes_per_s=mib(C.GPM_PCIE_RX_PER_SEC),
+            pcie_tx_bytes_total=g.tx.total if C.FI_PCIE_TX_BYTES not in g.disabled_fields else None,
+            pcie_rx_bytes_total=g.rx.total if C.FI_PCIE_RX_BYTES not in g.disabled_fields else None,
+            pcie_replays_total=g.replays.total if C.FI_PCIE_REPLAY_COUNTER not in g.disabled_fields else None,
+            throttle_seconds=MappingProxyType(throttle),
+            sm_clock_hz=float(clock) * 1e6 if clock is not None else None,
+            power_w=float(power_mw) / 1000.0 if power_mw is not None else None,
+            sm_active_seconds=g.sm_active_seconds if g.gpm_ok else None,
+            busy_seconds=g.graphics_seconds if g.gpm_ok else None,
+        )
+
+    def _gpm(self, g: _Gpu, now: float) -> None:
+        """Take a GPM sample; with the previous one >= 100 ms old, read the metrics of the pair and integrate."""
+        if not g.gpm_ok:
+            return
+        nvml = self._nvml
+        prev = g.gpm_prev
+        if prev is not None and now - prev[1] < C.GPM_MIN_PAIR_SECONDS:
+            return  # too close: the pair would be invalid; the next tick spans the whole interval
+        cur = g.gpm_samples[1] if prev is not None and prev[0] is g.gpm_samples[0] else g.gpm_samples[0]
+        got = self._opt(g, "nvmlGpmSampleGet", nvml.nvmlGpmSampleGet, g.handle, cur)
+        if got is None:
+            if "nvmlGpmSampleGet" in g.disabled:
+                g.gpm_ok, g.gpm_last = False, {}
+            g.gpm_prev = None
+            return
+        if prev is None:
+            g.gpm_prev = (cur, now)
+            return
+        mg = g.gpm_mg
+        mg.sample1, mg.sample2 = prev[0], cur
+        res = self._opt(g, "nvmlGpmMetricsGet", nvml.nvmlGpmMetricsGet, mg)
+        g.gpm_prev = (cur, now)
+        if res is None:
+            g.gpm_last = {}
+            return
+        dt = now - prev[1]
+        vals: dict[int, float | None] = {}
+        for i, mid in enumerate(_GPM_METRICS):
+            m = mg.metrics[i]
+            ok = int(m.nvmlReturn) == SUCCESS and int(m.metricId) == mid
+            vals[mid] = float(m.value) if ok else None
+        g.gpm_last = vals
+        sm, gr = vals.get(C.GPM_SM_UTIL), vals.get(C.GPM_GRAPHICS_UTIL)
+        if sm is not None and g.sm_active_seconds is not None:
+            g.sm_active_seconds += min(max(sm, 0.0), 100.0) / 100.0 * dt
+        if gr is not None and g.graphics_seconds is not None:
+            g.graphics_seconds += min(max(gr, 0.0), 100.0) / 100.0 * dt
+
+    def _fields(self, g: _Gpu, now: float) -> dict[int, int]:
+        """One nvmlDeviceGetFieldValues call for every still-supported fast field; raw values by field id."""
+        nvml = self._nvml
+        ids = [f for f in _FAST_FIELDS if f not in g.disabled_fields]
+        if not ids:
+            return {}
+        arr = self._opt(g, "nvmlDeviceGetFieldValues", nvml.nvmlDeviceGetFieldValues, g.handle, ids)
+        if arr is None:
+            if "nvmlDeviceGetFieldValues" in g.disabled:
+                g.disabled_fields.update(_FAST_FIELDS)
+            return {}
+        spacing = None if g.fields_prev_t is None else now - g.fields_prev_t
+        g.fields_prev_t = now
+        out: dict[int, int] = {}
+        for fv in arr:
+            fid, ret = int(fv.fieldId), int(fv.nvmlReturn)
+            if ret != SUCCESS:
+                if ret in _DISABLING or ret == ERR_NOT_FOUND:
+                    g.disabled_fields.add(fid)
+                    if log.once(("gpu_field_disabled", self._tag, str(g.index), str(fid))):
+                        self._log.info("gpu_field_disabled", gpu=g.index, field=fid, reason=_DISABLING.get(ret, ret))
+                elif ret == ERR_GPU_IS_LOST:
+                    raise _GpuLostError()
+                continue
+            vt = int(fv.valueType)
+            raw = _field_value(fv, vt)
+            if raw is None:
+                continue
+            out[fid] = raw
+            modulus = _MODULUS.get(vt, 1 << 64)
+            if fid == C.FI_PCIE_TX_BYTES:
+                g.tx.update(raw, modulus, now)
+                self._check_wrap_window(g, modulus, spacing)
+            elif fid == C.FI_PCIE_RX_BYTES:
+                g.rx.update(raw, modulus, now)
+            elif fid == C.FI_PCIE_REPLAY_COUNTER:
+                g.replays.update(raw, modulus, now)
+            elif fid in _THROTTLE_BY_FIELD:
+                g.throttle.setdefault(_THROTTLE_BY_FIELD[fid], WrappingCounter(MAX_THROTTLE_NS_PER_S)).update(
+                    raw, modulus, now)
+        return out
+
+    def _check_wrap_window(self, g: _Gpu, modulus: int, spacing: float | None) -> None:
+        """Warn once if the link could move a whole counter period between two reads (wraps would be missed)."""
+        cap = g.link_capacity
+        if g.wrap_warned or cap is None or spacing is None or spacing <= 0:
+            return
+        if cap * spacing >= modulus:
+            g.wrap_warned = True
+            self._log.warning("gpu_pcie_counter_may_wrap_unseen", gpu=g.index, interval_s=round(spacing, 3),
+                              link_bytes_per_s=cap, counter_modulus=modulus,
+                              hint="shorten --collector.gpu.interval")
+
+    # ---- buffered path -------------------------------------------------------------------------------------
+
+    def _buffered_one(self, g: _Gpu, now: float) -> GpuBuffered:
+        util = self._samples(g, C.GPU_UTILIZATION_SAMPLES, g.util, now)
+        mem = self._samples(g, C.MEMORY_UTILIZATION_SAMPLES, g.mem, now)
+        # An empty buffer (NOT_FOUND) is an idle GPU: busy time stays where it was (0 at start).
+        busy = g.util.seconds if util is not None else None
+        return GpuBuffered(gpu_util=util or (), memory_util=mem or (), busy_seconds=busy)
+
+    def _samples(self, g: _Gpu, kind: int, integ: SampleIntegrator, now: float) -> tuple[UtilPoint, ...] | None:
+        """New samples of one kind since the last seen timestamp; None when the GPU gives none at all."""
+        nvml = self._nvml
+        name = "nvmlDeviceGetSamples"
+        key = f"{name}:{kind}"
+        if key in g.disabled:
+            return self._rates_fallback(g, kind, integ, now)
+        try:
+            _vt, raw = self._timed(name, nvml.nvmlDeviceGetSamples, g.handle, kind, integ.last_ts or 0)
+        except nvml.NVMLError as e:
+            if _code(e) == ERR_NOT_FOUND:  # empty buffer: normal on an idle GPU
+                g.unknown_streak = 0
+                return ()
+            self._failed(g, key, e)
+            if key in g.disabled:
+                return self._rates_fallback(g, kind, integ, now)
+            return None
+        g.unknown_streak = 0
+        pts = [(int(s.timeStamp), float(_sample_value(s.sampleValue, _vt))) for s in raw]
+        new = integ.add(pts)
+        return tuple(UtilPoint(t=ts / 1e6, value=min(max(v, 0.0), 100.0) / 100.0) for ts, v in new)
+
+    def _rates_fallback(self, g: _Gpu, kind: int, integ: SampleIntegrator, now: float) -> tuple[UtilPoint, ...] | None:
+        """Without buffered samples: nvmlDeviceGetUtilizationRates, integrated on our clock (sample-and-hold)."""
+        rates = self._opt(g, "nvmlDeviceGetUtilizationRates", self._nvml.nvmlDeviceGetUtilizationRates, g.handle)
+        if rates is None:
+            return None
+        pct = float(rates.gpu if kind == C.GPU_UTILIZATION_SAMPLES else rates.memory)
+        ts = int(now * 1e6)
+        new = integ.add([(ts, pct)])
+        return tuple(UtilPoint(t=t / 1e6, value=min(max(v, 0.0), 100.0) / 100.0) for t, v in new)
+
+    # ---- slow path ----------------------------------------------------------------------------------------------
+
+    def _slow_one(self, g: _Gpu, now: float) -> GpuSlow:
+        nvml, h = self._nvml, g.handle
+
+        def get(name: str, *args: Any) -> Any:
+            return self._opt(g, name, getattr(nvml, name), h, *args)
+
+        link = {k: get(f) for k, f in (
+            ("gen", "nvmlDeviceGetCurrPcieLinkGeneration"), ("width", "nvmlDeviceGetCurrPcieLinkWidth"),
+            ("max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"), ("max_width", "nvmlDeviceGetMaxPcieLinkWidth"),
+            ("gpu_max_gen", "nvmlDeviceGetGpuMaxPcieLinkGeneration"),
+            ("gpu_max_width", "nvmlDeviceGetGpuMaxPcieLinkWidth"))}
+        if link["max_gen"] and link["max_width"]:
+            g.link_capacity = _link_bytes_per_s(int(link["max_gen"]), int(link["max_width"]))
+        mask = None
+        supported = False
+        if "nvmlDeviceGetCurrentClocksEventReasons" not in g.disabled:
+            mask = get("nvmlDeviceGetCurrentClocksEventReasons")
+        if mask is None and "nvmlDeviceGetCurrentClocksEventReasons" in g.disabled:
+            mask = get("nvmlDeviceGetCurrentClocksThrottleReasons")  # drivers before R535
+        if mask is not None:
+            supported = True
+        temp = get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
+        mem = get("nvmlDeviceGetMemoryInfo")
+        limit_mw = get("nvmlDeviceGetEnforcedPowerLimit")
+        max_clock = get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
+        return GpuSlow(
+            link_gen=_int(link["gen"]), link_width=_int(link["width"]),
+            max_link_gen=_int(link["max_gen"]), max_link_width=_int(link["max_width"]),
+            gpu_max_link_gen=_int(link["gpu_max_gen"]), gpu_max_link_width=_int(link["gpu_max_width"]),
+            clock_event_reasons=C.decode_reasons(int(mask)) if mask is not None else frozenset(),
+            temperature_c=float(temp) if temp is not None else None,
+            memory_used_bytes=int(mem.used) if mem is not None else None,
+            memory_total_bytes=int(mem.total) if mem is not None else None,
+            power_limit_w=float(limit_mw) / 1000.0 if limit_mw is not None else None,
+            max_sm_clock_hz=float(max_clock) * 1e6 if max_clock is not None else None,
+            processes=self._processes(g),
+            numa_node=g.identity.numa_node,
+            clock_event_reasons_supported=supported,
+        )
+
+    def _processes(self, g: _Gpu) -> tuple[GpuProcess, ...]:
+        """Compute processes with validated pids (driver/binding skew returns garbage) and their SM share."""
+        nvml = self._nvml
+        procs = self._opt(g, "nvmlDeviceGetComputeRunningProcesses", nvml.nvmlDeviceGetComputeRunningProcesses,
+                          g.handle)
+        if not procs:
+            return ()
+        mem: dict[int, int | None] = {}
+        bad = 0
+        for p in procs:
+            pid = _valid_pid(getattr(p, "pid", None), self._pid_max)
+            if pid is None:
+                bad += 1
+                continue
+            used = getattr(p, "usedGpuMemory", None)
+            used_i = int(used) if isinstance(used, int) and 0 <= used < (1 << 62) else None
+            if pid in mem and mem[pid] is not None and used_i is not None:
+                mem[pid] = int(mem[pid] or 0) + used_i  # the same process on several MIG instances
+            elif pid not in mem:
+                mem[pid] = used_i
+        if bad and log.once(("gpu_bad_pids", self._tag, str(g.index))):
+            self._log.warning("gpu_process_pids_invalid", gpu=g.index, dropped=bad, pid_max=self._pid_max,
+                              hint="nvidia-ml-py and driver versions may not match")
+        sm = self._process_util(g, set(mem))
+        return tuple(GpuProcess(pid=pid, used_memory_bytes=mem[pid],
+                                sm_ratio=None if sm is None else sm.get(pid, 0.0))
+                     for pid in sorted(mem))
+
+    def _process_util(self, g: _Gpu, pids: set[int]) -> dict[int, float] | None:
+        """Latest SM share per pid since the last call; None when unsupported (MIG). Absent pid = 0."""
+        nvml = self._nvml
+        name = "nvmlDeviceGetProcessUtilization"
+        if name in g.disabled:
+            return None
+        try:
+            samples = self._timed(name, nvml.nvmlDeviceGetProcessUtilization, g.handle, g.proc_last_seen)
+        except nvml.NVMLError as e:
+            if _code(e) == ERR_NOT_FOUND:  # no process had non-zero utilisation since lastSeen
+                return {}
+            self._failed(g, name, e)
+            return None
+        latest: dict[int, tuple[int, float]] = {}
+        for s in samples:
+            pid, ts = _valid_pid(s.pid, self._pid_max), int(s.timeStamp)
+            g.proc_last_seen = max(g.proc_last_seen, ts)
+            if pid is None or pid not in pids:
+                continue
+            if pid not in latest or ts >= latest[pid][0]:
+                latest[pid] = (ts, min(max(float(s.smUtil), 0.0), 100.0) / 100.0)
+        return {pid: v for pid, (_, v) in latest.items()}
+
+
+# ---- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _code(e: BaseException) -> int:
+    v = getattr(e, "value", None)
+    return int(v) if isinstance(v, int) else -1
+
+
+def _errname(e: BaseException) -> str:
+    return f"{type(e).__name__}({_code(e)})" if hasattr(e, "value") else repr(e)
+
+
+def describe(v: Any, depth: int = 0) -> str:
+    """A short readable rendering of what an NVML call returned (ctypes structs, arrays, tuples)."""
+    if depth > 2:
+        return "..."
+    fields = getattr(type(v), "_fields_", None)
+    if fields is not None:
+        return "{" + ", ".join(f"{f[0]}={describe(getattr(v, f[0]), depth + 1)}" for f in fields[:8]) + "}"
+    if isinstance(v, list | tuple) or (hasattr(v, "__len__") and hasattr(v, "_length_")):
+        items = list(v)
+        body = ", ".join(describe(x, depth + 1) for x in items[:4])
+        return f"[{body}{', ...' if len(items) > 4 else ''}] (n={len(items)})"
+    return repr(v)[:120]
+
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _valid_pid(v: object, pid_max: int) -> int | None:
+    """A pid that can exist on this host (0 < pid < pid_max), else None."""
+    if not isinstance(v, int) or isinstance(v, bool):
+        return None
+    return v if 0 < v < pid_max else None
+
+
+def _field_value(fv: Any, vt: int) -> int | None:
+    """The integer value of an nvmlFieldValue_t by its value type (doubles are truncated)."""
+    v = fv.value
+    if vt == _VT_UINT:
+        return int(v.uiVal)
+    if vt in (_VT_ULL, _VT_ULONG):
+        return int(v.ullVal)
+    if vt == _VT_SLL:
+        return int(v.sllVal)
+    if vt == _VT_SINT:
+        return int(v.siVal)
+    if vt == _VT_USHORT:
+        return int(v.usVal)
+    if vt == _VT_DOUBLE:
+        return int(v.dVal)
+    return None
+
+
+def _sample_value(v: Any, vt: int) -> float:
+    if vt == _VT_DOUBLE:
+        return float(v.dVal)
+    if vt in (_VT_ULL, _VT_ULONG):
+        return float(v.ullVal)
+    return float(v.uiVal)
+
+
+# Usable bytes/s per lane after line encoding: Gen1/2 8b/10b, Gen3+ 128b/130b (Gen6 FLIT ~ 242/256).
+_LANE_BYTES = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969.2e6, 5: 3938.5e6, 6: 7563e6}
+
+
+def _link_bytes_per_s(gen: int, width: int) -> float | None:
+    lane = _LANE_BYTES.get(gen)
+    return None if lane is None else lane * width

@@ -1,0 +1,93 @@
+"""Monotonic totals from driver counters that wrap or reset, and integrals of ratio samples. Pure, no I/O."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WrappingCounter:
+    """Turns successive raw readings of a wrapping device counter into a monotonic total.
+
+    ``update(raw, modulus, t)`` takes the raw value, the width it wraps at (``2**32`` for an NVML
+    ``UNSIGNED_INT`` field, ``2**64`` for ``UNSIGNED_LONG_LONG``) and the reading time. A reading below the
+    previous one is a wrap (``raw - prev + modulus``) unless that delta is beyond ``max_rate`` x elapsed
+    time: then the device counter was reset (driver reload, GPU reset) and counting restarts from ``raw``.
+    The first reading starts the total at ``raw`` (the device's own count), so a restart of gpufeed is a
+    plain counter reset to Prometheus.
+    """
+
+    max_rate: float
+    total: int | None = None
+    prev: int | None = None
+    prev_t: float | None = None
+    wraps: int = 0
+    resets: int = 0
+
+    def update(self, raw: int, modulus: int, t: float) -> int:
+        """Feed one raw reading; return the unwrapped total."""
+        raw = int(raw) % modulus
+        if self.total is None:
+            self.total = raw
+        if self.prev is None or self.prev_t is None:
+            self.prev, self.prev_t = raw, t
+            return self.total
+        delta = raw - self.prev
+        wrapped = delta < 0
+        if wrapped:
+            delta += modulus
+        limit = self.max_rate * max(t - self.prev_t, 0.0) * 1.5 + 1
+        if delta > limit:
+            # Implausibly large: the device counter restarted. Count what it has seen since, if plausible.
+            self.resets += 1
+            delta = raw if raw <= limit else 0
+        elif wrapped:
+            self.wraps += 1
+        self.total += delta
+        self.prev, self.prev_t = raw, t
+        return self.total
+
+    def rebase(self) -> None:
+        """Forget the previous raw reading (the GPU was lost or reset): the next one only sets a baseline."""
+        self.prev = None
+        self.prev_t = None
+
+
+# Spacings below 10 ms are not a sample period (duplicate or jittered timestamps); ignore them for the cap.
+MIN_PERIOD_US = 10_000
+
+
+@dataclass
+class SampleIntegrator:
+    """Integral over driver time of buffered utilisation samples (nvmlDeviceGetSamples).
+
+    Each sample ``(ts_us, percent)`` is the utilisation over the period that ends at ``ts_us``. The
+    integral adds ``percent/100 x (ts - previous ts)``, with the period capped at ``max_period_s`` and at
+    1.5x the shortest recent spacing: the driver's buffer runs dry while the GPU is idle, so a long gap
+    before a sample is idle time, not time at the sample's level. The first batch only sets the baseline.
+    """
+
+    max_period_s: float = 1.0
+    seconds: float = 0.0
+    last_ts: int | None = None
+    _gaps: deque[int] = field(default_factory=lambda: deque(maxlen=32))
+
+    def add(self, samples: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        """Integrate samples newer than the last one seen (sorted here); return those that were new."""
+        new = sorted((ts, v) for ts, v in samples if self.last_ts is None or ts > self.last_ts)
+        prev = self.last_ts
+        for ts, v in new:
+            if prev is not None:
+                gap_us = ts - prev
+                if gap_us >= MIN_PERIOD_US:
+                    self._gaps.append(gap_us)
+                if self.last_ts is not None:  # not the baseline batch
+                    period_us = self.max_period_s * 1e6
+                    if self._gaps:
+                        period_us = min(period_us, 1.5 * min(self._gaps))
+                    self.seconds += max(0.0, min(v, 100.0)) / 100.0 * min(gap_us, period_us) / 1e6
+            prev = ts
+        if new:
+            self.last_ts = new[-1][0]
+        return new
