@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -20,7 +21,7 @@ from prometheus_client.core import (
 )
 
 from exporter import linkmath
-from exporter.collectors.base import Collector, CollectorContext, NoDataError, Option, SamplerSpec
+from exporter.collectors.base import Collector, CollectorContext, NoDataError, Option, SamplerSpec, TargetPids
 from exporter.derived import findings as fnd
 from exporter.derived.gpuview import GpuView, activity_points, gpu_view
 from exporter.derived.hostshape import cpu_shape, io_signals
@@ -345,7 +346,31 @@ class Analyzer(Collector):
         yield from (state, waiting, bottleneck, confidence, gaps, burst, idle, periodic, down, finding)
 
 
-def wire(shared: dict[str, Any], engine: Any) -> None:
-    """Give analyzers built with ``shared`` the engine they read (call once the Engine exists)."""
-    shared["engine"] = engine
+def attach(collectors: list[Collector], settings: Any = None) -> Analyzer | None:
+    """Append an Analyzer to ``collectors`` (sharing their context's ``shared`` dict) unless one is there
+    or it is disabled in ``settings``; returns it. Call :func:`wire` once the Engine exists."""
+    if any(isinstance(c, Analyzer) for c in collectors):
+        return next(c for c in collectors if isinstance(c, Analyzer))
+    options: Mapping[str, Any] = {}
+    if settings is not None:
+        if not settings.enabled.get(Analyzer.name, True):
+            return None
+        options = settings.collector.get(Analyzer.name, {})
+    base = collectors[0].ctx if collectors else None
+    ctx = CollectorContext(
+        procfs=base.procfs if base else (settings.procfs if settings is not None else Path("/proc")),
+        sysfs=base.sysfs if base else (settings.sysfs if settings is not None else Path("/sys")),
+        options=options,
+        targets=base.targets if base else TargetPids(),
+        shared=base.shared if base else {},
+    )
+    analyzer = Analyzer(ctx)
+    collectors.append(analyzer)
+    return analyzer
 
+
+def wire(collectors: list[Collector], engine: Any) -> None:
+    """Give the analyzers among ``collectors`` the engine whose buffers they read."""
+    for c in collectors:
+        if isinstance(c, Analyzer):
+            c.ctx.shared["engine"] = engine

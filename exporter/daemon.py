@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter import hotplug, log
+from exporter import analysis, hotplug, log
 from exporter.collectors.base import Collector, CollectorContext, TargetPids
 from exporter.config import Settings
 from exporter.engine import Clock, Engine, RealClock
@@ -62,8 +62,10 @@ class Daemon:
     ) -> None:
         self.settings = settings
         self.collectors = collectors
+        analysis.attach(collectors, settings)  # the derived layer reads the other samplers' buffers
         self.engine = Engine(collectors, clock or RealClock(), history_seconds=settings["engine.history"],
                              on_publish=self._published)
+        analysis.wire(collectors, self.engine)
         self.renderer = Renderer(collectors, derived)
         web_config = settings["web.config.file"]
         # Raises WebConfigError for a bad file: the caller exits 2 (at start nothing is served insecurely).

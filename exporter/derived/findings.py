@@ -68,12 +68,20 @@ def chain_links(pcie: Sequence[Stamped[PcieSample]], bdf: str) -> list[LinkState
         for hop in chain:
             dev = s.value.devices.get(hop)
             link = dev.link if dev is not None else None
-            if link is None:
+            if dev is None or link is None:
                 parent_gen = parent_width = None
                 continue
             mg, mw = _gen(link.max_speed_gts), link.max_width
-            out.append(LinkState(hop, s.t, _gen(link.current_speed_gts), link.current_width,
-                                 _min(mg, parent_gen), _min(mw, parent_width)))
+            # Root and downstream ports describe the link below them, which the next hop (their link
+            # partner) reports too: name each link once, by its lower end.
+            below = dev.port in ("root_port", "downstream_port") and dev.link_peer in chain
+            if not below:
+                if link.limit_speed_gts is not None or link.limit_width is not None:
+                    lg = _gen(link.limit_speed_gts) if link.limit_speed_gts is not None else mg
+                    lw = link.limit_width if link.limit_width is not None else mw
+                else:
+                    lg, lw = _min(mg, parent_gen), _min(mw, parent_width)
+                out.append(LinkState(hop, s.t, _gen(link.current_speed_gts), link.current_width, lg, lw))
             parent_gen, parent_width = mg, mw
     return out
 
