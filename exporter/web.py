@@ -249,6 +249,8 @@ class WebServer:
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             raise _BadRequestError(400)
         method, target, version = parts
+        if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in target) or not method.isalpha():
+            raise _BadRequestError(400)  # control bytes or spaces in the target; RFC 9112 3.2
         if version not in ("HTTP/1.0", "HTTP/1.1"):
             raise _BadRequestError(505)
         if len(target) > 4096:
@@ -363,4 +365,8 @@ class WebServer:
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         if not head_only:
             writer.write(body)
-        await asyncio.wait_for(writer.drain(), self.settings.read_timeout)
+        # Only wait when the socket did not take everything: wait_for() always yields to the loop (it wraps
+        # the drain in a task), which under many fast scrapers kept requests "in flight" for a whole loop
+        # round and turned the --web.max-requests cap into spurious 503s for everyone.
+        if writer.transport.get_write_buffer_size() > 0:
+            await asyncio.wait_for(writer.drain(), self.settings.read_timeout)
