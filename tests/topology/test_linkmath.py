@@ -29,7 +29,7 @@ def test_unknown_or_conventional_pci_speed_is_none_not_a_guess(text: str) -> Non
 
 @pytest.mark.parametrize("text", ["fast", "16", "GT/s", "12.0 GT/s", "8.0 Gb/s", "-8 GT/s", "8.0 GT/s PCIe junk"])
 def test_garbage_speed_is_rejected_with_the_value_quoted(text: str) -> None:
-    with pytest.raises(linkmath.LinkParseError, match="GT/s|speed"):
+    with pytest.raises(linkmath.LinkParseError, match=r"GT/s|speed"):
         linkmath.parse_speed(text)
 
 

@@ -78,7 +78,7 @@ def test_riser_aer_totals_are_counters_per_severity() -> None:
 
 
 def test_feeders_are_reported_without_their_bridges() -> None:
-    c, s = sample_of("riser")
+    _c, s = sample_of("riser")
     roles = {b: d.role for b, d in s.devices.items()}
     assert roles["0000:02:00.0"] == "nvme" and roles["0000:42:00.0"] == "nic"
     assert "0000:00:03.1" not in roles and "0000:40:03.1" not in roles  # bridges only above GPUs
@@ -136,7 +136,7 @@ def test_bridge_shared_by_two_gpus_appears_once_named_after_the_first_gpu() -> N
 
 
 def test_dgx_eight_gpus_each_with_root_port_switch_ports_and_gpu() -> None:
-    c, s = sample_of("dgx")
+    _c, s = sample_of("dgx")
     gpus = [d for d in s.devices.values() if d.role == "gpu"]
     assert len(gpus) == 8 and len(s.chains) == 8
     for g in gpus:
