@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from exporter.derived import series
 from exporter.derived.series import Burst, Point
-from exporter.samples.gpu import GpuFast, GpuSample, GpuSlow
+from exporter.samples.gpu import GpuBuffered, GpuFast, GpuSample, GpuSlow
 from exporter.snapshot import Stamped
 
 # Clock-event reasons that mean power or thermal limits pulled the clocks down (NVML clocksEventReasons).
@@ -56,8 +56,17 @@ def _slow(window: Sequence[Stamped[GpuSample]], index: int) -> list[tuple[float,
 def activity_points(
     fast: Sequence[Stamped[GpuSample]], buffered: Sequence[Stamped[GpuSample]], index: int, gpm: bool,
 ) -> tuple[tuple[Point, ...], tuple[Point, ...]]:
-    """(utilisation points, burstiness points): burstiness uses SM activity with GPM, utilisation without."""
-    util = series.counter_points(fast, index, "busy_seconds")
+    """(utilisation points in engine time, burstiness points).
+
+    Utilisation: GPM's graphics-active integral on GPUs with GPM, else the integral of the driver's
+    buffered utilisation samples. Burstiness: GPM SM activity with GPM, else the driver's utilisation
+    samples themselves (finer than our 1 s reads, in driver time).
+    """
+    util: tuple[Point, ...] = ()
+    if gpm:
+        util = series.counter_points(fast, index, "busy_seconds")
+    if not util:
+        util = series.counter_points(buffered, index, "busy_seconds", GpuBuffered)
     if not util:
         util = series.buffered_points(buffered, index)
     if not util:

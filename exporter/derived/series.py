@@ -71,13 +71,16 @@ def _fast(s: Stamped[GpuSample], index: int) -> GpuFast | None:
     return v if isinstance(v, GpuFast) else None
 
 
-def counter_points(window: Sequence[Stamped[GpuSample]], index: int, field: str) -> tuple[Point, ...]:
-    """Activity from differences of a cumulative seconds counter (``busy_seconds`` or ``sm_active_seconds``)."""
+def counter_points(
+    window: Sequence[Stamped[GpuSample]], index: int, field: str, kind: type = GpuFast,
+) -> tuple[Point, ...]:
+    """Activity from differences of a cumulative seconds counter (``busy_seconds`` or ``sm_active_seconds``
+    of GpuFast, or ``busy_seconds`` of GpuBuffered), in engine time."""
     out: list[Point] = []
     prev: tuple[float, float] | None = None
     for s in window:
-        g = _fast(s, index)
-        v = None if g is None else getattr(g, field)
+        g = s.value.gpus.get(index)
+        v = getattr(g, field, None) if isinstance(g, kind) else None
         if v is None:
             prev = None
             continue

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from exporter.samples.gpu import GpuFast, GpuIdentity, GpuProcess, GpuSample, GpuSlow
+from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuProcess, GpuSample, GpuSlow, UtilPoint
 from exporter.samples.host import (
     CpuSample,
     CpuTimes,
@@ -56,12 +56,18 @@ def identity(g: GpuSpec) -> GpuIdentity:
 
 
 def gpu_windows(
-    gpus: Sequence[GpuSpec], t0: float, t1: float, dt: float = 0.1, slow_dt: float = 5.0,
-) -> tuple[list[Stamped[GpuSample]], list[Stamped[GpuSample]]]:
-    """(fast, slow) windows integrating each GPU's functions exactly like the collector's counters."""
+    gpus: Sequence[GpuSpec], t0: float, t1: float, *, dt: float = 0.1, slow_dt: float = 5.0, buf_dt: float = 1.0,
+) -> tuple[list[Stamped[GpuSample]], list[Stamped[GpuSample]], list[Stamped[GpuSample]]]:
+    """(fast, buffered, slow) windows integrating each GPU's functions like the collector's counters.
+
+    GPUs without GPM get no busy/SM integrals on the fast path (as with real NVML) but driver samples
+    every ``dt`` delivered in batches every ``buf_dt`` with their integral.
+    """
     ids = MappingProxyType({g.index: identity(g) for g in gpus})
     fast: list[Stamped[GpuSample]] = []
     slow: list[Stamped[GpuSample]] = []
+    buffered: list[Stamped[GpuSample]] = []
+    pending: dict[int, list[UtilPoint]] = {g.index: [] for g in gpus}
     busy = {g.index: 0.0 for g in gpus}
     smsec = {g.index: 0.0 for g in gpus}
     rxt = {g.index: 0.0 for g in gpus}
@@ -82,9 +88,17 @@ def gpu_windows(
                 pcie_tx_bytes_per_s=g.tx(t), pcie_rx_bytes_per_s=g.rx(t),
                 pcie_tx_bytes_total=int(txt[g.index]), pcie_rx_bytes_total=int(rxt[g.index]),
                 pcie_replays_total=0, throttle_seconds={}, sm_clock_hz=g.clock_ratio(t) * g.max_clock_hz,
-                power_w=None, sm_active_seconds=smsec[g.index] if g.gpm else None, busy_seconds=busy[g.index],
+                power_w=None, sm_active_seconds=smsec[g.index] if g.gpm else None,
+                busy_seconds=busy[g.index] if g.gpm else None,
             )
+            if i:
+                pending[g.index].append(UtilPoint(t, g.util(t - dt)))
         fast.append(Stamped(t, GpuSample(ids, MappingProxyType(per), frozenset())))
+        if i and (i * dt) % buf_dt < dt / 2:
+            per3: dict[int, object] = {
+                g.index: GpuBuffered(tuple(pending[g.index]), (), busy[g.index]) for g in gpus}
+            buffered.append(Stamped(t, GpuSample(ids, MappingProxyType(per3), frozenset())))
+            pending = {g.index: [] for g in gpus}
     t = t0
     while t <= t1 + 1e-9:
         per2: dict[int, object] = {}
@@ -101,7 +115,7 @@ def gpu_windows(
             )
         slow.append(Stamped(t, GpuSample(ids, MappingProxyType(per2), frozenset())))
         t += slow_dt
-    return fast, slow
+    return fast, buffered, slow
 
 
 @dataclass

@@ -20,9 +20,9 @@ ROOT = "0000:80:03.1"
 
 
 def downgrades(gpu: GpuSpec, hops: Sequence[tuple[str, Any, tuple[int, int]]], t1: float = 30.0) -> list[str]:
-    fast, slow = gpu_windows([gpu], 0.0, t1)
-    view = gpu_view(gpu.index, fast, [], slow)
-    util, _ = activity_points(fast, [], gpu.index, gpu.gpm)
+    fast, buf, slow = gpu_windows([gpu], 0.0, t1)
+    view = gpu_view(gpu.index, fast, buf, slow)
+    util, _ = activity_points(fast, buf, gpu.index, gpu.gpm)
     pcie = pcie_window(GPU, hops, 0.0, t1)
     return [bdf for bdf, _, _ in fnd.link_downgrades(view, fnd.chain_links(pcie, GPU), util)]
 
@@ -72,15 +72,15 @@ def test_link_that_was_slow_only_while_idle_is_not_downgraded() -> None:
 
 
 def test_thermal_reasons_on_a_busy_gpu_raise_clock_throttled() -> None:
-    fast, slow = gpu_windows([GpuSpec(util=const(0.99), clock_ratio=const(0.55),
+    fast, buf, slow = gpu_windows([GpuSpec(util=const(0.99), clock_ratio=const(0.55),
                                       reasons=frozenset({"hw_thermal"}))], 0.0, 15.0)
-    f = fnd.clock_throttled(gpu_view(0, fast, [], slow))
+    f = fnd.clock_throttled(gpu_view(0, fast, buf, slow))
     assert f is not None and f.check == "gpu_clock_throttled" and f.gpu == 0
 
 
 def test_idle_gpu_with_power_cap_reason_is_not_throttled() -> None:
-    fast, slow = gpu_windows([GpuSpec(util=const(0.0), reasons=frozenset({"sw_power_cap"}))], 0.0, 15.0)
-    assert fnd.clock_throttled(gpu_view(0, fast, [], slow)) is None
+    fast, buf, slow = gpu_windows([GpuSpec(util=const(0.0), reasons=frozenset({"sw_power_cap"}))], 0.0, 15.0)
+    assert fnd.clock_throttled(gpu_view(0, fast, buf, slow)) is None
 
 
 def test_powersave_governor_is_reported_only_with_a_busy_gpu() -> None:
@@ -126,11 +126,11 @@ def test_remote_placement_is_numa_mismatch_for_its_gpu() -> None:
 
 
 def test_bursty_square_wave_has_periodic_gaps_and_a_steady_load_does_not() -> None:
-    fast, slow = gpu_windows([GpuSpec(util=square(0.95, 0.0, 3.0, 0.18), gpm=False)], 0.0, 15.0)
-    v = gpu_view(0, fast, [], slow)
+    fast, buf, slow = gpu_windows([GpuSpec(util=square(0.95, 0.0, 3.0, 0.18), gpm=False)], 0.0, 15.0)
+    v = gpu_view(0, fast, buf, slow)
     assert v.burst.periodic and v.burst.period_s is not None and abs(v.burst.period_s - 3.0) < 0.15
     assert v.burst.cv is not None and v.burst.cv > 1.5
     assert all(abs(g.seconds - 2.46) < 0.15 for g in v.burst.gaps)
-    fast, slow = gpu_windows([GpuSpec(util=const(0.9), gpm=False)], 0.0, 15.0)
-    steady = gpu_view(0, fast, [], slow)
+    fast, buf, slow = gpu_windows([GpuSpec(util=const(0.9), gpm=False)], 0.0, 15.0)
+    steady = gpu_view(0, fast, buf, slow)
     assert not steady.burst.periodic and steady.burst.gaps == () and (steady.burst.cv or 0) < 0.05

@@ -40,7 +40,7 @@ def judge(
     previous: str | None = None,
 ) -> Candidate:
     """Classify GPU ``gpu`` driven by one process with ``threads``, on a quiet host unless told otherwise."""
-    fast, slow = gpu_windows([gpu], 0.0, W)
+    fast, buf, slow = gpu_windows([gpu], 0.0, W)
     pid = gpu.pids[0]
     procs = proc_window(pid, threads, 5.0, W, cpus_allowed=allowed, total_threads=8,
                         read_bytes_per_s=reads[0], read_calls_per_s=reads[1])
@@ -59,7 +59,7 @@ def judge(
     pressure: list[Stamped[PressureSample]] = pressure_window(psi or {}, 0.0, W)
     nfs_w: list[Stamped[NfsSample]] = nfs_window(nfs[0], nfs[1], 0.0, W) if nfs else []
     io = io_signals(pressure, [], nfs_w)
-    view = gpu_view(gpu.index, fast, [], slow)
+    view = gpu_view(gpu.index, fast, buf, slow)
     shape = cpu_shape(procs, procs, cpus, view.pids)
     cap = linkmath.capacity_bytes_per_second(*gpu.link)
     return classify(view, shape, io, capacity=cap, link_name=f"Gen{gpu.link[0]} x{gpu.link[1]}", window_s=W,
