@@ -308,12 +308,17 @@ class NvmlBackend:
                 self._log.debug("nvml_shutdown_failed", error=_errname(e))
         self._initialised = False
 
-    def _enumerate(self, count: int, now: float) -> None:
-        """(Re)acquire a handle for every index; GPUs keep their counters across a re-init (matched by UUID)."""
+    def _enumerate(self, count: int, now: float, *, only_lost: bool = False) -> None:
+        """(Re)acquire a handle for every index (``only_lost``: for lost GPUs only); GPUs keep their
+        counters across a re-init (matched by UUID)."""
         nvml = self._nvml
         by_uuid = {g.identity.uuid: g for g in self._gpus.values() if g.identity.uuid}
         fresh: dict[int, _Gpu] = {}
         for idx in range(count):
+            cur = self._gpus.get(idx)
+            if only_lost and cur is not None and not cur.lost:
+                fresh[idx] = cur
+                continue
             try:
                 handle = self._timed("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, idx)
                 uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
@@ -411,14 +416,21 @@ class NvmlBackend:
             self._next_reinit = now + self._backoff
 
     def _reinit(self, now: float) -> None:
-        """Shut NVML down and initialise it again, hoping a lost GPU answers; back off exponentially."""
+        """Try to get lost GPUs back; back off exponentially while any stays lost.
+
+        With healthy GPUs left, only the lost ones are re-acquired (handle, UUID, setup), so the healthy
+        ones keep their GPM pairs and counters undisturbed; with every GPU lost, NVML itself is shut down
+        and initialised again.
+        """
         nvml = self._nvml
-        self._teardown()
+        healthy = any(not g.lost for g in self._gpus.values())
         try:
-            self._timed("nvmlInit", nvml.nvmlInit)
-            self._initialised = True
+            if not healthy or not self._initialised:
+                self._teardown()
+                self._timed("nvmlInit", nvml.nvmlInit)
+                self._initialised = True
             count = int(self._timed("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
-            self._enumerate(count, now)
+            self._enumerate(count, now, only_lost=healthy)
         except nvml.NVMLError as e:
             self._log.warning("nvml_reinit_failed", error=_errname(e), retry_in=self._backoff)
             if not self._initialised:
@@ -525,7 +537,7 @@ class NvmlBackend:
             return
         nvml = self._nvml
         prev = g.gpm_prev
-        if prev is not None and now - prev[1] < C.GPM_MIN_PAIR_SECONDS:
+        if prev is not None and now - prev[1] < C.GPM_MIN_PAIR_SECONDS - 1e-6:
             return  # too close: the pair would be invalid; the next tick spans the whole interval
         cur = g.gpm_samples[1] if prev is not None and prev[0] is g.gpm_samples[0] else g.gpm_samples[0]
         got = self._opt(g, "nvmlGpmSampleGet", nvml.nvmlGpmSampleGet, g.handle, cur)
@@ -606,7 +618,7 @@ class NvmlBackend:
             return
         if cap * spacing >= modulus:
             g.wrap_warned = True
-            self._log.warning("gpu_pcie_counter_may_wrap_unseen", gpu=g.index, interval_s=round(spacing, 3),
+            self._log.info("gpu_pcie_counter_may_wrap_unseen", gpu=g.index, interval_s=round(spacing, 3),
                               link_bytes_per_s=cap, counter_modulus=modulus,
                               hint="shorten --collector.gpu.interval")
 

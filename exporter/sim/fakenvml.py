@@ -627,7 +627,7 @@ class FakeNvml:
         if s1 is None or s2 is None or s1.freed or s2.freed or s1.uuid is None or s1.uuid != s2.uuid:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = s2.t - s1.t
-        if 0 < dt < C.GPM_MIN_PAIR_SECONDS - 1e-9:
+        if 0 < dt < C.GPM_MIN_PAIR_SECONDS - 1e-6:
             self.gpm_short_pairs += 1
         for m in mg.metrics[: mg.numMetrics]:
             mid = int(m.metricId)

@@ -1,0 +1,56 @@
+"""Counter unwrapping and sample integration: the arithmetic behind every exported GPU counter."""
+
+from __future__ import annotations
+
+from exporter.gpu.backend import bus_id_to_sysfs
+from exporter.gpu.counters import SampleIntegrator, WrappingCounter
+
+M32 = 1 << 32
+
+
+def test_32bit_pcie_counter_wrap_continues_the_total() -> None:
+    c = WrappingCounter(max_rate=256e9)
+    assert c.update(M32 - 1000, M32, 0.0) == M32 - 1000
+    assert c.update(500, M32, 0.1) == M32 + 500  # wrapped: 1000 + 500 bytes moved
+    assert c.wraps == 1 and c.resets == 0
+
+
+def test_counter_reset_after_driver_reload_is_not_a_giant_wrap() -> None:
+    c = WrappingCounter(max_rate=1e7)  # replay counter bound
+    c.update(1_000_000, M32, 0.0)
+    total = c.update(3, M32, 0.1)  # a wrap would mean ~4.29e9 replays in 100 ms: a reset instead
+    assert total == 1_000_003
+    assert c.resets == 1 and c.wraps == 0
+
+
+def test_rebase_after_lost_gpu_adds_nothing_for_the_gap() -> None:
+    c = WrappingCounter(max_rate=256e9)
+    c.update(10_000, M32, 0.0)
+    c.rebase()
+    assert c.update(5, M32, 300.0) == 10_000  # GPU reset its counter while lost: baseline only
+    assert c.update(105, M32, 300.1) == 10_100
+
+
+def test_busy_integral_of_driver_samples_is_exact_and_starts_at_baseline() -> None:
+    it = SampleIntegrator()
+    period = 166_667
+    it.add([(period * k, 50.0) for k in range(1, 7)])  # history before we started: baseline only
+    assert it.seconds == 0.0
+    it.add([(period * k, 100.0) for k in range(7, 13)])
+    assert abs(it.seconds - 6 * 0.166667) < 1e-6
+
+
+def test_idle_gap_with_dry_buffer_is_not_counted_as_busy() -> None:
+    it = SampleIntegrator()
+    period = 166_667
+    it.add([(period * k, 100.0) for k in range(1, 13)])
+    before = it.seconds
+    # The buffer ran dry for 60 s (idle GPU); the next sample covers only its own period.
+    it.add([(period * 12 + 60_000_000, 60.0)])
+    assert abs((it.seconds - before) - 0.6 * 1.5 * period / 1e6) < 1e-6
+
+
+def test_nvml_bus_id_becomes_sysfs_form() -> None:
+    assert bus_id_to_sysfs("00000000:82:00.0") == "0000:82:00.0"
+    assert bus_id_to_sysfs(b"00000001:C1:00.0") == "0001:c1:00.0"
+    assert bus_id_to_sysfs("C1:00.0", domain=2) == "0002:c1:00.0"

@@ -1,0 +1,93 @@
+"""The strict fake NVML itself: it must behave like pynvml where the backend looks, and fail loudly elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from exporter.sim.fakenvml import FakeNvml, StateError, advance_state
+
+DEV = {"pci_bus_id": "0000:82:00.0"}
+
+
+def test_fake_raises_the_real_pynvml_error_subclasses() -> None:
+    f = FakeNvml({"devices": [dict(DEV, unsupported=["nvmlDeviceGetTemperature"])]})
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        f.nvmlDeviceGetCount()
+    f.nvmlInit()
+    h = f.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        f.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+    with pytest.raises(pynvml.NVMLError_NotFound):  # empty sample buffer
+        f.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    with pytest.raises(pynvml.NVMLError_LibraryNotFound):
+        FakeNvml({"init_error": "library_not_found"}).nvmlInit()
+
+
+def test_lost_gpu_answers_gpu_is_lost_then_the_configured_error() -> None:
+    f = FakeNvml({"devices": [dict(DEV, lost=True, lost_error="unknown")]})
+    f.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        f.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        f.nvmlDeviceGetHandleByIndex(0)
+
+
+def test_fake_fails_loudly_on_unmodelled_calls_and_never_allows_pcie_throughput() -> None:
+    f = FakeNvml({"devices": [DEV]})
+    f.nvmlInit()
+    h = f.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(AssertionError, match="unexpected call nvmlDeviceGetEccMode"):
+        f.nvmlDeviceGetEccMode(h)
+    with pytest.raises(AssertionError, match="must never be called"):
+        f.nvmlDeviceGetPcieThroughput(h, 0)
+    with pytest.raises(AssertionError, match="unmodelled field id 999"):
+        f.nvmlDeviceGetFieldValues(h, [999])
+    assert f.NVML_ERROR_GPU_IS_LOST == pynvml.NVML_ERROR_GPU_IS_LOST  # constants come from the real module
+
+
+def test_state_with_an_unknown_key_is_rejected_naming_it() -> None:
+    with pytest.raises(StateError, match="sm_actve"):
+        FakeNvml({"devices": [dict(DEV, sm_actve=1.0)]})
+    with pytest.raises(StateError, match="pci_bus_id"):
+        FakeNvml({"devices": [{}]})
+
+
+def test_gpm_pair_answers_the_average_of_the_integrals() -> None:
+    state = {"devices": [DEV]}
+    f = FakeNvml(state)
+    f.nvmlInit()
+    h = f.nvmlDeviceGetHandleByIndex(0)
+    s1, s2 = f.nvmlGpmSampleAlloc(), f.nvmlGpmSampleAlloc()
+    f.nvmlGpmSampleGet(h, s1)
+    st = f.state
+    advance_state(st, 0.25, {0: {"sm_active": 0.8, "pcie_tx_bytes_per_s": 3 * 2**20}})
+    f.set_state(st)
+    f.nvmlGpmSampleGet(h, s2)
+    mg = f.c_nvmlGpmMetricsGet_t()
+    mg.version, mg.numMetrics, mg.sample1, mg.sample2 = pynvml.NVML_GPM_METRICS_GET_VERSION, 2, s1, s2
+    mg.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    mg.metrics[1].metricId = pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC
+    f.nvmlGpmMetricsGet(mg)
+    assert mg.metrics[0].value == pytest.approx(80.0)
+    assert mg.metrics[1].value == pytest.approx(3.0)
+    assert f.gpm_short_pairs == 0
+
+
+def test_from_file_reloads_on_change_and_keeps_last_good_state(tmp_path: Path) -> None:
+    p = tmp_path / "nvml.json"
+    p.write_text(json.dumps({"devices": [DEV]}))
+    f = FakeNvml.from_file(p)
+    f.nvmlInit()
+    assert f.nvmlDeviceGetCount() == 1
+    tmp = tmp_path / "tmp.json"
+    tmp.write_text(json.dumps({"devices": [DEV, {"pci_bus_id": "0000:83:00.0"}]}))
+    os.replace(tmp, p)
+    assert f.nvmlDeviceGetCount() == 2
+    p.write_text("{not json")
+    assert f.nvmlDeviceGetCount() == 2
+    assert f.reload_errors == 1
