@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import io
 import os
@@ -28,13 +29,15 @@ SAMPLERS = ("cpu", "cpufreq", "disk", "memory", "nfs", "pressure", "proc", "proc
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-golden", action="store_true", default=False,
-                     help="rewrite tests/fixtures/host/e2e-output.txt from the daemon's output instead of diffing")
+    """``pytest tests/host --update-golden`` (pytest reads this hook only from conftests of the given paths)."""
+    with contextlib.suppress(ValueError):  # another package's conftest registered the same option first
+        parser.addoption("--update-golden", action="store_true", default=False,
+                         help="rewrite golden files (tests/fixtures/host/e2e-output.txt) instead of diffing")
 
 
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
-    return bool(request.config.getoption("--update-golden"))
+    return bool(request.config.getoption("--update-golden", default=False))
 
 
 @pytest.fixture(autouse=True)
