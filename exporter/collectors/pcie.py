@@ -248,7 +248,8 @@ class PcieCollector(Collector):
                 if b in bridges:
                     continue
                 child = ups[i + 1][0] if i + 1 < len(ups) else bdf
-                bridges[b] = self._node(b, "bridge", bpath, ups[:i], gpu_bdf=bdf, child=child)
+                bridges[b] = self._node(b, "bridge", bpath, ups[:i], gpu_bdf=bdf, child=child,
+                                        hops_below=len(ups) - 1 - i)
         # The first GPU (in BDF order) below a shared bridge names it, whatever the vendor order.
         for b, node in bridges.items():
             first = min(g for g, c in chains.items() if b in c)
@@ -300,21 +301,22 @@ class PcieCollector(Collector):
 
     def _node(
         self, bdf: str, role: str, path: Path, ups: list[tuple[str, Path]], *, gpu_bdf: str | None,
-        child: str | None,
+        child: str | None, hops_below: int = 0,
     ) -> _Node:
-        """Identity, NUMA affinity and link position of one device (read once per enumeration)."""
+        """Identity, NUMA affinity and link position of one device (read once per enumeration).
+
+        ``hops_below``: for a bridge, how many bridges sit between it and the GPU (0: directly above it).
+        """
         parent_is_bdf = _BDF.match(path.parent.name) is not None
-        if not parent_is_bdf:
-            port = "root_port" if role == "bridge" else "endpoint"
-        elif role != "bridge":
+        if role != "bridge":
             port = "endpoint"
+        elif not parent_is_bdf:
+            port = "root_port"
         else:
-            # Ports alternate down a switch hierarchy: root/downstream port -> upstream port -> downstream ...
-            kinds = ["root_port"]
-            for _ in ups[1:]:
-                kinds.append("downstream_port" if kinds[-1] == "upstream_port" else "upstream_port")
-            above = kinds[-1] if ups else "root_port"
-            port = "downstream_port" if above == "upstream_port" else "upstream_port"
+            # An endpoint always hangs off a downstream-facing port (root or switch downstream port), and
+            # upstream/downstream ports alternate above it: count from the GPU, so the link nearest the GPU
+            # is right even in a tree that hides a switch's upstream port (some VMs, the simulator).
+            port = "downstream_port" if hops_below % 2 == 0 else "upstream_port"
         # Root and downstream ports' link files describe the link below them; the others, the link above.
         below = port in ("root_port", "downstream_port")
         peer = child if below else (ups[-1][0] if ups and parent_is_bdf else None)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
+import sys
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -14,6 +17,19 @@ from exporter.collectors.base import CollectorContext, TargetPids
 from exporter.snapshot import Snapshot, Stamped
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+
+def load_tool(name: str) -> ModuleType:
+    """Import tools/<name>.py (tools/ is scripts, not a package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up while the class is created
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def box(name: str) -> Path:

@@ -3,7 +3,6 @@ can become fixtures), and it runs on this VM's real /sys."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
@@ -12,17 +11,11 @@ import pytest
 
 from exporter.collectors.numa import NumaCollector
 from exporter.collectors.pcie import PcieCollector
-from tests.topology.conftest import box, context
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "capture_sysfs.py"
+from tests.topology.conftest import box, context, load_tool
 
 
 def tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("capture_sysfs", TOOL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("capture_sysfs")
 
 
 @pytest.mark.parametrize("name", ["dgx", "riser", "switch_riser", "workstation"])

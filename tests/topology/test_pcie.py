@@ -13,7 +13,7 @@ from exporter import linkmath
 from exporter.collectors.base import CollectorContext, NoDataError
 from exporter.collectors.pcie import PcieCollector
 from exporter.samples.topology import PcieLink, PcieSample
-from tests.topology.conftest import context, series, snapshot_of, value
+from tests.topology.conftest import context, load_tool, series, snapshot_of, value
 
 GTS = 1e9
 
@@ -296,3 +296,23 @@ def test_link_files_are_reread_every_cycle_but_devices_enumerated_once(copy_box:
     link = c.update().devices["0000:41:00.0"].link
     assert link is not None and link.current_width == 16
     assert c.scans == 1
+
+
+def test_bridge_directly_above_a_gpu_is_its_link_partner_even_when_the_switch_uplink_is_hidden(
+    tmp_path: Path,
+) -> None:
+    """Root port -> one bridge -> GPU (a switch whose upstream port is not visible, as in some VMs and in
+    the simulator): the bridge next to the GPU is the other end of the GPU's link, not an upstream port."""
+    mk = load_tool("make_sysfs_fixtures")
+    sys_root = tmp_path / "sys"
+    rp = "pci0000:80/0000:80:03.1"
+    for d in (
+        mk.dev(rp, mk.ROOT_PORT_AMD, driver="pcieport", link=(4, 16, 4, 16)),
+        mk.dev(f"{rp}/0000:81:00.0", mk.PEX_SWITCH, driver="pcieport", link=(3, 8, 4, 16)),
+        mk.dev(f"{rp}/0000:81:00.0/0000:82:00.0", mk.A6000, driver="nvidia", link=(3, 8, 4, 16)),
+    ):
+        mk.write_dev(sys_root, d)
+    _, s = sample_of(tmp_path)
+    assert [s.devices[b].port for b in s.chains["0000:82:00.0"]] == ["root_port", "downstream_port", "endpoint"]
+    assert s.devices["0000:81:00.0"].link_peer == "0000:82:00.0"
+    assert s.devices["0000:80:03.1"].link_peer == "0000:81:00.0"
