@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from operator import ge
 from types import MappingProxyType
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -24,6 +25,7 @@ JUMP_BACK_SECONDS = 3.0
 
 Ticks = tuple[int, ...]  # one CPU's 8 counters in USER_HZ ticks, in MODES order (integers: sums stay exact)
 IDLE = MODES.index("idle")
+JUMP_BACK_TICKS = JUMP_BACK_SECONDS * USER_HZ
 
 
 def parse_stat(text: str) -> dict[int, Ticks]:
@@ -41,7 +43,7 @@ def parse_stat(text: str) -> dict[int, Ticks]:
             # Kernels since 2.6.11 print at least 8 times (steal); fewer means a truncated read.
             raise CollectorError(f"/proc/stat: cpu{cpu} has {len(parts) - 1} fields, expected at least 8")
         try:
-            out[cpu] = tuple(int(v) for v in parts[1:9])
+            out[cpu] = tuple(map(int, parts[1:9]))
         except ValueError as e:
             raise CollectorError(f"/proc/stat: cpu{cpu}: non-numeric field in {line[:80]!r}") from e
     if not out:
@@ -51,45 +53,103 @@ def parse_stat(text: str) -> dict[int, Ticks]:
 
 def to_times(ticks: Ticks) -> CpuTimes:
     """Ticks -> seconds per mode."""
-    return CpuTimes(*(t / USER_HZ for t in ticks))
+    return CpuTimes(*[t / USER_HZ for t in ticks])
+
+
+class TimesView(Mapping[int, CpuTimes]):
+    """Read-only CPU -> :class:`CpuTimes` over tick tuples, converted on first access.
+
+    A 192-CPU host sampled every 0.25 s would otherwise build 768 frozen objects a second that the derived
+    layer mostly never reads (it compares a window's ends); conversion happens only for what is read.
+    """
+
+    __slots__ = ("_cache", "_ticks")
+
+    def __init__(self, ticks: Mapping[int, Ticks]) -> None:
+        self._ticks = ticks
+        self._cache: dict[int, CpuTimes] = {}
+
+    def __getitem__(self, cpu: int) -> CpuTimes:
+        got = self._cache.get(cpu)
+        if got is None:
+            got = self._cache[cpu] = to_times(self._ticks[cpu])
+        return got
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ticks)
+
+    def __len__(self) -> int:
+        return len(self._ticks)
+
+    def __contains__(self, cpu: object) -> bool:
+        return cpu in self._ticks
+
+    def __repr__(self) -> str:
+        return f"TimesView({len(self._ticks)} CPUs)"
 
 
 class CpuState:
     """Counter hygiene across samples: cleaned per-CPU counters and monotonic per-node sums (in ticks).
 
-    Pure bookkeeping (no I/O) so hotplug and counter resets can be tested with plain tables.
+    A node's sum is ``offset[node] + sum(cleaned counters of its online CPUs)``; the offset absorbs CPUs that
+    leave (their last value is kept), CPUs that appear after start (they count from their first sighting) and
+    hotplug resets, so the sum never goes backwards. Pure bookkeeping (no I/O): testable with plain tables.
     """
 
     def __init__(self) -> None:
         self.cpus: dict[int, Ticks] = {}
         self.nodes: dict[int, Ticks] = {}
+        self._offset: dict[int, list[int]] = {}
+        self._node_of: dict[int, int] = {}
         self.started = False
+
+    def _shift(self, node: int, plus: Ticks, minus: Ticks) -> None:
+        off = self._offset.setdefault(node, [0] * len(MODES))
+        for i, (a, b) in enumerate(zip(plus, minus, strict=True)):
+            off[i] += a - b
 
     def update(self, raw: Mapping[int, Ticks], node_of: Mapping[int, int]) -> tuple[int, ...]:
         """Fold one /proc/stat reading in; returns the CPUs treated as hotplugged (reset)."""
+        zero = (0,) * len(MODES)
         reset: list[int] = []
+        prev_cpus, prev_node = self.cpus, self._node_of
         cleaned: dict[int, Ticks] = {}
         for cpu, new in raw.items():
-            node = node_of.get(cpu, 0)
-            prev = self.cpus.get(cpu)
-            inc: Ticks | None
+            prev = prev_cpus.get(cpu)
             if prev is None:
+                # First reading: lifetime counters seed the node sums. A CPU appearing later (onlined) counts
+                # only from now on, so the node sum does not jump by its lifetime.
+                if self.started:
+                    self._shift(node_of.get(cpu, 0), zero, new)
                 cleaned[cpu] = new
-                # The first reading seeds node sums with lifetime counters; a CPU that appears later (onlined)
-                # contributes only what it does from now on, so node counters never jump.
-                inc = None if self.started else new
-            elif (prev[IDLE] - new[IDLE]) / USER_HZ >= JUMP_BACK_SECONDS:
+            elif all(map(ge, new, prev)):
+                cleaned[cpu] = new
+            elif prev[IDLE] - new[IDLE] >= JUMP_BACK_TICKS:
+                # node_exporter: idle jumping back this far is a CPU that went offline and came back.
                 reset.append(cpu)
+                self._shift(prev_node.get(cpu, 0), prev, new)
                 cleaned[cpu] = new
-                inc = None
             else:
-                # node_exporter's hygiene: a field that went backwards keeps its previous value.
-                cleaned[cpu] = tuple(max(a, b) for a, b in zip(prev, new, strict=True))
-                inc = tuple(c - a for a, c in zip(prev, cleaned[cpu], strict=True))
-            base = self.nodes.get(node, (0,) * len(MODES))
-            self.nodes[node] = base if inc is None else tuple(a + b for a, b in zip(base, inc, strict=True))
-        # CPUs missing from this reading went offline: dropped from per-CPU, their past stays in node sums.
-        self.cpus = cleaned
+                # node_exporter: a field that went backwards (a glitch) keeps its previous value.
+                cleaned[cpu] = tuple(map(max, prev, new))
+        for cpu, prev in prev_cpus.items():
+            if cpu not in cleaned:  # went offline: its counted time stays in the node sum
+                self._shift(prev_node.get(cpu, 0), prev, zero)
+        members: dict[int, list[Ticks]] = {}
+        node_map: dict[int, int] = {}
+        for cpu, ticks in cleaned.items():
+            node = node_of.get(cpu, 0)
+            node_map[cpu] = node
+            members.setdefault(node, []).append(ticks)
+        nodes: dict[int, Ticks] = {}
+        for node in set(members) | set(self._offset) | set(self.nodes):
+            cols = [sum(col) for col in zip(*members[node], strict=True)] if node in members else [0] * len(MODES)
+            off = self._offset.get(node, [0] * len(MODES))
+            total = tuple(c + o for c, o in zip(cols, off, strict=True))
+            # Belt and braces: a node sum never decreases, whatever the input did.
+            old = self.nodes.get(node)
+            nodes[node] = total if old is None or all(map(ge, total, old)) else tuple(map(max, total, old))
+        self.cpus, self.nodes, self._node_of = cleaned, nodes, node_map
         self.started = True
         return tuple(reset)
 
@@ -130,7 +190,7 @@ class CpuCollector(Collector):
         if reset:
             self.log.info("cpu_counters_reset", cpus=",".join(map(str, reset)), reason="idle jumped back (hotplug)")
         return CpuSample(
-            cpus=MappingProxyType({c: to_times(t) for c, t in self._state.cpus.items()}),
+            cpus=TimesView(self._state.cpus),
             node_of=self._node_of,
             node_totals=MappingProxyType({n: to_times(t) for n, t in self._state.nodes.items()}),
         )

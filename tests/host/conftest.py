@@ -116,6 +116,14 @@ def deny(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
             raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
         return real_listdir(path)
 
+    real_os_open = os.open
+
+    def fake_os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if isinstance(path, str | os.PathLike) and os.fspath(path) in denied:
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real_os_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake_os_open)
     monkeypatch.setattr(io, "open", fake_open)
     monkeypatch.setattr(builtins, "open", fake_open)
     monkeypatch.setattr(os, "listdir", fake_listdir)

@@ -164,3 +164,12 @@ def test_captured_machine_psi_parses() -> None:
     assert eng.snapshot.status["pressure"].success
 
 Unused = Callable[[], None]
+
+
+def test_hardware_max_frequency_is_cached_and_refreshed_every_12_runs(large: Path) -> None:
+    col = make("cpufreq", large)
+    assert col.update().cpus[0].max_hz == 3_800_000_000
+    (large / "sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").write_text("4000000\n")  # boost enabled
+    for _ in range(11):
+        assert col.update().cpus[0].max_hz == 3_800_000_000
+    assert col.update().cpus[0].max_hz == 4_000_000_000
