@@ -35,7 +35,7 @@ from exporter import log
 from exporter.collectors.base import Collector
 from exporter.config import Settings
 from exporter.sim.model import Model
-from exporter.sim.player import SAMPLER_GROUPS
+from exporter.sim.player import SAMPLER_GROUPS, fast_tmpdir
 from exporter.sim.render import GROUPS, Renderer, nvml_state, write_json
 from exporter.sim.scenario import ScenarioError, load
 
@@ -106,7 +106,7 @@ class LiveSimulation:
         return sim, replace(settings, values=values), shared
 
     def _spawn(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-", dir=fast_tmpdir()))
         argv = [sys.executable, "-m", "exporter.sim.live", "--scenario", self.scenario, "--root", str(self.dir),
                 "--speed", repr(self.speed), "--parent", str(os.getpid())]
         for g, p in sorted(self.periods.items()):

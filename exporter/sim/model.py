@@ -36,7 +36,7 @@ from exporter.sim.scenario import (
     Scenario,
     Value,
 )
-from exporter.sim.signal import Piecewise, Track
+from exporter.sim.signal import At, Piecewise, Track
 
 # /proc/stat and /proc/<pid>/stat count in USER_HZ ticks; the collectors divide by the same sysconf value.
 USER_HZ = int(os.sysconf("SC_CLK_TCK"))
@@ -58,6 +58,7 @@ class Model:
         self.sc = sc
         self.length = sc.duration_s
         self._starts = [p.start_s for p in sc.phases]
+        self._ends = [p.end_s for p in sc.phases]
         self.gpu_tracks: dict[int, dict[str, Track]] = {}
         self.reason_tracks: dict[int, dict[str, Track]] = {}
         for g in sc.gpus:
@@ -216,6 +217,18 @@ class Model:
         }
 
     # ---- queries -----------------------------------------------------------------------------------------
+
+    def at(self, t: float) -> At:
+        """``t`` located on the timeline, for the batch ``*_seconds`` queries."""
+        return At(t, self._ends)
+
+    def core_seconds(self, at: At) -> list[list[float]]:
+        """Per CPU, seconds spent in each of CPU_MODES up to ``at``."""
+        return [[tr[m].integral_at(at) for m in CPU_MODES] for tr in self.core_tracks]
+
+    def thread_seconds(self, pid: int, at: At) -> list[tuple[float, float]]:
+        """Per thread of ``pid``, (user, system) seconds up to ``at``."""
+        return [(u.integral_at(at), s.integral_at(at)) for u, s in self.thread_tracks[pid]]
 
     def local(self, t: float) -> float:
         """Scenario time within the current loop of the timeline."""

@@ -24,7 +24,7 @@ from typing import Any
 from exporter.cpulist import format_cpulist
 from exporter.gpu.constants import THROTTLE_TIME_FIELDS
 from exporter.sim.model import USER_HZ, Model
-from exporter.sim.scenario import CPU_MODES, Gpu, Process
+from exporter.sim.scenario import Gpu, Process
 
 GEN_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
              5: "32.0 GT/s PCIe", 6: "64.0 GT/s PCIe"}
@@ -50,8 +50,10 @@ def _dev_id(gpu: Gpu) -> str:
 class Renderer:
     """Renders one scenario's trees under ``root``."""
 
-    def __init__(self, model: Model, root: Path) -> None:
+    def __init__(self, model: Model, root: Path, *, atomic: bool = True) -> None:
         self.model = model
+        self.atomic = atomic
+        self._written: dict[Path, str] = {}
         self.sc = model.sc
         self.root = root
         self.proc = root / "proc"
@@ -62,13 +64,19 @@ class Renderer:
 
     # ---- files -------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def write(path: Path, text: str) -> None:
-        """Atomically replace ``path`` with ``text``."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+    def write(self, path: Path, text: str) -> None:
+        """Replace ``path`` with ``text`` (atomically unless ``atomic`` is off); unchanged content is not rewritten."""
+        if self._written.get(path) == text:
+            return
+        if self.atomic:
+            tmp = path.with_name(f".{path.name}.tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        else:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        self._written[path] = text
 
     @staticmethod
     def _link(link: Path, target: str) -> None:
@@ -198,12 +206,11 @@ class Renderer:
             for plan in m.thread_plan(p, t):
                 running += plan.state == "R"
                 blocked += plan.state == "D"
-        for c, tracks in enumerate(m.core_tracks):
-            secs = {mode: tracks[mode].integral(t) for mode in CPU_MODES}
-            busy = math.fsum(secs.values())
-            ticks = {mode: int(v * hz) for mode, v in secs.items()}
-            idle = int(max(0.0, t - busy) * hz)
-            row = [ticks["user"], 0, ticks["system"], idle, ticks["iowait"], ticks["irq"], ticks["softirq"], 0, 0, 0]
+        # CPU_MODES order: user, system, iowait, irq, softirq.
+        for c, secs in enumerate(m.core_seconds(m.at(t))):
+            user, system, iowait, irq, softirq = (int(v * hz) for v in secs)
+            idle = int(max(0.0, t - math.fsum(secs)) * hz)
+            row = [user, 0, system, idle, iowait, irq, softirq, 0, 0, 0]
             agg = [a + b for a, b in zip(agg, row, strict=True)]
             lines.append(f"cpu{c} " + " ".join(str(x) for x in row))
         up = t + BOOT_OFFSET_S
@@ -221,8 +228,7 @@ class Renderer:
         m = self.model
         for p in self.sc.processes:
             plans = m.thread_plan(p, t)
-            tracks = m.thread_tracks[p.pid]
-            tticks = [(int(u.integral(t) * USER_HZ), int(s.integral(t) * USER_HZ)) for u, s in tracks]
+            tticks = [(int(u * USER_HZ), int(s * USER_HZ)) for u, s in m.thread_seconds(p.pid, m.at(t))]
             base = self.proc / str(p.pid)
             if threads:
                 for i, (plan, (ut, st)) in enumerate(zip(plans, tticks, strict=True)):

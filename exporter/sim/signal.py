@@ -185,3 +185,27 @@ class Track:
             return 0.0
         n, local, i = self._locate(t)
         return n * self.cum[-1] + self.cum[i] + self.phases[i].integral(local - self.starts[i])
+
+    def integral_at(self, at: At) -> float:
+        """:meth:`integral` at a time already located (one bisection shared by many tracks)."""
+        if at.t <= 0:
+            return 0.0
+        p = self.phases[at.phase]
+        x = at.local - self.starts[at.phase]
+        base = at.loops * self.cum[-1] + self.cum[at.phase]
+        if len(p.xs) == 1:
+            return base + p.vs[0] * min(max(x, 0.0), p.duration)
+        return base + p.integral(x)
+
+
+class At:
+    """A scenario time located on the timeline: loop number, time within the loop, phase index."""
+
+    __slots__ = ("local", "loops", "phase", "t")
+
+    def __init__(self, t: float, ends: Sequence[float]) -> None:
+        length = ends[-1]
+        self.t = t
+        self.loops = math.floor(t / length) if t >= length else 0
+        self.local = t - self.loops * length if t > 0 else 0.0
+        self.phase = min(bisect.bisect_right(ends, self.local), len(ends) - 1)
