@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import re
 import signal
@@ -110,12 +111,36 @@ async def scraper(port: int, stop_at: float, out: Latencies, *, interval: float 
         writer.close()
 
 
+def _probe_child(port: int, seconds: float, interval: float, conn: Any) -> None:
+    out = Latencies()
+    asyncio.run(scraper(port, time.monotonic() + seconds, out, interval=interval))
+    conn.send((out.ok, dict(out.status), dict(out.errors)))
+    conn.close()
+
+
+class Probe:
+    """The "real" scraper, in its own process: the attackers' client work must not inflate its latency."""
+
+    def __init__(self, port: int, seconds: float, interval: float) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.recv, send = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=_probe_child, args=(port, seconds, interval, send), daemon=True)
+        self.proc.start()
+        send.close()
+
+    async def result(self) -> Latencies:
+        ok, status, errors = await asyncio.get_running_loop().run_in_executor(None, self.recv.recv)
+        self.proc.join(5)
+        return Latencies(ok=ok, status=Counter(status), errors=Counter(errors))
+
+
 async def flood(
     port: int, scrapers: int, seconds: float, *, interval: float = 0.0, probe_interval: float = 0.1
 ) -> dict[str, Any]:
     """``scrapers`` scrapers (each every ``interval`` s, 0: back to back) plus one probe every ``probe_interval``."""
     stop_at = time.monotonic() + seconds
-    load, probe = Latencies(), Latencies()
+    load = Latencies()
+    probe_proc = Probe(port, seconds, probe_interval)
 
     async def staggered(i: int) -> None:
         if interval:
@@ -123,8 +148,8 @@ async def flood(
         await scraper(port, stop_at, load, interval=interval)
 
     tasks = [asyncio.create_task(staggered(i)) for i in range(scrapers)]
-    tasks.append(asyncio.create_task(scraper(port, stop_at, probe, interval=probe_interval)))
     await asyncio.gather(*tasks)
+    probe = await probe_proc.result()
     total = sum(load.status.values())
     return {"load": load.summary(), "probe": probe.summary(), "load_rps": round(total / seconds, 1)}
 
@@ -174,9 +199,9 @@ async def hold_connections(
     stats: Counter[str] = Counter()
     tasks = [asyncio.create_task(_hold(port, stop_at, drip, closed, stats)) for _ in range(conns)]
     await asyncio.sleep(min(1.0, seconds / 4))  # let them connect first
-    probe = Latencies()
-    await scraper(port, stop_at, probe, interval=probe_interval)
+    probe_proc = Probe(port, stop_at - time.monotonic(), probe_interval)
     await asyncio.gather(*tasks)
+    probe = await probe_proc.result()
     return {
         "connections": conns, **dict(stats), "probe": probe.summary(),
         "closed_after_s_p50": round(percentile(closed, 50), 2) if closed else None,
