@@ -25,7 +25,7 @@ from exporter.collectors.base import Collector, CollectorContext, NoDataError, O
 from exporter.derived import findings as fnd
 from exporter.derived.gpuview import GpuView, activity_points, gpu_view
 from exporter.derived.hostshape import cpu_shape, io_signals
-from exporter.derived.series import IDLE_LEVEL, Point, bucket_counts
+from exporter.derived.series import IDLE_LEVEL, Point, bucket_counts, gaps
 from exporter.derived.verdict import WAITING_LEAVE, Candidate, Settled, classify, settle
 from exporter.samples.derived import (
     GAP_BUCKETS,
@@ -43,6 +43,9 @@ from exporter.snapshot import Snapshot, Stamped
 
 THREADS_SAMPLER = "proc_threads"
 GPU_SAMPLERS = ("gpu", "gpu_samples", "gpu_slow")
+# When the mean activity of the last third of the window differs from the whole window's by this much,
+# the condition changed inside the window and the recent part is judged alone (fast onset detection).
+ONSET_CHANGE = 0.25
 
 
 @dataclass
@@ -95,6 +98,26 @@ def _overlap_mean(points: Sequence[Point], start: float, end: float) -> float | 
     return tot / w if w > 0 else None
 
 
+def _since(window: Sequence[Stamped[Any]], start: float) -> Sequence[Stamped[Any]]:
+    return tuple(s for s in window if s.t >= start)
+
+
+def _since_keep2(window: Sequence[Stamped[Any]], start: float) -> Sequence[Stamped[Any]]:
+    """Samples since ``start``, but at least the newest two (deep samples may be seconds apart)."""
+    out = _since(window, start)
+    return out if len(out) >= 2 else tuple(window)[-2:]
+
+
+def work_onset(util: Sequence[Point], start: float, now: float) -> float | None:
+    """When work started, if the window opens with an idle stretch of at least 2 s that is also at least
+    twice the longest idle gap after it (so batch gaps of a bursty job are not mistaken for an onset)."""
+    t_on = next((p.t for p in util if p.value >= IDLE_LEVEL), None)
+    if t_on is None or t_on - max(start, util[0].t if util else start) < 2.0 or now - t_on < 1.0:
+        return None
+    longest = max((g.seconds for g in gaps([p for p in util if p.t >= t_on])), default=0.0)
+    return t_on if t_on - start >= 2 * longest else None
+
+
 class Analyzer(Collector):
     """Working vs waiting, the bottleneck verdict and platform findings for every GPU."""
 
@@ -111,6 +134,7 @@ class Analyzer(Collector):
         super().__init__(ctx)
         self.window_s = float(ctx.options.get("window", 15.0))
         self.cpu_window_s = min(self.window_s, 10.0)
+        self.recent_s = max(3.0, self.window_s / 3)
         self.hold_s = float(ctx.options.get("hold", 3.0))
         self.deep_fast = float(ctx.options.get("deep-interval", 0.5))
         self._engine: Any = None
@@ -171,10 +195,26 @@ class Analyzer(Collector):
             view = gpu_view(idx, fast, buffered, slow)
             util_pts, shape_pts = activity_points(fast, buffered, idx, view.gpm)
             st.gaps.feed(shape_pts)
-            shape = cpu_shape(procs, deep, cpus, view.pids)
+            judged, span = view, win
+            onset = work_onset(util_pts, now - win, now)
+            recent = _overlap_mean(util_pts, now - self.recent_s, now)
+            if onset is not None:
+                # Work started inside the window after a long idle stretch: judge only since it started,
+                # so a half-idle, half-busy window is not mistaken for a GPU that waits.
+                span = max(1.0, now - onset)
+                judged = self._recent_view(idx, fast, buffered, slow, now=now, span=span)
+            elif recent is not None and view.util is not None and abs(recent - view.util) >= ONSET_CHANGE:
+                # The activity changed within the window (work stopped or collapsed): judge the recent part.
+                span = self.recent_s
+                judged = self._recent_view(idx, fast, buffered, slow, now=now, span=span)
+            shape = cpu_shape(
+                procs if span == win else _since(procs, now - span),
+                deep if span == win else _since_keep2(deep, now - span),
+                cpus if span == win else _since(cpus, now - span), view.pids)
             capacity, link_name = self._capacity(view, pcie)
             prev = st.settled.cause if st.settled else None
-            cand = classify(view, shape, io, capacity=capacity, link_name=link_name, window_s=win, previous=prev)
+            cand = classify(judged, shape, io, capacity=capacity, link_name=link_name, window_s=span,
+                            previous=prev)
             st.settled = settle(st.settled, cand.cause, now, self.hold_s)
             st.verdict = self._verdict(view, cand, st)
             verdicts[idx] = st.verdict
@@ -208,6 +248,13 @@ class Analyzer(Collector):
             t=now, gpus=MappingProxyType(verdicts), findings=tuple(found),
             activity=MappingProxyType(activity), window_s=win,
         )
+
+    def _recent_view(
+        self, idx: int, fast: Sequence[Stamped[GpuSample]], buffered: Sequence[Stamped[GpuSample]],
+        slow: Sequence[Stamped[GpuSample]], *, now: float, span: float,
+    ) -> GpuView:
+        start = now - span
+        return gpu_view(idx, _since(fast, start), _since(buffered, start - 1.0), slow)
 
     def _capacity(self, view: GpuView, pcie: Sequence[Stamped[PcieSample]]) -> tuple[float | None, str]:
         """Achievable bytes/s of the GPU's *current* link (NVML first, sysfs otherwise) and its name."""
