@@ -58,7 +58,7 @@ def test_every_panel_has_a_unique_id_a_query_on_the_datasource_variable_and_fits
         cells: set[tuple[int, int]] = set()
         for p in d["panels"]:
             g = p["gridPos"]
-            assert 0 <= g["x"] and g["x"] + g["w"] <= 24, (f.name, p["title"])
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24, (f.name, p["title"])
             mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
             assert not cells & mine, f"{f.name}: panel {p['title']!r} overlaps another"
             cells |= mine
