@@ -82,7 +82,8 @@ def gpu_windows(
                 smsec[g.index] += (g.sm or g.util)(t - dt) * dt
                 rxt[g.index] += g.rx(t - dt) * dt
                 txt[g.index] += g.tx(t - dt) * dt
-            sm = g.sm(t) if (g.sm and g.gpm) else None
+            # GPM metrics average the interval that ends at the sample, like the collector's pairs.
+            sm = g.sm(max(t0, t - dt)) if (g.sm and g.gpm) else None
             per[g.index] = GpuFast(
                 sm_active=sm, sm_occupancy=None, tensor_active=None, dram_active=None,
                 pcie_tx_bytes_per_s=g.tx(t), pcie_rx_bytes_per_s=g.rx(t),

@@ -1,0 +1,136 @@
+"""The Analyzer's glue: counters exact at any evaluation interval, gaps counted once, adaptive depth, exposition."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from exporter.analysis import Analyzer
+from exporter.collectors.base import CollectorContext
+from exporter.samples.derived import DerivedState
+from exporter.snapshot import Snapshot, Stamped
+from tests.derived.builders import GpuSpec, ThreadSpec, const, cpu_window, gpu_windows, proc_window, square
+
+
+@dataclass
+class _Clock:
+    t: float = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+@dataclass
+class _Sampler:
+    interval: float
+
+
+@dataclass
+class FakeEngine:
+    """Just the read side the Analyzer uses, over precomputed sample streams revealed as time passes."""
+
+    streams: dict[str, list[Stamped[Any]]]
+    clock: _Clock = field(default_factory=_Clock)
+    samplers: dict[str, _Sampler] = field(default_factory=lambda: {"proc_threads": _Sampler(5.0)})
+    changes: list[tuple[str, float]] = field(default_factory=list)
+
+    def history(self, name: str) -> Sequence[Stamped[Any]]:
+        return tuple(s for s in self.streams.get(name, ()) if s.t <= self.clock.t)
+
+    def window(self, name: str, seconds: float, now: float | None = None) -> Sequence[Stamped[Any]]:
+        now = self.clock.t if now is None else now
+        return tuple(s for s in self.history(name) if s.t >= now - seconds)
+
+    @property
+    def snapshot(self) -> Snapshot:
+        latest = {n: h[-1] for n in self.streams if (h := self.history(n))}
+        return Snapshot(version=1, t=self.clock.t, latest=MappingProxyType(latest))
+
+    def set_interval(self, name: str, interval: float) -> None:
+        self.samplers[name].interval = interval
+        self.changes.append((name, interval))
+
+
+def make(gpu: GpuSpec, threads: Sequence[ThreadSpec], t1: float) -> tuple[Analyzer, FakeEngine]:
+    fast, buf, slow = gpu_windows([gpu], 0.0, t1)
+    procs = proc_window(gpu.pids[0], threads, 0.0, t1, cpus_allowed=frozenset(range(16)), total_threads=8)
+    eng = FakeEngine({"gpu": fast, "gpu_samples": buf, "gpu_slow": slow, "proc": procs, "proc_threads": procs,
+                      "cpu": cpu_window(16, {0: (0.56, 0.43)}, 0.0, t1)})
+    ctx = CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent"), shared={"engine": eng})
+    return Analyzer(ctx), eng
+
+
+def run(an: Analyzer, eng: FakeEngine, times: Sequence[float]) -> DerivedState:
+    out = None
+    for t in times:
+        eng.clock.t = t
+        out = an.update()
+    assert out is not None
+    return out
+
+
+def test_state_seconds_add_up_to_elapsed_time_at_irregular_evaluation_intervals() -> None:
+    an, eng = make(GpuSpec(util=const(0.42), sm=const(0.11)), [ThreadSpec(1, 0.56, 0.43, "R")], 40.0)
+    times = [1.0, 2.5, 3.0, 7.25, 9.0, 9.1, 15.0, 22.7, 30.0, 40.0]
+    st = run(an, eng, times)
+    a = st.activity[0]
+    total = sum(a.state_seconds.values())
+    assert total == pytest.approx(times[-1] - times[0], abs=1e-9)
+    assert a.state_seconds["working"] == pytest.approx(0.42 * total, rel=0.03)
+    assert sum(a.waiting_seconds.values()) == pytest.approx(a.state_seconds["waiting"], abs=1e-9)
+    assert a.waiting_seconds["launch_bound"] > 0.5 * a.state_seconds["waiting"]
+    assert st.gpus[0].cause == "launch_bound"
+
+
+def test_idle_gpu_time_is_idle_not_waiting() -> None:
+    an, eng = make(GpuSpec(util=const(0.0)), [ThreadSpec(1, 0.01, 0.0)], 20.0)
+    a = run(an, eng, [float(t) for t in range(1, 21)]).activity[0]
+    assert a.state_seconds["idle"] == pytest.approx(19.0)
+    assert a.state_seconds["waiting"] == 0.0
+
+
+def test_each_idle_gap_is_counted_once_across_overlapping_windows() -> None:
+    # 3 s period, busy 18%: an idle gap of 2.46 s per period; 30 s -> 10 periods, 9 gaps bounded both sides.
+    an, eng = make(GpuSpec(util=square(0.95, 0.0, 3.0, 0.18), sm=square(0.8, 0.0, 3.0, 0.18)),
+                   [ThreadSpec(8, 0.05, 0.06, "D")], 30.0)
+    a = run(an, eng, [float(t) for t in range(1, 31)]).activity[0]
+    assert sum(a.gap_buckets) == 9
+    assert a.gap_buckets[4] == 9  # all in the (1 s, 2.5 s] bucket
+    assert a.gap_seconds_sum == pytest.approx(9 * 2.46, abs=9 * 0.1)  # one 100 ms sample of quantisation per gap
+    assert a.periodic_gaps
+
+
+def test_waiting_gpu_speeds_up_per_thread_sampling_and_a_working_one_restores_it() -> None:
+    an, eng = make(GpuSpec(util=lambda t: 0.95 if t < 20 else 0.4, sm=const(0.7)),
+                   [ThreadSpec(1, 0.56, 0.43, "R")], 50.0)
+    run(an, eng, [float(t) for t in range(1, 20)])
+    assert eng.changes == []
+    run(an, eng, [float(t) for t in range(20, 30)])
+    assert eng.changes[-1] == ("proc_threads", 0.5)
+
+
+def test_exposition_is_one_hot_with_cumulative_gap_buckets() -> None:
+    an, eng = make(GpuSpec(util=square(0.95, 0.0, 3.0, 0.18), sm=square(0.8, 0.0, 3.0, 0.18)),
+                   [ThreadSpec(1, 0.1, 0.02)], 30.0)
+    st = run(an, eng, [float(t) for t in range(1, 31)])
+    snap = Snapshot(version=1, t=30.0, latest=MappingProxyType({"derived": Stamped(30.0, st)}))
+    fams = {m.name: m for m in an.metrics(snap)}
+    one_hot = [s for s in fams["gpufeed_gpu_bottleneck"].samples if s.labels["gpu"] == "0"]
+    assert sum(s.value for s in one_hot) == 1.0 and len(one_hot) == 9
+    buckets = [s.value for s in fams["gpufeed_gpu_idle_gap_seconds"].samples if s.name.endswith("_bucket")]
+    assert buckets == sorted(buckets) and buckets[-1] == 9
+    states = {s.labels["state"]: s.value for s in fams["gpufeed_gpu_state_seconds"].samples}
+    assert sum(states.values()) == pytest.approx(29.0)
+
+
+def test_without_the_engine_wired_the_analyzer_reports_no_data() -> None:
+    from exporter.collectors.base import NoDataError
+
+    an = Analyzer(CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent")))
+    with pytest.raises(NoDataError):
+        an.update()
