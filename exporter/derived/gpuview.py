@@ -5,6 +5,7 @@ Built from the three GPU samplers (``gpu`` fast, ``gpu_samples`` buffered, ``gpu
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ class GpuView:
     idle_reason_share: float | None  # share of slow samples with the gpu_idle reason
     rx_bytes_per_s: float | None
     tx_bytes_per_s: float | None
+    rx_peak_bytes_per_s: float | None  # 90th percentile of per-sample rates: copies in bursts
+    tx_peak_bytes_per_s: float | None
     link_gen: int | None
     link_width: int | None
     max_link_gen: int | None
@@ -85,6 +88,18 @@ def _rate(points: list[tuple[float, GpuFast]], total: str, gauge: str) -> float 
         return max(0.0, (vals[-1][1] - vals[0][1]) / (vals[-1][0] - vals[0][0]))
     rates = [float(getattr(g, gauge)) for _, g in points if getattr(g, gauge) is not None]
     return sum(rates) / len(rates) if rates else None
+
+
+def _peak(points: list[tuple[float, GpuFast]], total: str, gauge: str) -> float | None:
+    """90th percentile of the per-interval rates of a byte counter (or of the rate gauge)."""
+    vals = [(t, float(getattr(g, total))) for t, g in points if getattr(g, total) is not None]
+    rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(vals) if b[0] > a[0] and b[1] >= a[1]]
+    if not rates:
+        rates = [float(getattr(g, gauge)) for _, g in points if getattr(g, gauge) is not None]
+    if not rates:
+        return None
+    rates.sort()
+    return rates[min(len(rates) - 1, int(0.9 * len(rates)))]
 
 
 def gpu_view(
@@ -146,6 +161,8 @@ def gpu_view(
         idle_reason_share=idle_share,
         rx_bytes_per_s=_rate(f, "pcie_rx_bytes_total", "pcie_rx_bytes_per_s"),
         tx_bytes_per_s=_rate(f, "pcie_tx_bytes_total", "pcie_tx_bytes_per_s"),
+        rx_peak_bytes_per_s=_peak(f, "pcie_rx_bytes_total", "pcie_rx_bytes_per_s"),
+        tx_peak_bytes_per_s=_peak(f, "pcie_tx_bytes_total", "pcie_tx_bytes_per_s"),
         link_gen=latest.link_gen if latest else None,
         link_width=latest.link_width if latest else None,
         max_link_gen=latest.max_link_gen if latest else None,

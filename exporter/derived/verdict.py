@@ -28,6 +28,7 @@ THROTTLED_CLOCK = 0.85  # SM clock below 85% of max with power/thermal reasons -
 INEFFICIENT_SM = 0.5  # GPM SM activity below half the kernel-resident time -> inefficient
 LAUNCH_CORE = 0.85  # the hot thread at >= 0.85 core is saturated (it cannot go faster)
 TRANSFER_LINK = 0.6  # PCIe at >= 60% of the current link's achievable capacity while waiting
+TRANSFER_PEAK = 0.85  # ... or bursts of copies at >= 85% of it (90th percentile of 100 ms rates)
 IO_SCORE = 3
 
 WAITING_CAUSES_SET = frozenset(WAITING_CAUSES)
@@ -75,6 +76,13 @@ def link_utilisation(view: GpuView, capacity: float | None) -> tuple[float | Non
     return (rx / capacity, "RX (host to device)") if rx >= tx else (tx / capacity, "TX (device to host)")
 
 
+def link_peak(view: GpuView, capacity: float | None) -> float | None:
+    """Busiest direction's 90th-percentile rate as a share of the current link's capacity."""
+    if not capacity or capacity <= 0:
+        return None
+    return max(view.rx_peak_bytes_per_s or 0.0, view.tx_peak_bytes_per_s or 0.0) / capacity
+
+
 def io_score(shape: CpuShape, io: IoSignals) -> tuple[int, list[str]]:
     """Storage / network-FS stall evidence: points and the sentences that earned them."""
     score = 0
@@ -111,6 +119,7 @@ def _cpu_verdict(shape: CpuShape) -> tuple[str | None, float, list[str]]:
     allowed = max(1, shape.allowed_cpus)
     used = shape.process_cores if shape.process_cores is not None else shape.allowed_busy_cores
     saturated_allowed = used is not None and used >= SATURATED_CORE * allowed
+    busy_allowed_share = None if shape.allowed_busy_cores is None else shape.allowed_busy_cores / allowed
     busy_str = ""
     if shape.allowed_busy_cores is not None:
         busy_str = f"{shape.allowed_busy_cores:.1f} of {allowed} allowed CPUs busy"
@@ -132,6 +141,11 @@ def _cpu_verdict(shape: CpuShape) -> tuple[str | None, float, list[str]]:
             if hot.system_share < 0.1:
                 why.append("little system time: pure-Python overhead between launches")
             return "launch_bound", 0.9, why
+        if busy_allowed_share is not None and busy_allowed_share >= 0.8 and not saturated_allowed:
+            # The GPU process's allowed CPUs are full, but not with its own threads: data-loader worker
+            # *processes* (PyTorch DataLoader forks them) or other jobs on the same CPUs.
+            return "input_bound", 0.6, [f"{busy_str}, mostly not the GPU process's own threads (data-loader "
+                                        "worker processes or other jobs on the same CPUs)"]
         if saturated_allowed and used is not None:
             share = hot.cores / used if used > 0 else 0.0
             why = [f"the process uses {used:.2f} cores of its {allowed} allowed CPUs (saturated)"]
@@ -150,6 +164,9 @@ def _cpu_verdict(shape: CpuShape) -> tuple[str | None, float, list[str]]:
     if shape.allowed_saturated >= 1 and 0.85 <= used < 1.5:
         return "launch_bound", 0.55, [f"one allowed CPU saturated, process at {used:.2f} cores "
                                       "(per-thread detail not sampled yet)"]
+    if busy_allowed_share is not None and busy_allowed_share >= 0.8:
+        return "input_bound", 0.55, [f"{busy_str}: the GPU process's CPUs are full (per-thread detail not "
+                                     "sampled yet)"]
     return None, 0.0, []
 
 
@@ -179,10 +196,16 @@ def classify(
     score, io_why = io_score(shape, io)
     cpu_cause, cpu_conf, cpu_why = _cpu_verdict(shape)
     # The best-supported waiting cause, used for the waiting-seconds counter whatever the verdict.
+    peak = link_peak(view, capacity)
     if link_util is not None and link_util >= TRANSFER_LINK:
         wcause, wconf = "transfer_bound", min(0.95, 0.6 + (link_util - TRANSFER_LINK))
         wwhy = [f"PCIe {direction} {_rate(link_util * (capacity or 0))} = {_pct(link_util)} of the current "
                 f"{link_name} link's achievable {_rate(capacity or 0)}"]
+    elif peak is not None and peak >= TRANSFER_PEAK and score < IO_SCORE:
+        # Copies in bursts: the link is saturated while they run, the GPU waits for them.
+        wcause, wconf = "transfer_bound", 0.7
+        wwhy = [f"PCIe copies burst to {_pct(peak)} of the current {link_name} link's achievable "
+                f"{_rate(capacity or 0)} (average {_pct(link_util or 0)})"]
     elif score >= IO_SCORE:
         wcause, wconf, wwhy = "io_bound", min(0.95, 0.5 + 0.1 * score), io_why
     elif cpu_cause is not None:

@@ -184,3 +184,26 @@ def test_a_flapping_candidate_never_replaces_the_verdict() -> None:
     for t in range(1, 20):
         s = settle(s, "launch_bound" if t % 2 else "healthy", float(t), 3.0)
     assert s.cause == "healthy"
+
+
+def test_copies_bursting_to_the_links_capacity_while_the_gpu_waits_are_transfer_bound() -> None:
+    # Gen3 x16 carries ~13 GB/s; copies at 12.5 GB/s half the time average only 48% of it.
+    c = judge(GpuSpec(util=square(0.0, 0.9, 2.0, 0.5), gpm=False, rx=square(12.5e9, 0.0, 2.0, 0.5), link=(3, 16),
+                      max_link=(3, 16)),
+              [ThreadSpec(1, 0.2, 0.1)])
+    assert c.cause == "transfer_bound"
+    assert any("burst" in e for e in c.evidence)
+
+
+def test_allowed_cpus_full_of_other_processes_is_input_bound() -> None:
+    # PyTorch DataLoader workers are separate processes: the GPU process's own threads are quiet, but every
+    # CPU it may run on is busy.
+    fast, buf, slow = gpu_windows([GpuSpec(util=square(0.95, 0.0, 1.5, 0.3), sm=square(0.8, 0.0, 1.5, 0.3))],
+                                  0.0, W)
+    procs = proc_window(4242, [ThreadSpec(1, 0.3, 0.05)], 5.0, W, cpus_allowed=frozenset(range(8)))
+    cpus = cpu_window(32, {c: (0.9, 0.05) for c in range(8)}, 5.0, W)
+    view = gpu_view(0, fast, buf, slow)
+    shape = cpu_shape(procs, procs, cpus, view.pids)
+    c = classify(view, shape, io_signals([], [], []), capacity=5e10, link_name="Gen5 x16", window_s=W)
+    assert c.cause == "input_bound"
+    assert any("7.6 of 8 allowed CPUs busy" in e for e in c.evidence)
