@@ -1,0 +1,40 @@
+# syntax=docker/dockerfile:1
+# gpufeed container image: build stage installs the package into a venv; the final stage is
+# python:slim plus that venv, non-root, no compilers, no pip. See docs/deployment.md#docker for the
+# flags it needs at run time (--pid=host, /proc and /sys mounts, --gpus).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+RUN python -m venv /opt/gpufeed
+COPY pyproject.toml README.md ./
+COPY exporter ./exporter
+# Wheels only: a dependency that would need a compiler fails here instead of dragging one in.
+RUN /opt/gpufeed/bin/pip install --only-binary=:all: --no-compile . \
+    && /opt/gpufeed/bin/pip uninstall --yes pip setuptools \
+    && /opt/gpufeed/bin/gpufeed --version
+
+FROM ${PYTHON_IMAGE}
+# libudev1: pyudev's PCIe hotplug events (the daemon falls back to polling without it).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends libudev1 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 gpufeed \
+    && useradd --system --uid 10001 --gid gpufeed --groups video --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin gpufeed
+COPY --from=build /opt/gpufeed /opt/gpufeed
+ENV PATH=/opt/gpufeed/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=utility \
+    GPUFEED_HEALTHZ_URL=http://127.0.0.1:9842/healthz
+USER 10001:10001
+EXPOSE 9842
+# Python, not curl: the image has no curl. Override GPUFEED_HEALTHZ_URL with --web.listen-address.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
+    CMD ["python", "-c", "import os, sys, urllib.request; r = urllib.request.urlopen(os.environ['GPUFEED_HEALTHZ_URL'], timeout=3); sys.exit(0 if r.status == 200 else 1)"]
+ENTRYPOINT ["gpufeed", "serve"]
+CMD ["--path.procfs=/host/proc", "--path.sysfs=/host/sys"]
