@@ -26,6 +26,7 @@ WAITING_LEAVE = 0.15  # hysteresis band: stay waiting until the share falls belo
 MODERATE_WAITING = 0.05  # TensorBoard: 5-20% = moderately bound
 THROTTLED_CLOCK = 0.85  # SM clock below 85% of max with power/thermal reasons -> throttled
 INEFFICIENT_SM = 0.5  # GPM SM activity below half the kernel-resident time -> inefficient
+SM_PLAUSIBLE = 0.02
 LAUNCH_CORE = 0.85  # the hot thread at >= 0.85 core is saturated (it cannot go faster)
 TRANSFER_LINK = 0.6  # PCIe at >= 60% of the current link's achievable capacity while waiting
 TRANSFER_PEAK = 0.85  # ... or bursts of copies at >= 85% of it (90th percentile of 100 ms rates)
@@ -234,7 +235,9 @@ def classify(
             f"GPU {view.index} busy ({activity}) but SM clock at {_pct(view.clock_ratio)} of max",
             f"clock-event reasons: {reasons}",
         ))
-    if sm is not None and util > 0 and sm / util < INEFFICIENT_SM:
+    # SM activity of (almost) exactly zero while kernels are resident is not a measurement (GPM metric
+    # unsupported or not yet paired): never call a GPU inefficient on it.
+    if sm is not None and sm >= SM_PLAUSIBLE and util > 0 and sm / util < INEFFICIENT_SM:
         return Candidate("gpu_inefficient", 0.85, waiting, wcause, (
             f"GPU {view.index} kernels resident {_pct(util)} of {window} but SM active only {_pct(sm)}",
             "the GPU is busy doing a poor job, not waiting: look at kernel efficiency, precision, batch size",

@@ -207,3 +207,8 @@ def test_allowed_cpus_full_of_other_processes_is_input_bound() -> None:
     c = classify(view, shape, io_signals([], [], []), capacity=5e10, link_name="Gen5 x16", window_s=W)
     assert c.cause == "input_bound"
     assert any("7.6 of 8 allowed CPUs busy" in e for e in c.evidence)
+
+
+def test_zero_sm_activity_on_a_busy_gpu_is_no_evidence_of_inefficiency() -> None:
+    c = judge(GpuSpec(util=const(0.97), sm=const(0.0)), [ThreadSpec(1, 0.5, 0.05, "R")])
+    assert c.cause == "healthy"
