@@ -238,6 +238,12 @@ def classify(
     # SM activity of (almost) exactly zero while kernels are resident is not a measurement (GPM metric
     # unsupported or not yet paired): never call a GPU inefficient on it.
     if sm is not None and sm >= SM_PLAUSIBLE and util > 0 and sm / util < INEFFICIENT_SM:
+        if cpu_cause == "launch_bound":
+            # Kernels resident most of the time but tiny (SMs mostly empty) while the launch thread is
+            # saturated: the GPU runs launch-overhead-sized kernels as fast as the CPU can submit them.
+            return Candidate("launch_bound", round(min(cpu_conf, 0.8), 2), waiting, "launch_bound", (
+                f"GPU {view.index} kernels resident {_pct(util)} of {window} but SM active only {_pct(sm)}: "
+                "many tiny kernels", *cpu_why))
         return Candidate("gpu_inefficient", 0.85, waiting, wcause, (
             f"GPU {view.index} kernels resident {_pct(util)} of {window} but SM active only {_pct(sm)}",
             "the GPU is busy doing a poor job, not waiting: look at kernel efficiency, precision, batch size",

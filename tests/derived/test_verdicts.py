@@ -212,3 +212,10 @@ def test_allowed_cpus_full_of_other_processes_is_input_bound() -> None:
 def test_zero_sm_activity_on_a_busy_gpu_is_no_evidence_of_inefficiency() -> None:
     c = judge(GpuSpec(util=const(0.97), sm=const(0.0)), [ThreadSpec(1, 0.5, 0.05, "R")])
     assert c.cause == "healthy"
+
+
+def test_tiny_kernels_behind_a_saturated_launch_thread_are_launch_bound_not_inefficient() -> None:
+    # 85% kernel-resident (under the 20% waiting threshold) but SMs mostly empty, one thread at a full core.
+    c = judge(GpuSpec(util=const(0.85), sm=const(0.2)), [ThreadSpec(1, 0.6, 0.39, "R")])
+    assert c.cause == "launch_bound"
+    assert "many tiny kernels" in c.evidence[0]
