@@ -103,3 +103,12 @@ def test_timeline_human_output_lists_evaluations(capsys: pytest.CaptureFixture[s
 def test_eight_gpus_two_minutes_plays_through() -> None:
     doc = _report(OWN / "eight_gpus.yaml")
     assert [g["index"] for g in doc["phases"][0]["gpus"]] == list(range(8))
+
+
+def test_lost_gpu_reports_gpu_lost_and_the_other_gpu_keeps_its_verdict() -> None:
+    res = play(load(OWN / "lost_gpu.yaml"))
+    if not res.classifier:
+        pytest.skip("classifier not in this build")
+    assert check(res) == []
+    lost = res.phases[1].state
+    assert lost is not None and 1 not in lost.gpus and lost.gpus[0].cause == "healthy"

@@ -118,3 +118,26 @@ def test_serve_simulate_with_an_invalid_scenario_exits_2(tmp_path: Path) -> None
                         "--web.listen-address", "127.0.0.1:0"], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2
     assert f"{bad}: phases: at least one phase is required" in r.stderr
+
+
+def test_renderer_child_exits_and_cleans_up_when_the_daemon_is_killed(tmp_path: Path) -> None:
+    log = tmp_path / "daemon.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--simulate", str(RISER), "--web.listen-address", "127.0.0.1:0"],
+        stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True,
+    )
+    try:
+        _wait_port(proc, log, time.monotonic() + 60)
+        kids = _children(proc.pid)
+        assert len(kids) == 1
+        m = re.search(r"event=simulation_started .*root=(\S+)", log.read_text())
+        assert m and os.path.isdir(m.group(1))
+    finally:
+        proc.kill()  # no cleanup code runs in the daemon
+        proc.wait()
+    for _ in range(50):
+        if not Path(f"/proc/{kids[0]}").exists():
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{kids[0]}").exists(), "renderer child outlived a killed daemon"
+    assert not os.path.exists(m.group(1)), "the child did not remove the simulation directory"
