@@ -325,6 +325,11 @@ class Engine:
             if s.next_due < now:
                 missed = math.ceil((now - s.next_due) / s.interval)
                 s.next_due += missed * s.interval
+                # _record counted the ticks the run itself overran; ticks lost because the run started late
+                # (a busy event loop, a full worker pool) are missed samples too and must be visible.
+                late = missed - int(s.duration // s.interval)
+                if late > 0:
+                    s.overruns += late
 
     async def _supervise(self, s: Sampler) -> None:
         """Restart a crashed sampler loop with exponential backoff (a bug must not kill sampling)."""
