@@ -131,8 +131,10 @@ class Stack:
     logs: list[Path] = field(default_factory=list)
 
     def webhook_alerts(self) -> list[dict[str, str]]:
+        """Labels of every firing alert received, with the annotations under "annotations:<name>"."""
         with self.lock:
-            return [a["labels"] for msg in self.received for a in msg["alerts"] if a["status"] == "firing"]
+            return [{**a["labels"], **{f"annotations:{k}": v for k, v in a["annotations"].items()}}
+                    for msg in self.received for a in msg["alerts"] if a["status"] == "firing"]
 
     def query(self, expr: str) -> dict[str, Any]:
         url = f"{self.prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -277,11 +279,17 @@ def test_riser_scenario_pages_pcie_link_downgraded_through_alertmanager(stack: S
     assert alert["instance"] == stack.instances["riser"]
     # The riser (0000:81:00.0) or the GPU's own link below it (0000:82:00.0): both run at Gen3 x8.
     assert alert["bdf"] in ("0000:81:00.0", "0000:82:00.0")
+    # The evidence templates found the exporter's link series: Gen3 x8 (8 GT/s) under a Gen4 x16 maximum.
+    assert "runs at 8GT/s x8 instead of 16GT/s x16" in alert["annotations:description"]
+    assert alert["annotations:runbook_url"].endswith("#gpufeedpcielinkdowngraded")
 
 
 def test_numa_scenario_pages_numa_mismatch_through_alertmanager(stack: Stack) -> None:
     alert = _wait_for_page(stack, "GpufeedNUMAMismatch", "numa")
     assert alert["gpu"] == "0" and alert["instance"] == stack.instances["numa"]
+    # The GPU hangs off node 0; the process 27431 is pinned to node 1.
+    assert "NUMA node 0," in alert["annotations:description"]
+    assert "python[27431]" in alert["annotations:description"], alert["annotations:description"]
 
 
 def _alerts_fired(stack: Stack, scenario: str) -> set[tuple[str, ...]]:
@@ -325,6 +333,8 @@ def _dashboard_queries() -> Iterator[tuple[str, str, str]]:
             m = re.fullmatch(r"label_values\((.*),\s*\w+\)", v.get("definition", ""))
             if m:
                 yield f.name, f"variable {v['name']}", m.group(1)
+        for a in d["annotations"]["list"]:
+            yield f.name, f"annotation {a['name']}", a["expr"]
         for p in d["panels"]:
             for t in p.get("targets", []):
                 yield f.name, p["title"], t["expr"]
