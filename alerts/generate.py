@@ -218,22 +218,28 @@ def starved_alerts(cfg: dict[str, Any]) -> list[Rule]:
     c = cfg["gpu_starved"]
     w = c["window"]
     verdict = evidence("gpufeed_gpu_bottleneck{instance=%q,gpu=%q} == 1", IG,
-                       "{{ . | first | label `cause` }}")
+                       " Current verdict: {{ . | first | label `cause` }}")
     confidence = evidence("gpufeed_gpu_bottleneck_confidence{instance=%q,gpu=%q}", IG,
-                          "{{ . | first | value | humanizePercentage }}")
-    return [alert(
-        cfg, "GpufeedGPUStarved", "gpu_starved",
-        f"""
-  rate(gpufeed_gpu_waiting_seconds_total[{w}])
+                          " (confidence {{ . | first | value | humanizePercentage }})")
+    description = (
+        "GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last "
+        f"{w} waiting on {{{{ $labels.cause }}}} (threshold {_pct(c['min_waiting_ratio'])})." + verdict + confidence
+    )
+    rules = []
+    for selector, severity in (('cause!="latency_bound"', c["severity"]),
+                               ('cause="latency_bound"', c["latency_bound_severity"])):
+        rules.append(alert(
+            cfg, "GpufeedGPUStarved", "gpu_starved",
+            f"""
+  rate(gpufeed_gpu_waiting_seconds_total{{{selector}}}[{w}])
 / ignoring (cause) group_left
   sum without (state) (rate(gpufeed_gpu_state_seconds_total[{w}]))
 > {_num(c["min_waiting_ratio"])}
 """,
-        "GPU {{ $labels.gpu }} on {{ $labels.instance }} starved: waiting on {{ $labels.cause }}",
-        "GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last "
-        f"{w} waiting on {{{{ $labels.cause }}}} (threshold {_pct(c['min_waiting_ratio'])}). Current verdict: "
-        + verdict + " (confidence " + confidence + ").",
-    )]
+            "GPU {{ $labels.gpu }} on {{ $labels.instance }} starved: waiting on {{ $labels.cause }}",
+            description, severity=severity,
+        ))
+    return rules
 
 
 def gpu_alerts(cfg: dict[str, Any]) -> list[Rule]:
