@@ -23,7 +23,7 @@ from prometheus_client.core import (
 from exporter import linkmath
 from exporter.collectors.base import Collector, CollectorContext, NoDataError, Option, SamplerSpec, TargetPids
 from exporter.derived import findings as fnd
-from exporter.derived.gpuview import GpuView, activity_points, gpu_view
+from exporter.derived.gpuview import GpuView, gpu_view
 from exporter.derived.hostshape import cpu_shape, io_signals
 from exporter.derived.series import IDLE_LEVEL, Point, bucket_counts, gaps
 from exporter.derived.verdict import WAITING_LEAVE, Candidate, Settled, classify, settle
@@ -193,8 +193,8 @@ class Analyzer(Collector):
                 activity[idx] = self._activity(st, None, {})
                 continue
             view = gpu_view(idx, fast, buffered, slow)
-            util_pts, shape_pts = activity_points(fast, buffered, idx, view.gpm)
-            st.gaps.feed(shape_pts)
+            util_pts = view.util_points
+            st.gaps.feed(view.shape_points)
             judged, span = view, win
             onset = work_onset(util_pts, now - win, now)
             recent = _overlap_mean(util_pts, now - self.recent_s, now)

@@ -46,6 +46,8 @@ class GpuView:
     pids: tuple[int, ...]
     replays: int  # PCIe replay counter increase over the window
     lost: bool
+    util_points: tuple[Point, ...] = ()  # engine time: what util and the state counters are computed from
+    shape_points: tuple[Point, ...] = ()  # what burstiness and idle gaps are computed from
 
 
 def _fast(window: Sequence[Stamped[GpuSample]], index: int) -> list[tuple[float, GpuFast]]:
@@ -65,37 +67,61 @@ def activity_points(
     buffered utilisation samples. Burstiness: GPM SM activity with GPM, else the driver's utilisation
     samples themselves (finer than our 1 s reads, in driver time).
     """
+    return _activity(_fast(fast, index), _buffered(buffered, index), gpm)
+
+
+def _buffered(window: Sequence[Stamped[GpuSample]], index: int) -> list[tuple[float, GpuBuffered]]:
+    return [(s.t, g) for s in window if isinstance(g := s.value.gpus.get(index), GpuBuffered)]
+
+
+def _activity(
+    f: list[tuple[float, GpuFast]], b: list[tuple[float, GpuBuffered]], gpm: bool,
+) -> tuple[tuple[Point, ...], tuple[Point, ...]]:
     util: tuple[Point, ...] = ()
     if gpm:
-        util = series.counter_points(fast, index, "busy_seconds")
+        util = series.counter_points_of([(t, g.busy_seconds) for t, g in f if g.busy_seconds is not None])
     if not util:
-        util = series.counter_points(buffered, index, "busy_seconds", GpuBuffered)
+        util = series.counter_points_of([(t, g.busy_seconds) for t, g in b if g.busy_seconds is not None])
+    driver: tuple[Point, ...] | None = None
     if not util:
-        util = series.buffered_points(buffered, index)
+        driver = _driver_points(b)
+        util = driver
     if not util:
-        util = series.counter_points(fast, index, "sm_active_seconds")
+        util = series.counter_points_of(
+            [(t, g.sm_active_seconds) for t, g in f if g.sm_active_seconds is not None])
     shape: tuple[Point, ...] = ()
     if gpm:
-        shape = series.gauge_points(fast, index, "sm_active") or series.counter_points(fast, index, "sm_active_seconds")
+        shape = series.gauge_points_of([(t, g.sm_active) for t, g in f if g.sm_active is not None])
+        if not shape:
+            shape = series.counter_points_of(
+                [(t, g.sm_active_seconds) for t, g in f if g.sm_active_seconds is not None])
     if not shape:
-        shape = series.buffered_points(buffered, index) or util
+        shape = (driver if driver is not None else _driver_points(b)) or util
     return util, shape
 
 
-def _rate(points: list[tuple[float, GpuFast]], total: str, gauge: str) -> float | None:
-    vals = [(t, float(getattr(g, total))) for t, g in points if getattr(g, total) is not None]
-    if len(vals) >= 2 and vals[-1][0] > vals[0][0]:
-        return max(0.0, (vals[-1][1] - vals[0][1]) / (vals[-1][0] - vals[0][0]))
-    rates = [float(getattr(g, gauge)) for _, g in points if getattr(g, gauge) is not None]
-    return sum(rates) / len(rates) if rates else None
+def _driver_points(b: list[tuple[float, GpuBuffered]]) -> tuple[Point, ...]:
+    """The driver's utilisation samples (driver time), duplicates dropped."""
+    pts: dict[float, float] = {}
+    for _, g in b:
+        for p in g.gpu_util:
+            pts[p.t] = p.value
+    ts = sorted(pts)
+    return series.gauge_points_of([(t, pts[t]) for t in ts])
 
 
-def _peak(points: list[tuple[float, GpuFast]], total: str, gauge: str) -> float | None:
+def _rate(totals: list[tuple[float, int]], gauges: list[float]) -> float | None:
+    """Mean rate of a byte counter over the window (or the mean of the rate gauge without counters)."""
+    if len(totals) >= 2 and totals[-1][0] > totals[0][0]:
+        return max(0.0, (totals[-1][1] - totals[0][1]) / (totals[-1][0] - totals[0][0]))
+    return sum(gauges) / len(gauges) if gauges else None
+
+
+def _peak(totals: list[tuple[float, int]], gauges: list[float]) -> float | None:
     """90th percentile of the per-interval rates of a byte counter (or of the rate gauge)."""
-    vals = [(t, float(getattr(g, total))) for t, g in points if getattr(g, total) is not None]
-    rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(vals) if b[0] > a[0] and b[1] >= a[1]]
+    rates = [(b - a) / (tb - ta) for (ta, a), (tb, b) in itertools.pairwise(totals) if tb > ta and b >= a]
     if not rates:
-        rates = [float(getattr(g, gauge)) for _, g in points if getattr(g, gauge) is not None]
+        rates = list(gauges)
     if not rates:
         return None
     rates.sort()
@@ -118,15 +144,19 @@ def gpu_view(
             if ident is not None:
                 break
     gpm = bool(ident and ident.gpm)
-    util_pts, shape_pts = activity_points(fast, buffered, index, gpm)
     f = _fast(fast, index)
     sl = _slow(slow, index)
+    util_pts, shape_pts = _activity(f, _buffered(buffered, index), gpm)
     sm_vals = [g.sm_active for _, g in f if g.sm_active is not None]
     sm_active = sum(sm_vals) / len(sm_vals) if sm_vals and gpm else None
     util = series.mean(util_pts)
     if util is None and sm_active is not None:
         util = sm_active
     latest = sl[-1][1] if sl else None
+    rx_tot = [(t, g.pcie_rx_bytes_total) for t, g in f if g.pcie_rx_bytes_total is not None]
+    tx_tot = [(t, g.pcie_tx_bytes_total) for t, g in f if g.pcie_tx_bytes_total is not None]
+    rx_g = [] if rx_tot else [g.pcie_rx_bytes_per_s for _, g in f if g.pcie_rx_bytes_per_s is not None]
+    tx_g = [] if tx_tot else [g.pcie_tx_bytes_per_s for _, g in f if g.pcie_tx_bytes_per_s is not None]
     max_clock = latest.max_sm_clock_hz if latest else None
     clocks = [g.sm_clock_hz for _, g in f if g.sm_clock_hz is not None]
     clock_ratio = (sum(clocks) / len(clocks)) / max_clock if clocks and max_clock else None
@@ -159,10 +189,10 @@ def gpu_view(
         clock_ratio=clock_ratio,
         throttle_reasons=frozenset(reasons),
         idle_reason_share=idle_share,
-        rx_bytes_per_s=_rate(f, "pcie_rx_bytes_total", "pcie_rx_bytes_per_s"),
-        tx_bytes_per_s=_rate(f, "pcie_tx_bytes_total", "pcie_tx_bytes_per_s"),
-        rx_peak_bytes_per_s=_peak(f, "pcie_rx_bytes_total", "pcie_rx_bytes_per_s"),
-        tx_peak_bytes_per_s=_peak(f, "pcie_tx_bytes_total", "pcie_tx_bytes_per_s"),
+        rx_bytes_per_s=_rate(rx_tot, rx_g),
+        tx_bytes_per_s=_rate(tx_tot, tx_g),
+        rx_peak_bytes_per_s=_peak(rx_tot, rx_g),
+        tx_peak_bytes_per_s=_peak(tx_tot, tx_g),
         link_gen=latest.link_gen if latest else None,
         link_width=latest.link_width if latest else None,
         max_link_gen=latest.max_link_gen if latest else None,
@@ -170,4 +200,6 @@ def gpu_view(
         pids=pids,
         replays=max(0, replays[-1] - replays[0]) if len(replays) >= 2 else 0,
         lost=lost,
+        util_points=util_pts,
+        shape_points=shape_pts,
     )

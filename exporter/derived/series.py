@@ -10,6 +10,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from exporter.samples.derived import GAP_BUCKETS
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuSample
@@ -20,9 +21,8 @@ from exporter.snapshot import Stamped
 IDLE_LEVEL = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class Point:
-    """Activity share ``value`` (0..1) over ``[t, t + dt)``."""
+class Point(NamedTuple):
+    """Activity share ``value`` (0..1) over ``[t, t + dt)`` (a tuple: thousands are built per second)."""
 
     t: float
     dt: float
@@ -69,6 +69,22 @@ def _clip(x: float) -> float:
 def _fast(s: Stamped[GpuSample], index: int) -> GpuFast | None:
     v = s.value.gpus.get(index)
     return v if isinstance(v, GpuFast) else None
+
+
+def counter_points_of(pairs: Sequence[tuple[float, float]]) -> tuple[Point, ...]:
+    """Activity from (t, cumulative seconds) pairs: the counter's increase over each interval."""
+    out: list[Point] = []
+    for (t0, v0), (t1, v1) in itertools.pairwise(pairs):
+        dt = t1 - t0
+        if dt > 0:
+            x = (v1 - v0) / dt
+            out.append(Point(t0, dt, 0.0 if x < 0.0 else 1.0 if x > 1.0 else x))
+    return tuple(out)
+
+
+def gauge_points_of(pairs: Sequence[tuple[float, float]]) -> tuple[Point, ...]:
+    """Activity from (t, ratio) pairs, each value describing the interval that ends at its sample."""
+    return tuple(Point(t0, t1 - t0, _clip(v1)) for (t0, _), (t1, v1) in itertools.pairwise(pairs) if t1 > t0)
 
 
 def counter_points(
