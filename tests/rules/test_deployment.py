@@ -176,3 +176,28 @@ def test_service_and_servicemonitor_select_the_daemonset_pods_and_scrape_as_job_
     rules = docs["PrometheusRule"]["spec"]["groups"]
     assert any(r.get("alert") == "GpufeedTargetDown" and 'job="gpufeed"' in r["expr"]
                for g in rules for r in g["rules"])
+
+
+def test_example_prometheus_config_loads_the_shipped_rules(promtool: str, tmp_path: Path) -> None:
+    for f in (REPO / "deploy" / "prometheus" / "prometheus.yml", *sorted((REPO / "alerts").glob("gpufeed-*.yml"))):
+        shutil.copy(f, tmp_path / f.name)
+    r = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 2 rule files found" in r.stdout
+
+
+def test_example_alertmanager_config_pages_critical_and_quiets_info() -> None:
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        pytest.fail("amtool not found: install Debian's prometheus-alertmanager package")
+    cfg = str(REPO / "deploy" / "alertmanager" / "alertmanager.yml")
+    r = subprocess.run([amtool, "check-config", cfg], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for labels, receiver in ((["alertname=GpufeedGPULost", "severity=critical"], "gpu-oncall-pager"),
+                             (["alertname=GpufeedNUMAMismatch", "severity=warning"], "gpu-platform"),
+                             (["alertname=GpufeedGPUStarved", "severity=info", "cause=latency_bound"],
+                              "gpu-platform-low-priority")):
+        r = subprocess.run([amtool, "config", "routes", "test", f"--config.file={cfg}", *labels],
+                           capture_output=True, text=True, timeout=60, check=False)
+        assert r.stdout.strip() == receiver, (labels, r.stdout, r.stderr)
