@@ -24,7 +24,7 @@ _SERIES_LINE = re.compile(rb"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? ", re.M)
 
 @dataclass
 class Options:
-    """Durations (seconds) and choices; ``smoke()`` shrinks everything to a CI-sized run."""
+    """Durations (seconds) and choices; ``smoke_options()`` shrinks everything to a CI-sized run."""
 
     warmup: float = 10.0
     deep_warmup: float = 25.0  # a waiting verdict (<= 15 s after onset) must switch deep sampling on first
@@ -42,10 +42,12 @@ class Options:
     series_timeout: float = 40.0
     scenarios: list[Path] = field(default_factory=list)
     cpus: int = field(default_factory=lambda: os.cpu_count() or 1)
+    smoke: bool = False  # fewer configurations and scenarios: checks the harness, measures nothing
 
     @classmethod
-    def smoke(cls) -> Options:
-        return cls(warmup=1.0, deep_warmup=1.0, overhead_seconds=1.5, overhead_scrape_every=0.5, latency_seconds=0.5,
+    def smoke_options(cls) -> Options:
+        return cls(smoke=True, warmup=1.0, deep_warmup=1.0, overhead_seconds=1.5, overhead_scrape_every=0.5,
+                   latency_seconds=0.5,
                    latency_levels=(1, 4), fidelity_seconds=1.5, samework_seconds=1.5, soak_seconds=4.0,
                    soak_every=0.5, soak_warmup=1.0, soak_speed=10.0, series_settle=1.0, series_timeout=15.0)
 

@@ -135,6 +135,8 @@ def run(ctx: Context, opts: Options) -> Section:
         (f"all cores burning, CPUWeight={CPU_WEIGHT}", {"burn": True, "weight": CPU_WEIGHT}),
         (f"all cores burning, Nice=-5 + CPUWeight={CPU_WEIGHT}", {"burn": True, "nice": -5, "weight": CPU_WEIGHT}),
     ]
+    if opts.smoke:  # idle, Nice and cgroup paths
+        conds = [conds[0], conds[2], conds[3]]
     for label, kw in conds:
         try:
             r = condition(ctx, opts, label, **kw)

@@ -82,6 +82,8 @@ def run(ctx: Context, opts: Options) -> Section:
         ("defaults, 2 GPUs waiting (deep sampling on)", WAITING, [], opts.deep_warmup, BUDGET_WAITING),
         ("fastest settings, 2 GPUs waiting", WAITING, fast, opts.deep_warmup, None),
     ]
+    if opts.smoke:  # one default and one fastest configuration exercise every code path
+        configs = configs[1:3]
     for label, scenario, flags, warmup, budget in configs:
         try:
             r = measure(ctx, opts, scenario, flags, warmup)

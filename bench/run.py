@@ -61,7 +61,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def options(ns: argparse.Namespace) -> Options:
-    opts = Options.smoke() if ns.smoke else Options()
+    opts = Options.smoke_options() if ns.smoke else Options()
     if ns.soak_minutes is not None:
         if not 0 < ns.soak_minutes <= MAX_SOAK_MINUTES:
             raise SystemExit(f"--soak-minutes must be in (0, {MAX_SOAK_MINUTES:g}]")

@@ -92,7 +92,10 @@ def run(ctx: Context, opts: Options) -> Section:
         return sec
     worst_gpu = 0
     worst_host = 0
-    for path in opts.scenarios or default_scenarios():
+    paths = opts.scenarios or default_scenarios()
+    if opts.smoke and not opts.scenarios:
+        paths = paths[:1]
+    for path in paths:
         try:
             per, host, total, expected = measure(path, opts)
         except (procs.BenchError, OSError, yaml.YAMLError) as e:

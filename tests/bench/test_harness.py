@@ -1,0 +1,182 @@
+"""The benchmark harness's own arithmetic and parsing: wrong here means every figure in docs/benchmarks.md
+is wrong, so these are checked with plain data (no timing, no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import common, fidelity, procstat, report, scrape, series, soak
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(x) for x in range(1, 101)]
+    assert scrape.percentile(values, 50) == 50.0
+    assert scrape.percentile(values, 99) == 99.0
+    assert scrape.percentile(values, 100) == 100.0
+    assert scrape.percentile([7.0], 99) == 7.0
+    assert math.isnan(scrape.percentile([], 50))
+
+
+def test_leaking_rss_has_a_slope_outside_its_confidence_interval() -> None:
+    # 1 MiB per minute on top of +/- 64 KiB of alternating noise: a leak, and the fit must say so.
+    points = [(t * 15.0, 50e6 + t * 15.0 * (1048576 / 60) + (65536 if t % 2 else -65536)) for t in range(40)]
+    slope, _, se = soak.fit(points)
+    assert slope * 60 == pytest.approx(1048576, rel=0.02)
+    assert abs(slope) > 1.96 * se
+
+
+def test_flat_rss_with_noise_has_a_slope_inside_its_confidence_interval() -> None:
+    points = [(t * 15.0, 50e6 + (200_000 if t % 3 == 0 else -100_000)) for t in range(40)]
+    slope, intercept, se = soak.fit(points)
+    assert abs(slope) <= 1.96 * se
+    assert intercept == pytest.approx(50e6, rel=0.01)
+
+
+def test_too_few_rss_samples_give_an_infinite_error_not_a_verdict() -> None:
+    assert soak.fit([(0.0, 1.0), (1.0, 2.0)])[2] == math.inf
+
+
+PAYLOAD = """# HELP gpufeed_gpu_info GPU identity.
+# TYPE gpufeed_gpu_info gauge
+gpufeed_gpu_info{gpu="0",uuid="GPU-0",name="H100",pci_bus_id="00000000:18:00.0",numa_node="0"} 1.0
+gpufeed_gpu_info{gpu="1",uuid="GPU-1",name="H100",pci_bus_id="00000000:2A:00.0",numa_node="0"} 1.0
+gpufeed_gpu_power_watts{gpu="0"} 350.0
+gpufeed_gpu_power_watts{gpu="1"} 351.5
+gpufeed_pcie_link_current_width{bdf="0000:17:00.0",role="switch_downstream",gpu_bdf="0000:18:00.0"} 16.0
+gpufeed_pcie_link_current_width{bdf="0000:29:00.0",role="switch_downstream",gpu_bdf="0000:2a:00.0"} 16.0
+gpufeed_finding{check="memory_pressure",gpu=""} 0.0
+gpufeed_memory_total_bytes 5.49755813888e+11
+gpufeed_process_cpu_seconds_total{pid="20000",comm="python",mode="user"} 12.5
+gpufeed_gpu_idle_gap_seconds_bucket{gpu="0",le="0.1"} 3.0
+gpufeed_gpu_idle_gap_seconds_bucket{gpu="0",le="+Inf"} 4.0
+"""
+
+
+def test_series_with_gpu_or_gpu_bdf_label_count_for_that_gpu_and_the_rest_for_the_host() -> None:
+    per, host, total = series.attribute(PAYLOAD)
+    # gpu 0: info, power, its PCIe hop (by gpu_bdf, NVML's 8-digit domain), two histogram buckets.
+    assert per == {"0": 5, "1": 3}
+    # the host-wide finding (gpu=""), memory and the per-process series are host-level.
+    assert host == 3
+    assert total == 11
+    assert common.series_count(PAYLOAD.encode()) == 11
+    assert common.gpu_count(PAYLOAD.encode()) == 2
+
+
+def test_sum_metric_adds_every_series_and_ignores_longer_names() -> None:
+    body = (b'gpufeed_sampler_overruns_total{sampler="gpu"} 3.0\n'
+            b'gpufeed_sampler_overruns_total{sampler="proc"} 2.0\n'
+            b'gpufeed_sampler_overruns_total_extra 100.0\n'
+            b'# HELP gpufeed_sampler_overruns_total x\n')
+    assert common.sum_metric(body, "gpufeed_sampler_overruns_total") == 5.0
+    assert common.sum_metric(b"", "gpufeed_sampler_overruns_total") == 0.0
+
+
+def test_sampler_intervals_come_from_timestamps_inside_the_burn_window_only() -> None:
+    dump = {"samplers": {
+        "cpu": {"interval": 0.25, "t": [0.0, 0.25, 0.5, 0.76, 1.0, 1.6, 1.75, 2.0]},
+        "pcie": {"interval": 5.0, "t": [0.0, 5.0]},  # slow samplers say nothing about jitter
+    }}
+    iv = fidelity.intervals(dump, 0.2, 1.8)
+    assert list(iv) == ["cpu"]
+    assert iv["cpu"] == pytest.approx([0.25, 0.26, 0.24, 0.6, 0.15])
+    s = fidelity.summarize(dump, 0.2, 1.8)
+    assert s["samples"] == 5
+    assert s["skipped"] == 1  # the 0.6 s gap: more than 1.5x the interval
+    assert s["ratio_p50"] == pytest.approx(1.0)
+    assert s["ratio_p99"] == pytest.approx(2.4)
+
+
+def test_report_puts_every_budget_row_in_the_summary_and_escapes_cells() -> None:
+    sec = report.Section("x", "Example")
+    sec.add("p99 | one scraper", "1.5 ms", "<= 2 ms", True)
+    sec.add("context only", "42")
+    sec.note("a note")
+    failed = report.Section("y", "Broken", error="node_exporter not installed")
+    text = report.markdown([sec, failed], {"CPU": "test"}, __import__("datetime").datetime(2026, 1, 1), 60.0, [])
+    assert "| Example | p99 \\| one scraper | 1.5 ms | <= 2 ms | yes |" in text
+    assert "Not measured: node_exporter not installed" in text
+    assert "- a note" in text
+    for line in text.splitlines():
+        if line.startswith("|"):
+            assert line.endswith("|")
+
+
+def test_write_doc_keeps_the_hand_written_part_and_replaces_the_figures(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\n\nhow to read\n\n{report.GENERATED_MARK}\n\nold figures\n")
+    report.write_doc(doc, "new figures")
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nhow to read\n")
+    assert "new figures" in text
+    assert "old figures" not in text
+    assert text.count(report.GENERATED_MARK) == 1
+
+
+def test_process_cpu_time_and_rss_are_read_from_proc() -> None:
+    pid = os.getpid()
+    before = procstat.cpu_seconds(pid)
+    x = 0
+    while procstat.cpu_seconds(pid) - before < 0.05:  # burn until the kernel has charged us 50 ms
+        x += 1
+    assert procstat.cpu_seconds(pid) >= before + 0.05
+    assert procstat.rss_bytes(pid) > 1_000_000
+    assert procstat.thread_count(pid) >= 1
+    busy, total = procstat.host_ticks()
+    assert 0 < busy <= total
+
+
+@contextlib.contextmanager
+def _server(chunked: bool) -> Iterator[int]:
+    """A tiny HTTP/1.1 keep-alive server on 127.0.0.1 answering every request with 'hello'."""
+    loop = asyncio.new_event_loop()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                if chunked:
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n")
+                else:
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    import threading
+
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        yield int(port)
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_scrape_client_reads_whole_bodies_over_keep_alive(chunked: bool) -> None:
+    with _server(chunked) as port:
+        r = scrape.scrape(port, concurrency=3, seconds=0.3)
+    assert r.errors == 0
+    assert len(r.latencies) >= 3
+    assert r.bytes == 5 * len(r.latencies)
+    assert all(x > 0 for x in r.latencies)
+
+
+def test_scrape_client_counts_a_refused_connection_as_an_error_not_a_latency() -> None:
+    from bench.procs import free_port
+
+    r = scrape.scrape(free_port(), concurrency=1, seconds=0.1)
+    assert r.latencies == ()
+    assert r.errors >= 1
