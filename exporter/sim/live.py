@@ -1,16 +1,18 @@
 """``gpufeed serve --simulate FILE``: a scenario played in real time by a child process the daemon only reads.
 
-The daemon (:class:`LiveSimulation`) validates the scenario, makes a temporary directory and starts
-``python -m exporter.sim.live`` in it. The child renders ``<dir>/proc``, ``<dir>/sys`` and the fake NVML's
-state ``<dir>/nvml.json`` (every file replaced atomically) at scenario time ``(now - start) x speed``,
-looping the timeline, each group of files as often as the fastest sampler that reads it. The daemon points
+The daemon (:class:`LiveSimulation`) validates the scenario, makes a temporary directory (on /dev/shm when
+there is one) and starts two ``python -m exporter.sim.live`` children on it: one renders ``<dir>/proc`` and
+``<dir>/sys``, each group of files as often as the fastest sampler that reads it; the other writes the fake
+NVML's state ``<dir>/nvml.json`` at twice the rate of the fastest GPU sampler, never delayed by the trees
+(two GPM reads 100 ms apart must see two states). Every file is replaced atomically; both use scenario time
+``(now - start) x speed`` from one shared CLOCK_MONOTONIC start, looping the timeline. The daemon points
 ``--path.procfs`` / ``--path.sysfs`` at the trees and puts ``FakeNvml.from_file(<dir>/nvml.json)`` in
 ``ctx.shared["nvml"]``: it reads the simulated host exactly as it reads a real one, and its own
 ``/proc/<pid>/stat`` counts the daemon alone (the renderer's CPU is the child's).
 
-The child dies with the parent: its stdin is a pipe from the daemon, and end-of-file on it (the daemon
-exited, however it exited) ends the child, which then removes the directory. It also checks its parent
-pid. The daemon removes the directory too, after stopping the child.
+The children die with the parent: their stdin is a pipe from the daemon, and end-of-file on it (the daemon
+exited, however it exited) ends a child, which then removes the directory. They also check their parent
+pid. The daemon removes the directory too, after stopping them.
 """
 
 from __future__ import annotations
@@ -70,8 +72,12 @@ def group_periods(settings: Settings, registry: Mapping[str, type[Collector]]) -
     for sampler, iv in intervals.items():
         for g in SAMPLER_GROUPS.get(sampler, frozenset()):
             periods[g] = min(periods.get(g, math.inf), iv)
-    # numa reads /proc/<pid>/status; the derived layer shortens proc_threads to 0.5 s while a GPU waits.
+    # The derived layer shortens proc_threads to 0.5 s while a GPU waits.
     periods["threads"] = min(periods.get("threads", math.inf), 0.5)
+    # The NVML state is written at twice the rate of its fastest reader: at the same rate, reader and writer
+    # alias, and two GPM samples 100 ms apart on the daemon's clock can see one state (an invalid pair).
+    if "nvml" in periods:
+        periods["nvml"] /= 2
     return {g: max(MIN_PERIOD_S, p) for g, p in periods.items() if math.isfinite(p)}
 
 
@@ -83,7 +89,7 @@ class LiveSimulation:
         self.speed = speed
         self.periods = dict(periods)
         self.dir: Path | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
 
     @classmethod
     def start(cls, settings: Settings, registry: Mapping[str, type[Collector]]) -> tuple[LiveSimulation, Settings,
@@ -107,28 +113,34 @@ class LiveSimulation:
 
     def _spawn(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-", dir=fast_tmpdir()))
-        argv = [sys.executable, "-m", "exporter.sim.live", "--scenario", self.scenario, "--root", str(self.dir),
-                "--speed", repr(self.speed), "--parent", str(os.getpid())]
-        for g, p in sorted(self.periods.items()):
-            argv += ["--period", f"{g}={p!r}"]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-                                     close_fds=True)
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], READY_TIMEOUT_S)
-        line = self.proc.stdout.readline() if ready else b""
-        if line.strip() != b"ready":
-            self.stop()
-            raise SimulationError(f"the scenario renderer did not start (exit code {self.proc.poll()})")
+        start = time.monotonic()  # CLOCK_MONOTONIC is system-wide: both children share scenario time
+        for part in ("trees", "nvml"):
+            argv = [sys.executable, "-m", "exporter.sim.live", "--scenario", self.scenario, "--root", str(self.dir),
+                    "--speed", repr(self.speed), "--parent", str(os.getpid()), "--start", repr(start),
+                    "--only", part]
+            for g, p in sorted(self.periods.items()):
+                argv += ["--period", f"{g}={p!r}"]
+            self.procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+                                               close_fds=True))
+        for proc in self.procs:
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
+            line = proc.stdout.readline() if ready else b""
+            if line.strip() != b"ready":
+                code = proc.poll()
+                self.stop()
+                raise SimulationError(f"the scenario renderer did not start (exit code {code})")
         _log.info("simulation_started", scenario=self.scenario, speed=self.speed, root=str(self.dir),
-                  renderer_pid=self.proc.pid)
+                  renderer_pids=",".join(str(p.pid) for p in self.procs))
 
     def stop(self) -> None:
-        """Stop the child (closing its stdin, then SIGTERM, then SIGKILL) and remove the directory."""
-        p = self.proc
-        if p is not None and p.poll() is None:
-            with contextlib.suppress(OSError):
-                if p.stdin is not None:
-                    p.stdin.close()
+        """Stop the children (closing their stdin, then SIGTERM, then SIGKILL) and remove the directory."""
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(OSError):
+                    if p.stdin is not None:
+                        p.stdin.close()
+        for p in self.procs:
             try:
                 p.wait(2.0)
             except subprocess.TimeoutExpired:
@@ -138,8 +150,9 @@ class LiveSimulation:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        if p is not None and p.stdout is not None:
-            p.stdout.close()
+            if p.stdout is not None:
+                p.stdout.close()
+        self.procs = []
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
@@ -168,6 +181,8 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--speed", type=float, default=1.0)
     ap.add_argument("--parent", type=int, default=0)
     ap.add_argument("--period", action="append", default=[])
+    ap.add_argument("--start", type=float, default=None, help="CLOCK_MONOTONIC time of scenario time 0")
+    ap.add_argument("--only", choices=("trees", "nvml", "all"), default="all")
     ns = ap.parse_args(argv)
     log.configure("info", "logfmt")
     root = Path(ns.root)
@@ -181,15 +196,22 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     periods = _parse_periods(ns.period)
     for g in (*GROUPS, "nvml"):
         periods.setdefault(g, 1.0)
+    mine = {"trees": set(GROUPS), "nvml": {"nvml"}, "all": {*GROUPS, "nvml"}}[ns.only]
+    periods = {g: p for g, p in periods.items() if g in mine}
     max_rate = max((max(p.vs) for tr in model.gpu_tracks.values() for key in ("pcie_tx_bytes_per_s",
                     "pcie_rx_bytes_per_s") for p in tr[key].phases), default=0.0)
-    bits = 32 if max_rate * ns.speed * periods["nvml"] < 2**32 * WRAP_SAFE_FRACTION else 64
+    nvml_period = _parse_periods(ns.period).get("nvml", 0.1)
+    bits = 32 if max_rate * ns.speed * nvml_period * 2 < 2**32 * WRAP_SAFE_FRACTION else 64
+    # The driver's utilisation buffer: twice the buffered reader's interval of scenario time.
+    buffer_s = max(2.0, 2.0 * _parse_periods(ns.period).get("nvml_samples", 1.0) * ns.speed)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        start = time.monotonic()
-        renderer.setup()
-        renderer.render(0.0)
-        write_json(root / NVML_FILE, nvml_state(model, 0.0, counter_bits=bits))
+        start = time.monotonic() if ns.start is None else ns.start
+        if "nvml" in mine:
+            write_json(root / NVML_FILE, nvml_state(model, 0.0, counter_bits=bits, buffer_s=buffer_s))
+        if mine & set(GROUPS):
+            renderer.setup()
+            renderer.render(0.0)
         sys.stdout.write("ready\n")
         sys.stdout.flush()
         due = dict.fromkeys(periods, start)
@@ -198,9 +220,11 @@ def child_main(argv: Sequence[str] | None = None) -> int:
             groups = [g for g, d in due.items() if d <= now]
             if groups:
                 t = (now - start) * ns.speed
-                renderer.render(t, [g for g in groups if g in GROUPS])
+                trees = [g for g in groups if g in GROUPS]
+                if trees:
+                    renderer.render(t, trees)
                 if "nvml" in groups:
-                    write_json(root / NVML_FILE, nvml_state(model, t, counter_bits=bits))
+                    write_json(root / NVML_FILE, nvml_state(model, t, counter_bits=bits, buffer_s=buffer_s))
                 for g in groups:
                     due[g] = max(due[g] + periods[g], now)
             wait = max(0.0, min(due.values()) - time.monotonic())

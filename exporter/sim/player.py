@@ -147,8 +147,10 @@ def play(
                     groups |= SAMPLER_GROUPS.get(n, _ALL)
                 renderer.render(due, groups & set(GROUPS))
                 if "nvml" in groups:
+                    buffered = engine.samplers.get("gpu_samples")
                     state = nvml_state(model, due, counter_bits=counter_bits,
-                                       samples=("nvml_samples" in groups) or last_samples is None)
+                                       samples=("nvml_samples" in groups) or last_samples is None,
+                                       buffer_s=max(2.0, 2.0 * (buffered.interval if buffered else 1.0)))
                     if "nvml_samples" in groups or last_samples is None:
                         last_samples = {d["uuid"]: (d["util_samples"], d["mem_util_samples"])
                                         for d in state["devices"]}

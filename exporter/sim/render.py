@@ -377,14 +377,15 @@ def _status(p: Process, state: str, cpus: frozenset[int], mems: frozenset[int]) 
 
 
 UTIL_SAMPLE_PERIOD_S = 1 / 6  # the driver's utilisation sample period on most products (anchors-gpu-nvml 4.2)
-UTIL_BUFFER_S = 10.0  # how much of the driver's sample buffer the state carries (the reader polls every 1 s)
+UTIL_BUFFER_S = 3.0  # how much of the driver's sample buffer the state carries (the reader polls every 1 s)
 
 
-def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool = True) -> dict[str, Any]:
+def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool = True,
+               buffer_s: float = UTIL_BUFFER_S) -> dict[str, Any]:
     """The fake NVML's state dict (exporter.sim.fakenvml docstring) for scenario time ``t``.
 
     Counters and integrals are absolute, exact integrals of the scenario's rates; the utilisation buffer
-    holds the samples of the last :data:`UTIL_BUFFER_S` seconds, each the mean over its own period (empty
+    holds the samples of the last ``buffer_s`` seconds, each the mean over its own period (empty
     when ``samples`` is false: a caller that polls the buffer rarely fills it only when it is read).
     """
     sc = model.sc
@@ -398,7 +399,7 @@ def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool 
         mem_samples: list[list[int]] = []
         p = UTIL_SAMPLE_PERIOD_S
         k_end = math.floor(t / p + 1e-9)
-        first = max(1, k_end - int(UTIL_BUFFER_S / p)) if samples else k_end + 1
+        first = max(1, k_end - int(buffer_s / p)) if samples else k_end + 1
         for k in range(first, k_end + 1):
             a, b = (k - 1) * p, k * p
             ts = round(b * 1e6)

@@ -60,7 +60,7 @@ def test_serve_simulate_serves_idle_gen1_then_the_degraded_riser_hop(tmp_path: P
     try:
         port = _wait_port(proc, log, time.monotonic() + 60)
         kids = _children(proc.pid)
-        assert len(kids) == 1, "expected exactly one renderer child"
+        assert len(kids) == 2, "expected two renderer children (trees, NVML state)"
         text = _scrape(port)
         # While idle: the GPU's link sits at Gen1 (x8 in this scenario) -- normal, by design.
         gpu = {"bdf": "0000:82:00.0", "role": "gpu"}
@@ -129,15 +129,16 @@ def test_renderer_child_exits_and_cleans_up_when_the_daemon_is_killed(tmp_path: 
     try:
         _wait_port(proc, log, time.monotonic() + 60)
         kids = _children(proc.pid)
-        assert len(kids) == 1
+        assert len(kids) == 2
         m = re.search(r"event=simulation_started .*root=(\S+)", log.read_text())
         assert m and os.path.isdir(m.group(1))
     finally:
         proc.kill()  # no cleanup code runs in the daemon
         proc.wait()
-    for _ in range(50):
-        if not Path(f"/proc/{kids[0]}").exists():
-            break
-        time.sleep(0.1)
-    assert not Path(f"/proc/{kids[0]}").exists(), "renderer child outlived a killed daemon"
+    for kid in kids:
+        for _ in range(50):
+            if not Path(f"/proc/{kid}").exists():
+                break
+            time.sleep(0.1)
+        assert not Path(f"/proc/{kid}").exists(), "renderer child outlived a killed daemon"
     assert not os.path.exists(m.group(1)), "the child did not remove the simulation directory"
