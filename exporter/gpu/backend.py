@@ -23,6 +23,8 @@ blocks ~20 ms per call.
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -63,7 +65,8 @@ _UNAVAILABLE = {ERR_LIBRARY_NOT_FOUND: "NVML library not found (no NVIDIA driver
 
 # NVML value types of nvmlFieldValue_t (pynvml NVML_VALUE_TYPE_*).
 _VT_DOUBLE, _VT_UINT, _VT_ULONG, _VT_ULL, _VT_SLL, _VT_SINT, _VT_USHORT = range(7)
-_MODULUS = {_VT_UINT: 1 << 32, _VT_ULONG: 1 << 64, _VT_ULL: 1 << 64, _VT_USHORT: 1 << 16}
+_M64 = 1 << 64
+_MODULUS = {_VT_UINT: 1 << 32, _VT_ULONG: _M64, _VT_ULL: _M64, _VT_USHORT: 1 << 16}
 
 # Plausibility bounds for the counter-reset check: above any PCIe link (Gen6 x16 ~ 121 GB/s per
 # direction), a replay storm, and real time for throttle nanoseconds.
@@ -157,7 +160,9 @@ class _Gpu:
     tx: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_PCIE_BYTES_PER_S))
     rx: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_PCIE_BYTES_PER_S))
     replays: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_REPLAYS_PER_S))
-    throttle: dict[str, WrappingCounter] = field(default_factory=dict)
+    throttle: dict[str, WrappingCounter] = field(
+        default_factory=lambda: {r: WrappingCounter(MAX_THROTTLE_NS_PER_S) for r in C.THROTTLE_TIME_FIELDS})
+    field_counters: dict[int, WrappingCounter] = field(default_factory=dict)
     wrap_warned: bool = False
     # buffered path
     util: SampleIntegrator = field(default_factory=SampleIntegrator)
@@ -363,6 +368,8 @@ class NvmlBackend:
     def _setup(self, g: _Gpu) -> None:
         """Identity, GPM support and affinity of a freshly acquired handle."""
         nvml, h = self._nvml, g.handle
+        g.field_counters = {C.FI_PCIE_TX_BYTES: g.tx, C.FI_PCIE_RX_BYTES: g.rx, C.FI_PCIE_REPLAY_COUNTER: g.replays,
+                            **{f: g.throttle[r] for r, f in C.THROTTLE_TIME_FIELDS.items()}}
         name = self._opt(g, "nvmlDeviceGetName", nvml.nvmlDeviceGetName, h)
         pci = self._opt(g, "nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, h)
         bdf = bus_id_to_sysfs(pci.busId, int(pci.domain)) if pci is not None else ""
@@ -503,24 +510,15 @@ class NvmlBackend:
         if power_mw is None and C.FI_POWER_INSTANT in g.disabled_fields:
             # No instantaneous field (pre-Ampere boards): the getter's value, 1 s averaged on Ampere+.
             power_mw = self._opt(g, "nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, h)
-        throttle = {r: float(c.total) / 1e9 for r, c in sorted(g.throttle.items()) if c.total is not None}
+        throttle = {r: c.total / 1e9 for r, c in g.throttle.items() if c.total is not None}
         last = g.gpm_last
-
-        def pct(mid: int) -> float | None:
-            v = last.get(mid)
-            return None if v is None else max(0.0, v) / 100.0
-
-        def mib(mid: int) -> float | None:
-            v = last.get(mid)
-            return None if v is None else max(0.0, v) * C.MIB
-
         return GpuFast(
-            sm_active=pct(C.GPM_SM_UTIL),
-            sm_occupancy=pct(C.GPM_SM_OCCUPANCY),
-            tensor_active=pct(C.GPM_ANY_TENSOR_UTIL),
-            dram_active=pct(C.GPM_DRAM_BW_UTIL),
-            pcie_tx_bytes_per_s=mib(C.GPM_PCIE_TX_PER_SEC),
-            pcie_rx_bytes_per_s=mib(C.GPM_PCIE_RX_PER_SEC),
+            sm_active=_scaled(last.get(C.GPM_SM_UTIL), 0.01),
+            sm_occupancy=_scaled(last.get(C.GPM_SM_OCCUPANCY), 0.01),
+            tensor_active=_scaled(last.get(C.GPM_ANY_TENSOR_UTIL), 0.01),
+            dram_active=_scaled(last.get(C.GPM_DRAM_BW_UTIL), 0.01),
+            pcie_tx_bytes_per_s=_scaled(last.get(C.GPM_PCIE_TX_PER_SEC), C.MIB),
+            pcie_rx_bytes_per_s=_scaled(last.get(C.GPM_PCIE_RX_PER_SEC), C.MIB),
             pcie_tx_bytes_total=g.tx.total if C.FI_PCIE_TX_BYTES not in g.disabled_fields else None,
             pcie_rx_bytes_total=g.rx.total if C.FI_PCIE_RX_BYTES not in g.disabled_fields else None,
             pcie_replays_total=g.replays.total if C.FI_PCIE_REPLAY_COUNTER not in g.disabled_fields else None,
@@ -558,10 +556,8 @@ class NvmlBackend:
             return
         dt = now - prev[1]
         vals: dict[int, float | None] = {}
-        for i, mid in enumerate(_GPM_METRICS):
-            m = mg.metrics[i]
-            ok = int(m.nvmlReturn) == SUCCESS and int(m.metricId) == mid
-            vals[mid] = float(m.value) if ok else None
+        for mid, (got_id, ret, value) in zip(_GPM_METRICS, read_gpm_metrics(mg, len(_GPM_METRICS)), strict=True):
+            vals[mid] = value if ret == SUCCESS and got_id == mid else None
         g.gpm_last = vals
         sm, gr = vals.get(C.GPM_SM_UTIL), vals.get(C.GPM_GRAPHICS_UTIL)
         if sm is not None and g.sm_active_seconds is not None:
@@ -582,9 +578,9 @@ class NvmlBackend:
             return {}
         spacing = None if g.fields_prev_t is None else now - g.fields_prev_t
         g.fields_prev_t = now
+        counters = g.field_counters
         out: dict[int, int] = {}
-        for fv in arr:
-            fid, ret = int(fv.fieldId), int(fv.nvmlReturn)
+        for fid, ret, vt, raw in read_field_values(arr):
             if ret != SUCCESS:
                 if ret in _DISABLING or ret == ERR_NOT_FOUND:
                     g.disabled_fields.add(fid)
@@ -593,22 +589,14 @@ class NvmlBackend:
                 elif ret == ERR_GPU_IS_LOST:
                     raise _GpuLostError()
                 continue
-            vt = int(fv.valueType)
-            raw = _field_value(fv, vt)
             if raw is None:
                 continue
             out[fid] = raw
-            modulus = _MODULUS.get(vt, 1 << 64)
-            if fid == C.FI_PCIE_TX_BYTES:
-                g.tx.update(raw, modulus, now)
-                self._check_wrap_window(g, modulus, spacing)
-            elif fid == C.FI_PCIE_RX_BYTES:
-                g.rx.update(raw, modulus, now)
-            elif fid == C.FI_PCIE_REPLAY_COUNTER:
-                g.replays.update(raw, modulus, now)
-            elif fid in _THROTTLE_BY_FIELD:
-                g.throttle.setdefault(_THROTTLE_BY_FIELD[fid], WrappingCounter(MAX_THROTTLE_NS_PER_S)).update(
-                    raw, modulus, now)
+            counter = counters.get(fid)
+            if counter is not None:
+                counter.update(raw, _MODULUS.get(vt, _M64), now)
+                if fid == C.FI_PCIE_TX_BYTES and not g.wrap_warned:
+                    self._check_wrap_window(g, _MODULUS.get(vt, _M64), spacing)
         return out
 
     def _check_wrap_window(self, g: _Gpu, modulus: int, spacing: float | None) -> None:
@@ -783,6 +771,10 @@ def describe(v: Any, depth: int = 0) -> str:
     return repr(v)[:120]
 
 
+def _scaled(v: float | None, k: float) -> float | None:
+    return None if v is None else max(0.0, v) * k
+
+
 def _int(v: Any) -> int | None:
     return None if v is None else int(v)
 
@@ -794,22 +786,60 @@ def _valid_pid(v: object, pid_max: int) -> int | None:
     return v if 0 < v < pid_max else None
 
 
-def _field_value(fv: Any, vt: int) -> int | None:
-    """The integer value of an nvmlFieldValue_t by its value type (doubles are truncated)."""
-    v = fv.value
+# c_nvmlFieldValue_t: fieldId u32 @0, scopeId u32 @4, timestamp i64 @8, latencyUsec i64 @16, valueType i32 @24,
+# nvmlReturn u32 @28, value (8-byte union) @32 -- 40 bytes (nvml.h). c_nvmlGpmMetric_t: metricId u32 @0,
+# nvmlReturn u32 @4, value double @8, metricInfo (3 pointers) @16 -- 40 bytes. Unpacking the raw buffer in one
+# C call avoids pynvml's Python-level __getattribute__ on every field, the bulk of the fast path's cost.
+_FIELD_VALUE = struct.Struct("<IIqqiIQ")
+_GPM_METRIC = struct.Struct("<IId24x")
+
+
+def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None]]:
+    """``(fieldId, nvmlReturn, valueType, integer value)`` for each entry of an nvmlFieldValue_t array."""
+    try:
+        buf = memoryview(arr).cast("B")
+    except TypeError:
+        buf = None
+    if buf is not None and len(buf) == _FIELD_VALUE.size * len(arr):
+        return [(fid, ret, vt, _field_int(vt, raw))
+                for fid, _scope, _ts, _lat, vt, ret, raw in _FIELD_VALUE.iter_unpack(buf)]
+    out: list[tuple[int, int, int, int | None]] = []
+    for fv in arr:  # not a ctypes array: read the attributes
+        vt = int(fv.valueType)
+        v = fv.value
+        raw = {_VT_DOUBLE: None, _VT_UINT: v.uiVal, _VT_ULONG: v.ullVal, _VT_ULL: v.ullVal,
+               _VT_SLL: v.sllVal, _VT_SINT: v.siVal, _VT_USHORT: v.usVal}.get(vt)
+        if vt == _VT_DOUBLE:
+            raw = int(v.dVal)
+        out.append((int(fv.fieldId), int(fv.nvmlReturn), vt, None if raw is None else int(raw)))
+    return out
+
+
+def _field_int(vt: int, raw: int) -> int | None:
+    """The integer in an nvmlValue_t's 8 bytes (read as little-endian u64) for its value type."""
     if vt == _VT_UINT:
-        return int(v.uiVal)
+        return raw & 0xFFFFFFFF
     if vt in (_VT_ULL, _VT_ULONG):
-        return int(v.ullVal)
+        return raw
     if vt == _VT_SLL:
-        return int(v.sllVal)
+        return raw - (1 << 64) if raw >= 1 << 63 else raw
     if vt == _VT_SINT:
-        return int(v.siVal)
+        low = raw & 0xFFFFFFFF
+        return low - (1 << 32) if low >= 1 << 31 else low
     if vt == _VT_USHORT:
-        return int(v.usVal)
+        return raw & 0xFFFF
     if vt == _VT_DOUBLE:
-        return int(v.dVal)
+        return int(struct.unpack("<d", raw.to_bytes(8, "little"))[0])
     return None
+
+
+def read_gpm_metrics(mg: Any, n: int) -> list[tuple[int, int, float]]:
+    """``(metricId, nvmlReturn, value)`` of the first ``n`` metrics of a c_nvmlGpmMetricsGet_t."""
+    metrics = mg.metrics
+    if isinstance(metrics, ctypes.Array) and ctypes.sizeof(metrics._type_) == _GPM_METRIC.size:
+        raw = ctypes.string_at(ctypes.addressof(metrics), _GPM_METRIC.size * n)
+        return [(mid, ret, val) for mid, ret, val in _GPM_METRIC.iter_unpack(raw)]
+    return [(int(m.metricId), int(m.nvmlReturn), float(m.value)) for m in metrics[:n]]
 
 
 def _sample_value(v: Any, vt: int) -> float:

@@ -87,6 +87,7 @@ names), ``gpm_short_pairs`` (GPM pairs taken < 100 ms apart -- must stay 0), ``r
 from __future__ import annotations
 
 import copy
+import ctypes
 import json
 import math
 import os
@@ -353,15 +354,17 @@ class FakeGpmMetric:
     metricInfo: Any = None  # noqa: N815
 
 
-class FakeGpmMetricsGet:
-    """Stands in for ``pynvml.c_nvmlGpmMetricsGet_t`` (the real one holds ctypes pointers)."""
+class FakeGpmMetricsGet(ctypes.Structure):
+    """Stands in for ``pynvml.c_nvmlGpmMetricsGet_t`` with the same memory layout; the two sample fields hold
+    the fake's sample objects (``py_object``, pointer-sized like the real ``nvmlGpmSample_t``)."""
 
-    def __init__(self) -> None:
-        self.version = 0
-        self.numMetrics = 0
-        self.sample1: FakeGpmSample | None = None
-        self.sample2: FakeGpmSample | None = None
-        self.metrics = [FakeGpmMetric() for _ in range(int(pynvml.NVML_GPM_METRIC_MAX))]
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("numMetrics", ctypes.c_uint),
+        ("sample1", ctypes.py_object),
+        ("sample2", ctypes.py_object),
+        ("metrics", pynvml.c_nvmlGpmMetric_t * int(pynvml.NVML_GPM_METRIC_MAX)),
+    ]
 
 
 @dataclass
@@ -623,8 +626,12 @@ class FakeNvml:
         self._need_init()
         if not isinstance(mg, FakeGpmMetricsGet) or mg.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        s1, s2 = mg.sample1, mg.sample2
-        if s1 is None or s2 is None or s1.freed or s2.freed or s1.uuid is None or s1.uuid != s2.uuid:
+        try:
+            s1, s2 = mg.sample1, mg.sample2
+        except ValueError:  # a py_object field never set
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+        if not isinstance(s1, FakeGpmSample) or not isinstance(s2, FakeGpmSample) or s1.freed or s2.freed \
+                or s1.uuid is None or s1.uuid != s2.uuid:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = s2.t - s1.t
         if 0 < dt < C.GPM_MIN_PAIR_SECONDS - 1e-6:
