@@ -202,6 +202,9 @@ def child_main(argv: Sequence[str] | None = None) -> int:
                     "pcie_rx_bytes_per_s") for p in tr[key].phases), default=0.0)
     nvml_period = _parse_periods(ns.period).get("nvml", 0.1)
     bits = 32 if max_rate * ns.speed * nvml_period * 2 < 2**32 * WRAP_SAFE_FRACTION else 64
+    if bits == 64 and "nvml" in mine:
+        _log.info("pcie_counters_widened", bits=bits, speed=ns.speed, max_bytes_per_s=max_rate,
+                  reason="a 32-bit counter could wrap more than once between two reads at this speed")
     # The driver's utilisation buffer: twice the buffered reader's interval of scenario time.
     buffer_s = max(2.0, 2.0 * _parse_periods(ns.period).get("nvml_samples", 1.0) * ns.speed)
     signal.signal(signal.SIGTERM, _terminate)
