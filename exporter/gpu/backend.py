@@ -24,6 +24,7 @@ blocks ~20 ms per call.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import struct
 import threading
 import time
@@ -542,6 +543,7 @@ class NvmlBackend:
         if got is None:
             if "nvmlGpmSampleGet" in g.disabled:
                 g.gpm_ok, g.gpm_last = False, {}
+                g.identity = dataclasses.replace(g.identity, gpm=False)
             g.gpm_prev = None
             return
         if prev is None:

@@ -304,3 +304,26 @@ def test_link_state_as_nvml_sees_it(rig: MakeRig) -> None:
     assert r.value("gpufeed_gpu_clock_event_reason", gpu="0", reason="gpu_idle") == 1.0
     sample = r.engine.snapshot.value("gpu_slow")
     assert isinstance(sample, GpuSample) and sample.identities[0].cpu_affinity == frozenset({0, 1, 2, 3})
+
+
+def test_gpu_answering_unknown_repeatedly_is_treated_as_lost(rig: MakeRig) -> None:
+    unknown = {fn: "unknown" for fn in ("nvmlDeviceGetFieldValues", "nvmlDeviceGetClockInfo", "nvmlGpmSampleGet")}
+    r = rig([device(0), device(1, errors=unknown)])
+    with capture_logs() as logs:
+        r.run_until(1.0)
+    assert r.failures() == {}
+    assert r.value("gpufeed_gpu_lost", gpu="1") == 1.0
+    assert r.value("gpufeed_gpu_lost", gpu="0") == 0.0
+    assert [e["gpu"] for e in logs if e["event"] == "gpu_lost"] == [1]
+
+
+def test_gpm_sampling_refused_in_a_vm_falls_back_without_sm_activity(rig: MakeRig) -> None:
+    r = rig([device(0, unsupported=["nvmlGpmSampleGet"])])
+    r.rates(0, {"gpu_util": 0.5, "sm_active": 0.5})
+    r.run_until(3.0)
+    assert r.failures() == {}
+    assert r.fake.calls["nvmlGpmSampleGet"] == 1
+    g = fast_at(r, 0)[-1][1]
+    assert g.sm_active is None and g.sm_active_seconds is None
+    assert not r.engine.snapshot.value("gpu").identities[0].gpm
+    assert r.value("gpufeed_gpu_busy_seconds_total", gpu="0") == pytest.approx(1.0, abs=0.1)
