@@ -112,3 +112,20 @@ def test_lost_gpu_reports_gpu_lost_and_the_other_gpu_keeps_its_verdict() -> None
     assert check(res) == []
     lost = res.phases[1].state
     assert lost is not None and 1 not in lost.gpus and lost.gpus[0].cause == "healthy"
+
+
+def test_without_the_classifier_the_structure_stays_and_causes_are_null(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from exporter.collectors import load_all
+    from exporter.sim import player
+
+    without = {n: c for n, c in load_all().items() if n != "derived"}
+    monkeypatch.setitem(sys.modules, "exporter.analysis", None)  # import fails as if the module did not exist
+    monkeypatch.setattr(player, "load_all", lambda: without)
+    res = play(load(OWN / "wrong_expectation.yaml"))
+    doc = to_json(res)
+    assert doc["classifier"] == "unavailable" and "note" in doc
+    assert [(g["index"], g["cause"], g["evidence"]) for g in doc["phases"][0]["gpus"]] == [(0, None, [])]
+    assert "derived" not in res.collectors
+    assert any("expected healthy, got no verdict" in f for f in check(res))
