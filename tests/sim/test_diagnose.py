@@ -129,3 +129,11 @@ def test_without_the_classifier_the_structure_stays_and_causes_are_null(monkeypa
     assert [(g["index"], g["cause"], g["evidence"]) for g in doc["phases"][0]["gpus"]] == [(0, None, [])]
     assert "derived" not in res.collectors
     assert any("expected healthy, got no verdict" in f for f in check(res))
+
+
+def test_a_host_without_gpus_plays_and_reports_empty_gpu_lists(tmp_path: Path) -> None:
+    f = tmp_path / "nogpu.yaml"
+    f.write_text("version: 1\nname: no-gpus\nhost: {cpus: 2}\ngpus: []\nphases: [{name: only, duration_s: 5}]\n")
+    doc = to_json(play(load(f)))
+    assert [(p["name"], p["gpus"]) for p in doc["phases"]] == [("only", [])]
+    assert "sampler_errors" not in doc
