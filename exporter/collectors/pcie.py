@@ -331,8 +331,13 @@ class PcieCollector(Collector):
 
     @staticmethod
     def _read(path: Path) -> str:
-        """One sysfs attribute, stripped."""
-        return path.read_text(errors="replace").strip()
+        """One sysfs attribute, stripped (one read: a sysfs attribute is at most a page)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 65536)
+        finally:
+            os.close(fd)
+        return data.decode(errors="replace").strip()
 
     def _attr(self, path: Path) -> str | None:
         """An optional attribute: None when absent; unreadable ones are logged once and also None."""

@@ -239,14 +239,14 @@ def test_garbage_values_are_omitted_never_guessed() -> None:
 
 
 def test_permission_denied_attribute_is_skipped_and_the_rest_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = Path.read_text
+    real = PcieCollector._read
 
-    def read_text(self: Path, *a: Any, **kw: Any) -> str:
-        if self.name == "current_link_width" and "0000:41:00.0" in str(self):
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *a, **kw)
+    def read(path: Path) -> str:
+        if path.name == "current_link_width" and "0000:41:00.0" in str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(PcieCollector, "_read", staticmethod(read))
     _, s = sample_of("riser")
     link = s.devices["0000:41:00.0"].link
     assert link is not None and link.current_width is None and link.current_speed_gts == 8.0

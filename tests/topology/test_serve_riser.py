@@ -36,6 +36,7 @@ async def test_serve_on_riser_box_shows_degraded_hop_and_remote_pinned_process()
     settings.enabled = {n: n in ("pcie", "numa") for n in registry}
     daemon = Daemon(settings, build_collectors(settings, registry))
     await daemon.start()
+    assert daemon._hotplug is not None and daemon._hotplug.targets  # the pcie collector is hotplug-driven
     try:
         body = ""
         for _ in range(100):
