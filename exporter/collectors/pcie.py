@@ -152,7 +152,11 @@ class PcieCollector(Collector):
     def update(self) -> PcieSample:
         if self._scan_due():
             self._rescan.clear()
-            self._topology = self._enumerate()
+            try:
+                self._topology = self._enumerate()
+            except BaseException:
+                self._rescan.set()  # retry next cycle instead of sampling a stale device set for a minute
+                raise
             self._cycles_since_scan = 0
             self.scans += 1
             live = {n.bdf for n in self._topology.nodes}

@@ -316,3 +316,18 @@ def test_bridge_directly_above_a_gpu_is_its_link_partner_even_when_the_switch_up
     assert [s.devices[b].port for b in s.chains["0000:82:00.0"]] == ["root_port", "downstream_port", "endpoint"]
     assert s.devices["0000:81:00.0"].link_peer == "0000:82:00.0"
     assert s.devices["0000:80:03.1"].link_peer == "0000:81:00.0"
+
+
+def test_failed_enumeration_is_retried_on_the_next_cycle(copy_box: Any) -> None:
+    root = copy_box("riser")
+    bus = root / "sys/bus/pci/devices"
+    c = PcieCollector(context(root))
+    assert "0000:41:00.0" in c.update().devices
+    c.request_rescan("test")
+    hidden = root / "sys/bus/pci/hidden"
+    bus.rename(hidden)
+    with pytest.raises(NoDataError):
+        c.update()
+    hidden.rename(bus)
+    assert "0000:41:00.0" in c.update().devices
+    assert c.scans == 2
