@@ -7,12 +7,29 @@ Prometheus server would (every ``overhead_scrape_every`` s). CPU is the daemon p
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import procs, procstat
-from bench.common import STEADY, WAITING, Context, Options, fastest_flags, scenario_args, series_count, start_ready
+from bench.common import (
+    STEADY,
+    WAITING,
+    Context,
+    Options,
+    fastest_flags,
+    registry,
+    scenario_args,
+    series_count,
+    start_ready,
+)
 from bench.common import sum_metric as metric_sum
+from bench.probe import SIM_RELOAD
 from bench.report import Section, fmt_mib, fmt_pct
 
 BUDGET_STEADY = 1.0  # % of one core, DESIGN.md "Budgets"
@@ -71,19 +88,68 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
     }
 
 
+def breakdown(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmup: float) -> dict[str, Any]:
+    """Where the daemon's CPU goes: the same configuration under bench/probe.py, CPU charged per sampler."""
+    port = procs.free_port()
+    sim = scenario_args(ctx, opts, scenario)
+    fd, tmp = tempfile.mkstemp(prefix="gpufeed-bench-probe-", suffix=".json")
+    os.close(fd)
+    out = Path(tmp)
+    out.unlink()
+    proc = procs.gpufeed(port, [*sim, *flags], name="gpufeed-breakdown", probe_out=out)
+    try:
+        with proc:
+            start_ready(proc, port, gpus=8 if sim else 0)
+            time.sleep(warmup)
+            c0 = procstat.cpu_seconds(proc.pid)
+            os.kill(proc.pid, signal.SIGUSR1)
+            t_end = time.monotonic() + opts.overhead_seconds
+            while (left := t_end - time.monotonic()) > 0:
+                time.sleep(min(opts.overhead_scrape_every, left))
+                proc.check_alive()
+                procs.get(port)
+            os.kill(proc.pid, signal.SIGUSR2)
+            c1 = procstat.cpu_seconds(proc.pid)
+            proc.stop()
+        dump: dict[str, Any] = json.loads(out.read_text())
+    finally:
+        with contextlib.suppress(OSError):
+            out.unlink()
+    wall = dump["window"]["wall_s"]
+    parts = {k: v["cpu_s"] for k, v in dump["cpu"].items()}
+    total = c1 - c0  # /proc/<pid>/stat, as in the main measurement
+    # The fake-NVML reload is nested inside the GPU samplers' time: report it, do not count it twice.
+    rest = max(0.0, total - sum(v for k, v in parts.items() if k != SIM_RELOAD))
+    shares = sorted(parts.items(), key=lambda kv: -kv[1])
+    return {"wall_s": wall, "total_s": total, "parts": dict(shares), "rest_s": rest,
+            "calls": {k: v["calls"] for k, v in dump["cpu"].items()}}
+
+
+def deep_off_flags() -> list[str]:
+    """Flags that keep per-thread sampling at its slow rate whatever the verdict (steady state by force)."""
+    from exporter.config import collector_options
+
+    cls = registry().get("derived")
+    if cls is None or not any(o.name == "deep-interval" for o in collector_options(cls)):
+        return []
+    return ["--collector.derived.deep-interval", "5s"]
+
+
 def run(ctx: Context, opts: Options) -> Section:
     sec = Section("overhead", "Overhead (CPU and memory of the daemon process)")
     sim = ctx.simulator_active(opts)
     host = "8 GPUs, 192 CPUs, 8 x 150-thread GPU processes (simulated)" if sim else "this host (no simulator)"
     fast = fastest_flags()
+    hold = deep_off_flags()
     configs = [
         ("defaults, all GPUs working", STEADY, [], opts.warmup, BUDGET_STEADY),
+        ("defaults, all GPUs working, deep sampling held off", STEADY, hold, opts.warmup, BUDGET_STEADY),
         ("fastest settings, all GPUs working", STEADY, fast, opts.warmup, None),
         ("defaults, 2 GPUs waiting (deep sampling on)", WAITING, [], opts.deep_warmup, BUDGET_WAITING),
         ("fastest settings, 2 GPUs waiting", WAITING, fast, opts.deep_warmup, None),
     ]
     if opts.smoke:  # one default and one fastest configuration exercise every code path
-        configs = configs[1:3]
+        configs = configs[2:4]
     for label, scenario, flags, warmup, budget in configs:
         try:
             r = measure(ctx, opts, scenario, flags, warmup)
@@ -99,7 +165,25 @@ def run(ctx: Context, opts: Options) -> Section:
         sec.add(f"series / overruns, {label}", f"{r['series']:.0f} series, {r['overruns']:.0f} overruns in window")
         sec.add(f"noise, {label}", f"simulator child {fmt_pct(r['sim_cpu_pct'])} (not counted); "
                 f"other load on host {r['other_busy_cores']:.2f} cores")
+    for label, scenario, warmup in (("defaults, all GPUs working", STEADY, opts.warmup),
+                                    ("defaults, 2 GPUs waiting", WAITING, opts.deep_warmup)):
+        if opts.smoke and scenario is WAITING:
+            continue
+        try:
+            b = breakdown(ctx, opts, scenario, [], warmup)
+        except (procs.BenchError, OSError, ValueError, KeyError) as e:
+            sec.note(f"CPU breakdown ({label}) failed: {str(e)[:300]}")
+            continue
+        sec.raw[f"breakdown: {label}"] = b
+        w = b["wall_s"]
+        top = [(k, v) for k, v in b["parts"].items()][:8]
+        cells = [f"{k} {100 * v / w:.2f}% ({b['calls'][k]} runs)" for k, v in top]
+        cells.append(f"event loop, scheduling, serving (rest) {100 * b['rest_s'] / w:.2f}%")
+        sec.add(f"CPU breakdown, {label} (% of one core)",
+                f"total {100 * b['total_s'] / w:.2f}%: " + "; ".join(cells))
     sec.note(f"Host: {host}. {ctx.simulate_detail}.")
+    sec.note("CPU breakdown: a second run of the same configuration under bench/probe.py, which charges each "
+             "sampler run and each payload render with the CPU time of the thread that ran it.")
     sec.note("Fastest settings: every collector duration option and --web.render-interval at 100 ms "
              "(the GPM hardware floor) -- a worst case, not a recommendation.")
     sec.note(f"Scraped every {opts.overhead_scrape_every:g} s during the window (a Prometheus at that interval); "

@@ -6,21 +6,83 @@ The daemon is the unmodified one (``exporter.cli.main``, same flags, same collec
 the probe only keeps a reference to the :class:`exporter.daemon.Daemon` it builds so that, after
 SIGTERM, the engine's bounded history buffers -- which carry the monotonic time each sample was
 taken -- can be written out. The sampling-fidelity benchmark computes jitter from them.
+
+It also charges CPU to its parts: the calling thread's CPU time (``time.thread_time``, about a
+microsecond per call) around every sampler run and every payload render, so the overhead benchmark can
+say which sampler costs what; the rest of the process's CPU is the event loop, scheduling and serving.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import exporter.daemon as daemon_mod
+import exporter.engine as engine_mod
+import exporter.exposition as exposition_mod
 from exporter.cli import main
 
 _captured: list[daemon_mod.Daemon] = []
+# part -> [calls, thread CPU seconds]; written from sampler threads and the loop: list ops under the GIL.
+_cpu: dict[str, list[float]] = {}
+
+
+_reset_at = [0.0, time.monotonic()]  # process CPU and monotonic time when the accounts were last reset
+
+
+def _reset(signum: int, frame: FrameType | None) -> None:
+    """SIGUSR1: start the CPU accounts afresh (the benchmark's window starts after warm-up)."""
+    _cpu.clear()
+    _reset_at[:] = [time.process_time(), time.monotonic()]
+
+
+_frozen: list[dict[str, Any]] = []
+
+
+def _freeze(signum: int, frame: FrameType | None) -> None:
+    """SIGUSR2: end of the benchmark's window; the dump reports the accounts as they are now."""
+    _frozen[:] = [_accounts()]
+
+
+def _accounts() -> dict[str, Any]:
+    return {
+        "cpu": {part: {"calls": int(v[0]), "cpu_s": v[1]} for part, v in _cpu.items()},
+        "window": {"process_cpu_s": time.process_time() - _reset_at[0], "wall_s": time.monotonic() - _reset_at[1]},
+    }
+
+
+def _charge(part: str, seconds: float) -> None:
+    acc = _cpu.setdefault(part, [0, 0.0])
+    acc[0] += 1
+    acc[1] += seconds
+
+
+_real_call = engine_mod.Engine._call
+_real_render = exposition_mod.Renderer.render
+
+
+def _timed_call(fn: Callable[[], Any]) -> tuple[Any, BaseException | None, float]:
+    c0 = time.thread_time()
+    try:
+        return _real_call(fn)
+    finally:
+        _charge("sampler " + getattr(fn, "__qualname__", repr(fn)), time.thread_time() - c0)
+
+
+def _timed_render(self: exposition_mod.Renderer, snap: Any) -> None:
+    c0 = time.thread_time()
+    try:
+        _real_render(self, snap)
+    finally:
+        _charge("render (Renderer.render)", time.thread_time() - c0)
 
 
 class _ProbedDaemon(daemon_mod.Daemon):
@@ -45,8 +107,31 @@ def dump(out: Path) -> None:
                 "t": [x.t for x in d.engine.history(name)],
             }
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"samplers": samplers}))
+    tmp.write_text(json.dumps({"samplers": samplers, **(_frozen[0] if _frozen else _accounts())}))
     tmp.replace(out)
+
+
+SIM_RELOAD = "simulation only: fake NVML state reload (FakeNvml._maybe_reload, inside the GPU samplers)"
+
+
+def _account_fake_nvml() -> None:
+    """Charge the fake NVML's reload of the simulator's state file separately: a real driver has no such cost."""
+    try:
+        from exporter.sim import fakenvml
+    except ImportError:
+        return
+    real = getattr(fakenvml.FakeNvml, "_maybe_reload", None)
+    if real is None:
+        return
+
+    def timed(self: Any) -> None:
+        c0 = time.thread_time()
+        try:
+            real(self)
+        finally:
+            _charge(SIM_RELOAD, time.thread_time() - c0)
+
+    fakenvml.FakeNvml._maybe_reload = timed  # type: ignore[method-assign]
 
 
 def run(argv: list[str]) -> int:
@@ -55,6 +140,11 @@ def run(argv: list[str]) -> int:
         return 2
     out = Path(argv[0])
     daemon_mod.Daemon = _ProbedDaemon  # type: ignore[misc]
+    engine_mod.Engine._call = staticmethod(_timed_call)  # type: ignore[method-assign]
+    exposition_mod.Renderer.render = _timed_render  # type: ignore[method-assign]
+    signal.signal(signal.SIGUSR1, _reset)
+    signal.signal(signal.SIGUSR2, _freeze)
+    _account_fake_nvml()
     try:
         return main(argv[1:])
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import platform
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -116,18 +117,45 @@ def _payload(body: bytes, content_type: str) -> Payload:
     return Payload(body=body, gz=gzip.compress(body, compresslevel=1), content_type=content_type)
 
 
+class _Families:
+    """A collector that yields an already-built list of families: collect once, format twice."""
+
+    def __init__(self) -> None:
+        self.families: list[Metric] = []
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+# A format asked for within this long is re-rendered in the background with every new snapshot; one not
+# asked for is rendered only on demand. Prometheus asks for OpenMetrics, curl and most tools for text.
+WARM_SECONDS = 300.0
+
+
 class Renderer:
-    """Renders the snapshot into cached payloads (text always, OpenMetrics on first demand)."""
+    """Renders the snapshot into cached payloads, in the background, in the formats scrapers ask for.
+
+    The metric families are collected once per snapshot and formatted into text and/or OpenMetrics --
+    each format that was asked for in the last ``WARM_SECONDS`` -- so that a scrape, whatever it
+    negotiates, only copies bytes. A format nobody asked for recently is formatted on its first request
+    (from the families already collected) and kept warm from then on.
+    """
 
     def __init__(self, collectors: Sequence[Collector], derived: DerivedMetrics | None = None) -> None:
         self.source = SnapshotCollector(collectors, derived)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.source)
+        self._families = _Families()
+        self._formatted = CollectorRegistry(auto_describe=False)
+        self._formatted.register(self._families)
         self._lock = threading.Lock()
         self._version = -1
         self._text: Payload = _payload(b"", TEXT_CONTENT_TYPE)
+        self._text_version = -1
         self._om: Payload | None = None
         self._om_version = -1
+        self._text_asked = time.monotonic()  # text is what an unconfigured client gets: warm from the start
+        self._om_asked = -WARM_SECONDS
 
     @property
     def version(self) -> int:
@@ -135,26 +163,46 @@ class Renderer:
         return self._version
 
     def render(self, snap: Snapshot) -> None:
-        """Render ``snap`` into the cached text payload (background, never on the scrape path)."""
+        """Collect ``snap``'s families and format the warm formats (background, never on the scrape path)."""
         with self._lock:
             if snap.version == self._version:
                 return
             self.source.snapshot = snap
-            self._text = _payload(generate_text(self.registry), TEXT_CONTENT_TYPE)
+            self._families.families = list(self.registry.collect())
             self._version = snap.version
-            self._om = None
+            now = time.monotonic()
+            om_warm = now - self._om_asked < WARM_SECONDS
+            if now - self._text_asked < WARM_SECONDS or not om_warm:
+                self._format_text()
+            if om_warm:
+                self._format_om()
+
+    def _format_text(self) -> Payload:
+        self._text = _payload(generate_text(self._formatted), TEXT_CONTENT_TYPE)
+        self._text_version = self._version
+        return self._text
+
+    def _format_om(self) -> Payload:
+        self._om = _payload(generate_openmetrics(self._formatted), OPENMETRICS_CONTENT_TYPE)  # type: ignore[no-untyped-call]
+        self._om_version = self._version
+        return self._om
 
     def text(self) -> Payload:
         """The newest text-format payload."""
-        return self._text
+        self._text_asked = time.monotonic()
+        text = self._text
+        if self._text_version == self._version:
+            return text
+        with self._lock:
+            return self._text if self._text_version == self._version else self._format_text()
 
     def openmetrics(self) -> Payload:
-        """The newest OpenMetrics payload (rendered once per snapshot, on first request)."""
+        """The newest OpenMetrics payload (formatted in the background once asked for)."""
+        self._om_asked = time.monotonic()
         om = self._om
         if om is not None and self._om_version == self._version:
             return om
         with self._lock:
-            if self._om is None or self._om_version != self._version:
-                self._om = _payload(generate_openmetrics(self.registry), OPENMETRICS_CONTENT_TYPE)  # type: ignore[no-untyped-call]
-                self._om_version = self._version
-            return self._om
+            if self._om is not None and self._om_version == self._version:
+                return self._om
+            return self._format_om()

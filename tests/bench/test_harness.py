@@ -143,7 +143,8 @@ def _server(chunked: bool) -> Iterator[int]:
             while True:
                 await reader.readuntil(b"\r\n\r\n")
                 if chunked:
-                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n")
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                 b"3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n")
                 else:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
                 await writer.drain()

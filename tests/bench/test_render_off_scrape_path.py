@@ -1,0 +1,78 @@
+"""The scrape-latency fix: a Prometheus scrape (OpenMetrics) must not format the payload on the scrape path,
+and the families are collected once per snapshot whatever the formats asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from types import MappingProxyType
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from exporter import exposition
+from exporter.collectors.base import Collector, CollectorContext
+from exporter.snapshot import Snapshot, Stamped
+
+
+class Counted(Collector):
+    name = "counted"
+    help = "test"
+
+    def __init__(self) -> None:
+        super().__init__(CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent")))
+        self.collects = 0
+
+    def update(self) -> float:
+        return 1.0
+
+    def metrics(self, snap: Snapshot) -> Iterable[Metric]:
+        self.collects += 1
+        g = GaugeMetricFamily("gpufeed_test_value", "A test value.")
+        g.add_metric([], float(snap.value("counted") or 0.0))
+        return [g]
+
+
+def snap(version: int, value: float) -> Snapshot:
+    return Snapshot(version=version, t=float(version),
+                    latest=MappingProxyType({"counted": Stamped(float(version), value)}))
+
+
+def test_openmetrics_scrapes_after_the_first_get_bytes_formatted_in_the_background() -> None:
+    c = Counted()
+    r = exposition.Renderer([c])
+    r.render(snap(1, 1.0))
+    first = r.openmetrics()  # first request: formatted on demand, from the families already collected
+    assert b"gpufeed_test_value 1.0" in first.body
+    assert c.collects == 1
+
+    formatted: list[str] = []
+    real_om, real_text = r._format_om, r._format_text
+
+    def om() -> exposition.Payload:
+        formatted.append("om")
+        return real_om()
+
+    def text() -> exposition.Payload:
+        formatted.append("text")
+        return real_text()
+
+    r._format_om, r._format_text = om, text  # type: ignore[method-assign]
+    r.render(snap(2, 2.0))
+    assert formatted == ["text", "om"]  # both warm: text since start, OpenMetrics since it was asked for
+    assert c.collects == 2  # collected once for both formats
+    formatted.clear()
+    body = r.openmetrics().body
+    assert b"gpufeed_test_value 2.0" in body and body.endswith(b"# EOF\n")
+    assert b"gpufeed_test_value 2.0" in r.text().body
+    assert formatted == []  # the scrapes only copied bytes
+
+
+def test_a_format_nobody_asked_for_recently_is_not_formatted_in_the_background() -> None:
+    c = Counted()
+    r = exposition.Renderer([c])
+    r._text_asked -= exposition.WARM_SECONDS + 1  # text last asked for long ago
+    r.openmetrics()
+    r.render(snap(1, 1.0))
+    assert r._text_version != r.version  # text went cold
+    assert b"gpufeed_test_value 1.0" in r.text().body  # and is still right when asked for again
+    assert c.collects == 1
