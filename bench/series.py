@@ -2,8 +2,8 @@
 
 Each scenario runs under ``gpufeed serve --simulate`` at default settings until its GPUs are all
 described and the series count has settled; then the text payload is counted. A series belongs to a
-GPU when it carries that GPU's ``gpu`` label (non-empty) or its PCI address as ``gpu_bdf`` (the PCIe
-chain above it); everything else is host-level.
+GPU when it carries that GPU's ``gpu`` label (non-empty), its PCI address as ``gpu_bdf`` (the PCIe
+chain above it) or the address of one of that chain's hops as ``bdf``; everything else is host-level.
 """
 
 from __future__ import annotations
@@ -44,10 +44,15 @@ def attribute(body: str) -> tuple[Counter[str], int, int]:
     lines = [(m.group(1), dict(_LABEL.findall(m.group(2) or ""))) for m in _LINE.finditer(body)]
     bdf_to_gpu = {_bdf(lb["pci_bus_id"]): lb["gpu"] for name, lb in lines
                   if name == "gpufeed_gpu_info" and "pci_bus_id" in lb and "gpu" in lb}
+    # A hop of a GPU's PCIe chain (a series naming bdf and gpu_bdf) belongs to that GPU, and so do the
+    # series that name only the hop's bdf (AER counters).
+    hop_to_gpu = {_bdf(lb["bdf"]): bdf_to_gpu[_bdf(lb["gpu_bdf"])] for _, lb in lines
+                  if "bdf" in lb and _bdf(lb.get("gpu_bdf", "")) in bdf_to_gpu}
     per: Counter[str] = Counter()
     host = 0
     for _, lb in lines:
-        gpu = lb.get("gpu") or bdf_to_gpu.get(_bdf(lb.get("gpu_bdf", "")), "")
+        gpu = (lb.get("gpu") or bdf_to_gpu.get(_bdf(lb.get("gpu_bdf", "")))
+               or hop_to_gpu.get(_bdf(lb.get("bdf", ""))) or "")
         if gpu:
             per[gpu] += 1
         else:
@@ -108,6 +113,7 @@ def run(ctx: Context, opts: Options) -> Section:
         sec.add(path.name, f"{len(per)}/{expected} GPUs, max {top} per GPU, {host} host, {total} total",
                 f"<= {BUDGET_PER_GPU} per GPU, <= {BUDGET_PER_HOST} per host", ok)
     sec.note(f"Worst case over all scenarios: {worst_gpu} series per GPU, {worst_host} host-level series.")
-    sec.note("A series counts for a GPU when it has a non-empty gpu label or that GPU's address as gpu_bdf; "
-             "histogram buckets count one series each.")
+    sec.note("A series counts for a GPU when it has a non-empty gpu label, that GPU's address as gpu_bdf, or the "
+             "address of a hop of that GPU's PCIe chain as bdf (AER counters); histogram buckets count one series "
+             "each.")
     return sec

@@ -51,6 +51,7 @@ gpufeed_gpu_power_watts{gpu="0"} 350.0
 gpufeed_gpu_power_watts{gpu="1"} 351.5
 gpufeed_pcie_link_current_width{bdf="0000:17:00.0",role="switch_downstream",gpu_bdf="0000:18:00.0"} 16.0
 gpufeed_pcie_link_current_width{bdf="0000:29:00.0",role="switch_downstream",gpu_bdf="0000:2a:00.0"} 16.0
+gpufeed_pcie_aer_errors_total{bdf="0000:17:00.0",role="switch_downstream",severity="fatal"} 0.0
 gpufeed_finding{check="memory_pressure",gpu=""} 0.0
 gpufeed_memory_total_bytes 5.49755813888e+11
 gpufeed_process_cpu_seconds_total{pid="20000",comm="python",mode="user"} 12.5
@@ -61,12 +62,13 @@ gpufeed_gpu_idle_gap_seconds_bucket{gpu="0",le="+Inf"} 4.0
 
 def test_series_with_gpu_or_gpu_bdf_label_count_for_that_gpu_and_the_rest_for_the_host() -> None:
     per, host, total = series.attribute(PAYLOAD)
-    # gpu 0: info, power, its PCIe hop (by gpu_bdf, NVML's 8-digit domain), two histogram buckets.
-    assert per == {"0": 5, "1": 3}
+    # gpu 0: info, power, its PCIe hop (by gpu_bdf, NVML's 8-digit domain), that hop's AER counter (by bdf),
+    # two histogram buckets.
+    assert per == {"0": 6, "1": 3}
     # the host-wide finding (gpu=""), memory and the per-process series are host-level.
     assert host == 3
-    assert total == 11
-    assert common.series_count(PAYLOAD.encode()) == 11
+    assert total == 12
+    assert common.series_count(PAYLOAD.encode()) == 12
     assert common.gpu_count(PAYLOAD.encode()) == 2
 
 
