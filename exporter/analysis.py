@@ -141,6 +141,7 @@ class Analyzer(Collector):
         self._deep_slow: float | None = None
         self._last_t: float | None = None
         self._gpus: dict[int, _GpuState] = {}
+        self._raised: set[tuple[str, str]] = set()
 
     def samplers(self) -> list[SamplerSpec]:
         return [SamplerSpec(self.name, self.interval, self.update, blocking=False)]
@@ -216,6 +217,10 @@ class Analyzer(Collector):
             cand = classify(judged, shape, io, capacity=capacity, link_name=link_name, window_s=span,
                             previous=prev)
             st.settled = settle(st.settled, cand.cause, now, self.hold_s)
+            if st.settled.cause != prev:
+                self.log.info("verdict_changed", gpu=idx, cause=st.settled.cause, previous=prev,
+                              confidence=cand.confidence, waiting_ratio=round(cand.waiting_ratio, 3),
+                              evidence=cand.evidence[0] if cand.evidence else "")
             st.verdict = self._verdict(view, cand, st)
             verdicts[idx] = st.verdict
             self._account(st, util_pts, cand, dt, now)
@@ -241,6 +246,7 @@ class Analyzer(Collector):
             if f2 is not None:
                 found.append(f2)
         self._adapt_depth(any_waiting)
+        self._log_findings(found)
         self._last_t = now
         for gone in set(self._gpus) - set(identities):
             del self._gpus[gone]
@@ -311,6 +317,16 @@ class Analyzer(Collector):
             periodic_gaps=False if view is None else view.burst.periodic,
             links=MappingProxyType(dict(links)),
         )
+
+    def _log_findings(self, found: Sequence[Finding]) -> None:
+        """One event when a finding is raised and one when it clears (not one per evaluation)."""
+        now = {(f.check, "" if f.gpu is None else str(f.gpu)): f for f in found}
+        for key, f in now.items():
+            if key not in self._raised:
+                self.log.warning("finding_raised", check=f.check, gpu=key[1], severity=f.severity, detail=f.detail)
+        for key in self._raised - set(now):
+            self.log.info("finding_cleared", check=key[0], gpu=key[1])
+        self._raised = set(now)
 
     def _adapt_depth(self, waiting: bool) -> None:
         """Per-thread sampling fast while a GPU waits, back to its configured interval otherwise."""
