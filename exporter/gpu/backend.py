@@ -91,6 +91,9 @@ AFFINITY_SCOPE_NODE = 0
 
 UNKNOWN_STREAK_LOST = 3
 
+# Longest a fast tick waits so its GPM sample is >= 100 ms after the previous one (scheduling jitter).
+GPM_MAX_WAIT_S = 0.005
+
 
 class GpuUnavailableError(Exception):
     """NVML cannot be used on this host (no library, no driver, no GPU); the message says which."""
@@ -182,6 +185,7 @@ class NvmlBackend:
         provider: NvmlProvider,
         *,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
         pid_max: int = PID_MAX_LIMIT,
         numa_of: Callable[[str], int | None] | None = None,
         retry_unavailable_s: float = 60.0,
@@ -190,6 +194,7 @@ class NvmlBackend:
     ) -> None:
         self._provider = provider
         self._clock = clock
+        self._sleep = sleep
         self._pid_max = pid_max
         self._numa_of = numa_of
         self._retry_unavailable_s = retry_unavailable_s
@@ -537,7 +542,15 @@ class NvmlBackend:
         nvml = self._nvml
         prev = g.gpm_prev
         if prev is not None and now - prev[1] < C.GPM_MIN_PAIR_SECONDS - 1e-6:
-            return  # too close: the pair would be invalid; the next tick spans the whole interval
+            # Too close for a valid pair. A tick that is early only by scheduling jitter waits the few ms
+            # left (else every other 100 ms pair would be skipped); otherwise the next tick spans it all.
+            deficit = C.GPM_MIN_PAIR_SECONDS - (now - prev[1])
+            if deficit > GPM_MAX_WAIT_S:
+                return
+            self._sleep(deficit)
+            now = self._clock()
+            if now - prev[1] < C.GPM_MIN_PAIR_SECONDS - 1e-6:
+                return
         cur = g.gpm_samples[1] if prev is not None and prev[0] is g.gpm_samples[0] else g.gpm_samples[0]
         got = self._opt(g, "nvmlGpmSampleGet", nvml.nvmlGpmSampleGet, g.handle, cur)
         if got is None:

@@ -327,3 +327,30 @@ def test_gpm_sampling_refused_in_a_vm_falls_back_without_sm_activity(rig: MakeRi
     assert g.sm_active is None and g.sm_active_seconds is None
     assert not r.engine.snapshot.value("gpu").identities[0].gpm
     assert r.value("gpufeed_gpu_busy_seconds_total", gpu="0") == pytest.approx(1.0, abs=0.1)
+
+
+def test_fast_tick_early_by_jitter_waits_instead_of_skipping_the_gpm_pair() -> None:
+    from exporter.gpu.backend import NvmlBackend
+    from exporter.sim.fakenvml import FakeNvml
+
+    fake = FakeNvml({"devices": [device(0)]})
+    now = [0.0]
+    slept: list[float] = []
+
+    def at(t: float) -> None:
+        now[0] = t
+        st = fake.state
+        st["t"] = t
+        fake.set_state(st)
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        at(now[0] + s)
+
+    b = NvmlBackend(lambda: fake, clock=lambda: now[0], sleep=sleep)
+    for k in range(20):
+        at(k * 0.1 + (0.003 if k % 2 else 0.0))  # odd ticks late by 3 ms: even ticks come 97 ms after
+        b.fast()
+    assert fake.calls["nvmlGpmMetricsGet"] == 19, "no pair skipped"
+    assert fake.gpm_short_pairs == 0
+    assert len(slept) == 9 and all(abs(s - 0.003) < 1e-9 for s in slept)
