@@ -28,7 +28,7 @@ class Options:
 
     warmup: float = 10.0
     deep_warmup: float = 25.0  # a waiting verdict (<= 15 s after onset) must switch deep sampling on first
-    overhead_seconds: float = 60.0
+    overhead_seconds: float = 45.0
     overhead_scrape_every: float = 15.0
     latency_seconds: float = 5.0
     latency_levels: tuple[int, ...] = (1, 10, 50)

@@ -3,7 +3,7 @@
 The daemon runs under bench/probe.py -- the unmodified ``gpufeed serve`` that, on exit, writes the
 monotonic time of every buffered sample. stress-ng then burns every core for a bounded time, and the
 actual intervals between samples inside that window are compared with the configured ones. The same is
-done on an idle host (baseline), with the daemon at Nice=-5, and -- where a writable cgroup-v1 cpu
+done without a burner (baseline), with the daemon at Nice=-5, and -- where a writable cgroup-v1 cpu
 controller exists -- in its own cgroup with cpu.shares equivalent to systemd's CPUWeight=1000.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench import procs, scrape
+from bench import procs, procstat, scrape
 from bench.common import STEADY, Context, Options, scenario_args, start_ready, sum_metric
 from bench.report import Section, fmt_ms
 
@@ -105,12 +105,14 @@ def condition(ctx: Context, opts: Options, label: str, *, burn: bool, nice: int 
                 how = f"{how} + {group}" if nice else group
             time.sleep(opts.warmup)
             _, body0 = procs.get(port)
+            h0 = procstat.host_ticks()[0]
             t0 = time.monotonic()
             if burn:
                 stack.enter_context(procs.stress(opts.cpus, opts.fidelity_seconds + 1))
             # One Prometheus-like scraper at 4 Hz: is /metrics still fast while every core is busy?
             lat = scrape.scrape(port, concurrency=1, seconds=opts.fidelity_seconds, interval=0.25)
             t1 = time.monotonic()
+            host_busy = (procstat.host_ticks()[0] - h0) / procstat.CLK_TCK / (t1 - t0)
             proc.check_alive()
             _, body1 = procs.get(port)
             proc.stop()
@@ -122,14 +124,14 @@ def condition(ctx: Context, opts: Options, label: str, *, burn: bool, nice: int 
     r |= {"label": label, "how": how,
           "overruns": sum_metric(body1, "gpufeed_sampler_overruns_total")
           - sum_metric(body0, "gpufeed_sampler_overruns_total"),
-          "scrape_p50": lat.p50, "scrape_p99": lat.p99, "scrape_errors": lat.errors}
+          "scrape_p50": lat.p50, "scrape_p99": lat.p99, "scrape_errors": lat.errors, "host_busy_cores": host_busy}
     return r
 
 
 def run(ctx: Context, opts: Options) -> Section:
     sec = Section("fidelity", "Sampling fidelity under CPU saturation")
     conds: list[tuple[str, dict[str, Any]]] = [
-        ("idle host", {"burn": False}),
+        ("no burner", {"burn": False}),
         ("all cores burning, default scheduling", {"burn": True}),
         ("all cores burning, Nice=-5", {"burn": True, "nice": -5}),
         (f"all cores burning, CPUWeight={CPU_WEIGHT}", {"burn": True, "weight": CPU_WEIGHT}),
@@ -149,6 +151,7 @@ def run(ctx: Context, opts: Options) -> Section:
         sec.add(f"{label}: |interval error| p50 / p99", f"{fmt_ms(r['err_p50'])} / {fmt_ms(r['err_p99'])}")
         sec.add(f"{label}: overruns / skipped ticks", f"{r['overruns']:.0f} / {r['skipped']}")
         sec.add(f"{label}: /metrics at 4 Hz p50 / p99", f"{fmt_ms(r['scrape_p50'])} / {fmt_ms(r['scrape_p99'])}")
+        sec.add(f"{label}: host CPU busy during the window", f"{r['host_busy_cores']:.2f} of {opts.cpus} cores")
     sec.note(f"Burner: stress-ng --cpu {opts.cpus} (every core) for {opts.fidelity_seconds:g} s; intervals "
              "from the engine's own sample timestamps (every sampler with interval <= 1 s), "
              f"{'simulated 8-GPU host' if ctx.simulate else 'this host'}.")

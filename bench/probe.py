@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,13 +36,15 @@ _captured: list[daemon_mod.Daemon] = []
 _cpu: dict[str, list[float]] = {}
 
 
-_reset_at = [0.0, time.monotonic()]  # process CPU and monotonic time when the accounts were last reset
+# process CPU, monotonic time and main-thread (event loop) CPU when the accounts were last reset
+_reset_at = [0.0, time.monotonic(), 0.0]
 
 
 def _reset(signum: int, frame: FrameType | None) -> None:
     """SIGUSR1: start the CPU accounts afresh (the benchmark's window starts after warm-up)."""
     _cpu.clear()
-    _reset_at[:] = [time.process_time(), time.monotonic()]
+    _on_loop[0] = 0.0
+    _reset_at[:] = [time.process_time(), time.monotonic(), time.thread_time()]  # handlers run on the main thread
 
 
 _frozen: list[dict[str, Any]] = []
@@ -55,14 +58,20 @@ def _freeze(signum: int, frame: FrameType | None) -> None:
 def _accounts() -> dict[str, Any]:
     return {
         "cpu": {part: {"calls": int(v[0]), "cpu_s": v[1]} for part, v in _cpu.items()},
-        "window": {"process_cpu_s": time.process_time() - _reset_at[0], "wall_s": time.monotonic() - _reset_at[1]},
+        "window": {"process_cpu_s": time.process_time() - _reset_at[0], "wall_s": time.monotonic() - _reset_at[1],
+                   "loop_thread_cpu_s": time.thread_time() - _reset_at[2], "loop_charged_s": _on_loop[0]},
     }
+
+
+_on_loop = [0.0]  # charged CPU that ran on the main (event-loop) thread
 
 
 def _charge(part: str, seconds: float) -> None:
     acc = _cpu.setdefault(part, [0, 0.0])
     acc[0] += 1
     acc[1] += seconds
+    if threading.current_thread() is threading.main_thread() and not part.startswith("simulation only"):
+        _on_loop[0] += seconds
 
 
 _real_call = engine_mod.Engine._call
