@@ -17,6 +17,8 @@ from exporter.sim.scenario import load
 
 HERE = Path(__file__).parent / "scenarios"
 FILES = sorted(HERE.glob("*.yaml"))
+# The repository's copy of the shared contract scenarios (shared/scenarios/*.yaml).
+CONTRACT = sorted((Path(__file__).parent.parent / "scenarios").glob("*.yaml"))
 
 
 def _play(name: str) -> PlayResult:
@@ -36,6 +38,27 @@ def _phase_span(res: PlayResult, prefix: str) -> list[tuple[float, float]]:
 def test_edge_case_scenario_expectations_hold(path: Path) -> None:
     res = play(load(path), timeline=False)
     assert check(res) == []
+
+
+@pytest.mark.parametrize("path", CONTRACT, ids=[p.stem for p in CONTRACT])
+def test_contract_scenario_expectations_hold(path: Path) -> None:
+    res = play(load(path), timeline=False)
+    assert check(res) == []
+
+
+def test_every_verdict_settles_within_15_s_of_its_phase_onset_and_does_not_flap() -> None:
+    for path in (HERE / "multi_gpu_mixed.yaml", HERE / "single_core_host.yaml"):
+        res = play(load(path), timeline=True)
+        start = 0.0
+        for ph in res.scenario.phases:
+            for exp in res.scenario.expect:
+                if exp.phase != ph.name:
+                    continue
+                for gpu, want in exp.gpus.items():
+                    seen = [(t, s.gpus[gpu].cause) for t, s in res.timeline if start < t <= ph.end_s and gpu in s.gpus]
+                    late = [c for t, c in seen if t > start + 15.0]
+                    assert late and set(late) == {want}, (path.name, ph.name, gpu, seen)
+            start = ph.end_s
 
 
 def test_flapping_idle_link_never_raises_a_downgrade_at_any_evaluation() -> None:
