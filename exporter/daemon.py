@@ -105,7 +105,10 @@ class Daemon:
 
     async def start(self) -> None:
         """Bind the listener, then start sampling and rendering."""
-        await self.web.start()
+        # Never serve the renderer's initial empty payload: a scrape in the first milliseconds would be a
+        # 200 with no series at all (not even gpufeed_build_info).
+        self.renderer.render(self.engine.snapshot)
+        await self.web.start_in_thread()
         self.engine.start()
         # udev pci/block events re-enumerate PCI devices; without udev, periodic rescans (logged once).
         self._hotplug = hotplug.attach(self.collectors)
@@ -140,10 +143,10 @@ class Daemon:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        await self.web.stop()
+        await self.web.stop_in_thread(timeout=1.0)
         if self._hotplug is not None:
             self._hotplug.stop()
-        await self.engine.stop(timeout=1.0)
+        await self.engine.stop(timeout=0.5)
 
 
 async def _amain(

@@ -147,7 +147,7 @@ class NumaCollector(Collector):
                 nodes[int(m.group(1))] = parse_cpulist(path.read_text())
             except FileNotFoundError:
                 continue
-            except (OSError, CpulistError) as e:
+            except (OSError, CpulistError, UnicodeDecodeError) as e:  # undecodable bytes: name the file
                 raise CollectorError(f"{path}: {e}") from e
         if not nodes:
             raise NoDataError(f"no node*/cpulist under {base}")

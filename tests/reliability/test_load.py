@@ -22,7 +22,8 @@ from .test_lifecycle import Daemon, child
 
 def ticks(d: Daemon) -> tuple[float, float]:
     """(runs, overruns) of the test daemon's 50 ms sampler."""
-    body = d.get()[1]
+    code, body = d.get()
+    assert code == 200 and "test_ticks" in body, (code, body[:500])
     runs = float(re.search(r"^test_ticks (\S+)$", body, re.M).group(1))  # type: ignore[union-attr]
     over = float(re.search(r'^gpufeed_sampler_overruns_total\{sampler="ticks"\} (\S+)$', body, re.M)  # type: ignore[union-attr]
                  .group(1))
@@ -52,7 +53,8 @@ def test_200_back_to_back_scrapers_are_all_answered_and_sampling_keeps_its_ticks
     # Every 50 ms tick either ran or was counted as an overrun: nothing silently lost.
     print(f"ticks in {elapsed:.1f} s: {runs1 - runs0:.0f} run, {over1 - over0:.0f} counted as overruns; {r}")
     assert (runs1 - runs0) + (over1 - over0) >= 0.9 * (elapsed - 0.1) / 0.05, (runs1 - runs0, over1 - over0, elapsed)
-    assert after["threads"] <= before["threads"]  # no thread per connection
+    # main + web + at most 4 sampler workers + the web loop's default executor: no thread per connection
+    assert after["threads"] <= 8, after
     assert after["rss_mib"] - before["rss_mib"] < 50
 
 
@@ -61,7 +63,10 @@ def test_slowloris_connections_are_cut_at_the_read_timeout_and_scrapes_go_on(dae
     assert r["closed_by_server"] >= 300, r
     assert 0.8 <= r["closed_after_s_p50"] <= 2.0, r  # --web.read-timeout=1s
     assert r["probe"]["status"] == {200: r["probe"]["requests"]}, r
-    assert load.proc_stats(daemon.proc.pid)["fds"] < 100  # all released
+    deadline = time.monotonic() + 3.0  # the last ones are cut one read timeout after the attack stops
+    while load.proc_stats(daemon.proc.pid)["fds"] >= 100:
+        assert time.monotonic() < deadline, "connections not released"
+        time.sleep(0.1)
 
 
 def test_idle_connections_are_closed_and_do_not_block_scrapes(daemon: Daemon) -> None:
