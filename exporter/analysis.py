@@ -248,8 +248,9 @@ class Analyzer(Collector):
         self._adapt_depth(any_waiting)
         self._log_findings(found)
         self._last_t = now
-        for gone in set(self._gpus) - set(identities):
-            del self._gpus[gone]
+        # A GPU missing from this evaluation (its sampler failed once, or it was unplugged) keeps its state:
+        # its counters continue where they were if it comes back, instead of resetting. Bounded by the
+        # number of GPUs the host ever had.
         return DerivedState(
             t=now, gpus=MappingProxyType(verdicts), findings=tuple(found),
             activity=MappingProxyType(activity), window_s=win,
