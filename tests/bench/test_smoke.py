@@ -57,8 +57,12 @@ def well_formed(sec: Section) -> None:
 def test_overhead_smoke_measures_the_daemon_pid_in_each_configuration(ctx: Context, opts: Options) -> None:
     sec = BENCHMARKS["overhead"](ctx, opts)
     well_formed(sec)
-    configs = [v for k, v in sec.raw.items() if isinstance(v, dict)]
+    configs = [v for k, v in sec.raw.items() if isinstance(v, dict) and not k.startswith("breakdown")]
     assert len(configs) == 2
+    (breakdown,) = [v for k, v in sec.raw.items() if k.startswith("breakdown")]
+    assert breakdown["parts"], "no sampler was charged any CPU"
+    assert all(v >= 0 for v in breakdown["parts"].values())
+    assert breakdown["total_s"] >= 0 and breakdown["wall_s"] > 0
     for r in configs:
         assert r["cpu_pct"] >= 0 and r["wall_s"] > 0
         assert r["rss_end"] > 1_000_000  # a Python daemon is never under 1 MB
