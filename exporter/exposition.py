@@ -149,11 +149,11 @@ class Renderer:
         self._formatted = CollectorRegistry(auto_describe=False)
         self._formatted.register(self._families)
         self._lock = threading.Lock()
-        self._version = -1
-        self._text: Payload = _payload(b"", TEXT_CONTENT_TYPE)
-        self._text_version = -1
-        self._om: Payload | None = None
-        self._om_version = -1
+        self._version = -1  # the snapshot whose families were collected last (set once its warm formats are done)
+        # (snapshot version, payload): replaced as one reference, so a reader on another thread (the HTTP
+        # server's) never pairs a payload with the wrong version and never waits for a render in progress.
+        self._text: tuple[int, Payload] = (-1, _payload(b"", TEXT_CONTENT_TYPE))
+        self._om: tuple[int, Payload] | None = None
         self._text_asked = time.monotonic()  # text is what an unconfigured client gets: warm from the start
         self._om_asked = -WARM_SECONDS
 
@@ -169,40 +169,40 @@ class Renderer:
                 return
             self.source.snapshot = snap
             self._families.families = list(self.registry.collect())
-            self._version = snap.version
             now = time.monotonic()
             om_warm = now - self._om_asked < WARM_SECONDS
             if now - self._text_asked < WARM_SECONDS or not om_warm:
-                self._format_text()
+                self._format_text(snap.version)
             if om_warm:
-                self._format_om()
+                self._format_om(snap.version)
+            self._version = snap.version
 
-    def _format_text(self) -> Payload:
-        self._text = _payload(generate_text(self._formatted), TEXT_CONTENT_TYPE)
-        self._text_version = self._version
-        return self._text
+    def _format_text(self, version: int) -> Payload:
+        payload = _payload(generate_text(self._formatted), TEXT_CONTENT_TYPE)
+        self._text = (version, payload)
+        return payload
 
-    def _format_om(self) -> Payload:
-        self._om = _payload(generate_openmetrics(self._formatted), OPENMETRICS_CONTENT_TYPE)  # type: ignore[no-untyped-call]
-        self._om_version = self._version
-        return self._om
+    def _format_om(self, version: int) -> Payload:
+        payload = _payload(generate_openmetrics(self._formatted), OPENMETRICS_CONTENT_TYPE)  # type: ignore[no-untyped-call]
+        self._om = (version, payload)
+        return payload
 
     def text(self) -> Payload:
         """The newest text-format payload."""
         self._text_asked = time.monotonic()
-        text = self._text
-        if self._text_version == self._version:
-            return text
-        with self._lock:
-            return self._text if self._text_version == self._version else self._format_text()
+        version, payload = self._text
+        if version >= self._version:
+            return payload
+        with self._lock:  # text went cold (nobody asked for it for a while): format it once, now
+            version, payload = self._text
+            return payload if version >= self._version else self._format_text(self._version)
 
     def openmetrics(self) -> Payload:
         """The newest OpenMetrics payload (formatted in the background once asked for)."""
         self._om_asked = time.monotonic()
         om = self._om
-        if om is not None and self._om_version == self._version:
-            return om
-        with self._lock:
-            if self._om is not None and self._om_version == self._version:
-                return self._om
-            return self._format_om()
+        if om is not None and om[0] >= self._version:
+            return om[1]
+        with self._lock:  # first request (or cold): format once from the families already collected
+            om = self._om
+            return om[1] if om is not None and om[0] >= self._version else self._format_om(self._version)

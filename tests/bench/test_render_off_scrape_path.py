@@ -3,6 +3,7 @@ and the families are collected once per snapshot whatever the formats asked for.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from types import MappingProxyType
@@ -48,13 +49,13 @@ def test_openmetrics_scrapes_after_the_first_get_bytes_formatted_in_the_backgrou
     formatted: list[str] = []
     real_om, real_text = r._format_om, r._format_text
 
-    def om() -> exposition.Payload:
+    def om(version: int) -> exposition.Payload:
         formatted.append("om")
-        return real_om()
+        return real_om(version)
 
-    def text() -> exposition.Payload:
+    def text(version: int) -> exposition.Payload:
         formatted.append("text")
-        return real_text()
+        return real_text(version)
 
     r._format_om, r._format_text = om, text  # type: ignore[method-assign]
     r.render(snap(2, 2.0))
@@ -73,6 +74,20 @@ def test_a_format_nobody_asked_for_recently_is_not_formatted_in_the_background()
     r._text_asked -= exposition.WARM_SECONDS + 1  # text last asked for long ago
     r.openmetrics()
     r.render(snap(1, 1.0))
-    assert r._text_version != r.version  # text went cold
+    assert r._text[0] != r.version  # text went cold
     assert b"gpufeed_test_value 1.0" in r.text().body  # and is still right when asked for again
     assert c.collects == 1
+
+
+def test_a_scrape_from_the_http_thread_never_waits_for_a_render_in_progress() -> None:
+    c = Counted()
+    r = exposition.Renderer([c])
+    r.render(snap(1, 1.0))
+    r.openmetrics()
+    got: list[bytes] = []
+    with r._lock:  # a render holds the lock for as long as collecting and formatting take
+        t = threading.Thread(target=lambda: got.extend([r.text().body, r.openmetrics().body]))
+        t.start()
+        t.join(5)
+        assert not t.is_alive(), "the scrape waited for the render"
+    assert b"gpufeed_test_value 1.0" in got[0] and b"gpufeed_test_value 1.0" in got[1]
