@@ -60,6 +60,6 @@ def run(ctx: Context, opts: Options) -> Section:
     sec.note(f"Client: one asyncio loop, raw HTTP/1.1 keep-alive connections, {opts.latency_seconds:g} s per level, "
              "closed loop. Client and servers share this machine's "
              f"{opts.cpus} CPUs, so at 10 and 50 scrapers the figures include queueing behind the client itself "
-             "(client CPU per level is in the raw results); errors are 503s from --web.max-requests (40 by default "
-             "in both exporters).")
+             "(client CPU per level is in the raw results). Errors are non-200 answers: node_exporter answers 503 "
+             "beyond its --web.max-requests (40 by default).")
     return sec
