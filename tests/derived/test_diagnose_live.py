@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from exporter.diagnose import live_exit_code, print_live, run_diagnose
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "host" / "capture"
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging_config() -> Iterator[None]:
+    """diagnose configures logging for its process like any CLI command; give the next tests theirs back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def _ns(**kw: object) -> argparse.Namespace:
