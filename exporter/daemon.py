@@ -144,6 +144,8 @@ class Daemon:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.web.stop_in_thread(timeout=1.0)
+        if self.webconfig is not None:
+            self.webconfig.close()
         if self._hotplug is not None:
             self._hotplug.stop()
         await self.engine.stop(timeout=0.5)

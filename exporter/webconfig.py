@@ -30,6 +30,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -448,6 +449,8 @@ class WebConfigManager:
         self._cache: OrderedDict[bytes, bool] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()
+        # One thread for bcrypt, created on first need: bounded, and never the event loop's default pool.
+        self._bcrypt_pool: ThreadPoolExecutor | None = None
 
     # ---- reload ----------------------------------------------------------------------------------------
 
@@ -539,14 +542,24 @@ class WebConfigManager:
             if hit is not None:
                 self._cache.move_to_end(key)
         if hit is None:
-            loop = asyncio.get_running_loop()
-            hit = await loop.run_in_executor(None, self._check, password, hashed)
+            with self._cache_lock:
+                if self._bcrypt_pool is None:
+                    self._bcrypt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt")
+                pool = self._bcrypt_pool
+            hit = await asyncio.get_running_loop().run_in_executor(pool, self._check, password, hashed)
             hit = hit and valid_user
             with self._cache_lock:
                 self._cache[key] = hit
                 while len(self._cache) > AUTH_CACHE_SIZE:
                     self._cache.popitem(last=False)
         return hit and valid_user
+
+    def close(self) -> None:
+        """Release the bcrypt thread (daemon stop)."""
+        with self._cache_lock:
+            pool, self._bcrypt_pool = self._bcrypt_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _check(self, password: str, hashed: bytes) -> bool:
         with self._bcrypt_lock:  # one bcrypt at a time: it is CPU heavy
