@@ -366,7 +366,9 @@ class WebServer:
             self.requests_rejected += 1
             await self._send(writer, 429, b"Too Many Requests\n", "text/plain; charset=utf-8", close=not keep_alive)
             return
-        if self.policy is not None and not await self.policy.authorize(req.headers):
+        # /healthz answers without basic auth: container and Kubernetes probes cannot easily send credentials,
+        # and it tells nothing but "ok". TLS, client certificates and the rate limit still apply to it.
+        if self.policy is not None and req.path != "/healthz" and not await self.policy.authorize(req.headers):
             await self._send(writer, 401, b"Unauthorized\n", "text/plain; charset=utf-8", close=not keep_alive,
                              extra={"WWW-Authenticate": 'Basic realm="gpufeed"'})
             return

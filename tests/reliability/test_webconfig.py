@@ -170,6 +170,8 @@ async def test_basic_auth_with_curl_and_bcrypt_paid_once_per_credential(
         assert (await curl(*code, "-u", "alice:wonderland", url))[1] == "200"
     _rc, out, _ = await curl("-i", url)
     assert 'WWW-Authenticate: Basic realm="gpufeed"' in out
+    assert (await curl(*code, f"http://127.0.0.1:{srv.port}/"))[1] == "401"  # the landing page too
+    assert (await curl(*code, f"http://127.0.0.1:{srv.port}/healthz"))[1] == "200"  # probes need no password
     # wrong password, unknown user (checked against a dummy hash: same time), right password -- once each
     assert calls == [b"wrong", b"wonderland", b"wonderland"]
 
