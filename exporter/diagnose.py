@@ -77,7 +77,7 @@ async def _sample_live(engine: Engine, duration: float, tty: TextIO | None) -> N
 
 
 def live_report(engine: Engine, duration: float) -> dict[str, Any]:
-    """The live report as a JSON-ready dict (per-GPU fields as in SPEC.md's phases)."""
+    """The live report as a JSON-ready dict in SPEC.md's shape: one phase named ``live``."""
     snap = engine.snapshot
     state = snap.value("derived")
     gpu_status = snap.status.get("gpu")
@@ -130,14 +130,22 @@ def live_report(engine: Engine, duration: float) -> dict[str, Any]:
         ]
     else:
         out["note"] = "the derived layer produced no evaluation (run longer than a few seconds)"
-    return out
+    # SPEC.md's shape: one phase, "live", covering the sampled time.
+    phase = {"name": "live", "end_s": out["duration_s"], "gpus": out.pop("gpus"), "findings": out.pop("findings")}
+    return {"scenario": None, **out, "phases": [phase]}
+
+
+def _phase(report: Mapping[str, Any]) -> Mapping[str, Any]:
+    phases = report.get("phases") or [{}]
+    return dict(phases[-1])
 
 
 def live_exit_code(report: Mapping[str, Any]) -> int:
     """0 when every GPU is healthy or idle and nothing was found; 1 for any finding or any other verdict."""
-    if report.get("findings"):
+    ph = _phase(report)
+    if ph.get("findings"):
         return 1
-    if any(g.get("cause") not in ("healthy", "idle") for g in report.get("gpus", [])):
+    if any(g.get("cause") not in ("healthy", "idle") for g in ph.get("gpus", [])):
         return 1
     return 0
 
@@ -150,7 +158,8 @@ def print_live(report: Mapping[str, Any], out: TextIO) -> None:
     out.write(head + "\n")
     if report.get("note"):
         out.write(f"  {report['note']}\n")
-    for g in report["gpus"]:
+    ph = _phase(report)
+    for g in ph.get("gpus", []):
         wait = "" if g["waiting_ratio"] is None else f"  waiting {round(100 * g['waiting_ratio'])}%"
         conf = "" if g["confidence"] is None else f"  (confidence {g['confidence']:.2f})"
         out.write(f"\nGPU {g['index']} {g['name']}: {(g['cause'] or 'no verdict').upper()}{wait}{conf}\n")
@@ -158,8 +167,9 @@ def print_live(report: Mapping[str, Any], out: TextIO) -> None:
             out.write(f"  - {e}\n")
         if g.get("next_check"):
             out.write(f"  next: {g['next_check']}\n")
-    out.write("\nFindings:\n" if report["findings"] else "\nFindings: none\n")
-    for f in report["findings"]:
+    findings = ph.get("findings", [])
+    out.write("\nFindings:\n" if findings else "\nFindings: none\n")
+    for f in findings:
         where = "host" if f["gpu"] is None else f"GPU {f['gpu']}"
         out.write(f"  [{f['severity']}] {f['check']} ({where}): {f['detail']}\n")
 

@@ -33,10 +33,11 @@ def _ns(**kw: object) -> argparse.Namespace:
 def test_gpu_less_host_says_so_and_still_reports_host_findings(capsys: pytest.CaptureFixture[str]) -> None:
     rc = run_diagnose(_ns())
     doc = json.loads(capsys.readouterr().out)
-    assert doc["gpus"] == []
+    (live,) = doc["phases"]
+    assert live["name"] == "live" and live["gpus"] == []
     assert "no GPU on this host" in doc["note"]
-    assert isinstance(doc["findings"], list)
-    assert rc == (1 if doc["findings"] else 0)
+    assert isinstance(live["findings"], list)
+    assert rc == (1 if live["findings"] else 0)
 
 
 @pytest.mark.parametrize("bad", ["abc", "-3s", "0"])
@@ -50,11 +51,12 @@ def test_check_without_a_scenario_is_a_usage_error() -> None:
 
 
 def _report(cause: str, findings: list[dict[str, object]]) -> dict[str, object]:
-    return {"host": "h", "duration_s": 30.0, "window_s": 15.0, "findings": findings, "gpus": [{
-        "index": 0, "uuid": "GPU-0", "name": "NVIDIA H100", "cause": cause, "confidence": 0.9,
-        "waiting_ratio": 0.71, "waiting_share_of_run": 0.6,
-        "evidence": ["GPU 0 waited 71% of the last 15 s", "thread 4242 (python) at 0.98 core, 44% system"],
-        "next_check": "top -H -p 4242"}]}
+    gpu = {"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100", "cause": cause, "confidence": 0.9,
+           "waiting_ratio": 0.71, "waiting_share_of_run": 0.6,
+           "evidence": ["GPU 0 waited 71% of the last 15 s", "thread 4242 (python) at 0.98 core, 44% system"],
+           "next_check": "top -H -p 4242"}
+    return {"scenario": None, "host": "h", "duration_s": 30.0, "window_s": 15.0,
+            "phases": [{"name": "live", "end_s": 30.0, "gpus": [gpu], "findings": findings}]}
 
 
 def test_waiting_gpu_or_any_finding_exits_1_and_a_healthy_host_exits_0() -> None:
