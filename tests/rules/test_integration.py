@@ -318,10 +318,6 @@ def test_idle_gpu_dropping_to_gen1_fires_no_alert_over_a_whole_loop(stack: Stack
     assert _alerts_fired(stack, "idle") == set()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug outside the rules (2026-11-30): under `gpufeed serve --simulate`, healthy_training's busy GPUs "
-    "(busy_seconds rate ~0.9) get idle_ratio ~0.67 and ~40% waiting (input_bound at speed 2, latency_bound at "
-    "speed 1), so GpufeedGPUStarved fires; `diagnose --scenario` says healthy. Remove this marker with the fix."))
 def test_healthy_training_fires_no_alert_over_a_whole_loop(stack: Stack) -> None:
     assert _alerts_fired(stack, "healthy") == set()
 
