@@ -6,6 +6,7 @@ Built from the three GPU samplers (``gpu`` fast, ``gpu_samples`` buffered, ``gpu
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,27 +75,49 @@ def _buffered(window: Sequence[Stamped[GpuSample]], index: int) -> list[tuple[fl
     return [(s.t, g) for s in window if isinstance(g := s.value.gpus.get(index), GpuBuffered)]
 
 
+def _gpm_series(f: list[tuple[float, GpuFast]], name: str) -> list[tuple[float, float]]:
+    """(time, value) of a GPM-derived field of the fast samples, paired with the time it refers to.
+
+    That is ``counter_t`` (the newer GPM sample of the pair the value comes from) when the backend sets it,
+    else the stamp. A fast tick too soon after the previous GPM sample for a valid pair republishes the
+    previous values with the same ``counter_t``: such repeats are dropped, so the next pair's increase is
+    spread over the time it really covers instead of reading as an idle tick and a clipped one.
+    """
+    out: list[tuple[float, float]] = []
+    last = -math.inf
+    for t, g in f:
+        v = getattr(g, name)
+        if v is None:
+            continue
+        at = t if g.counter_t is None else g.counter_t
+        if at <= last:
+            continue
+        out.append((at, float(v)))
+        last = at
+    return out
+
+
 def _activity(
     f: list[tuple[float, GpuFast]], b: list[tuple[float, GpuBuffered]], gpm: bool,
 ) -> tuple[tuple[Point, ...], tuple[Point, ...]]:
     util: tuple[Point, ...] = ()
     if gpm:
-        util = series.counter_points_of([(t, g.busy_seconds) for t, g in f if g.busy_seconds is not None])
+        util = series.counter_points_of(_gpm_series(f, "busy_seconds"))
     if not util:
+        # The driver-sample integral is paired with the read's stamp: a read whose buffer is empty (no
+        # kernel ran since the last sample) repeats the value, and that interval really was idle.
         util = series.counter_points_of([(t, g.busy_seconds) for t, g in b if g.busy_seconds is not None])
     driver: tuple[Point, ...] | None = None
     if not util:
         driver = _driver_points(b)
         util = driver
     if not util:
-        util = series.counter_points_of(
-            [(t, g.sm_active_seconds) for t, g in f if g.sm_active_seconds is not None])
+        util = series.counter_points_of(_gpm_series(f, "sm_active_seconds"))
     shape: tuple[Point, ...] = ()
     if gpm:
-        shape = series.gauge_points_of([(t, g.sm_active) for t, g in f if g.sm_active is not None])
+        shape = series.gauge_points_of(_gpm_series(f, "sm_active"))
         if not shape:
-            shape = series.counter_points_of(
-                [(t, g.sm_active_seconds) for t, g in f if g.sm_active_seconds is not None])
+            shape = series.counter_points_of(_gpm_series(f, "sm_active_seconds"))
     if not shape:
         shape = (driver if driver is not None else _driver_points(b)) or util
     return util, shape
@@ -147,7 +170,7 @@ def gpu_view(
     f = _fast(fast, index)
     sl = _slow(slow, index)
     util_pts, shape_pts = _activity(f, _buffered(buffered, index), gpm)
-    sm_vals = [g.sm_active for _, g in f if g.sm_active is not None]
+    sm_vals = [v for _, v in _gpm_series(f, "sm_active")]
     sm_active = sum(sm_vals) / len(sm_vals) if sm_vals and gpm else None
     util = series.mean(util_pts)
     if util is None and sm_active is not None:

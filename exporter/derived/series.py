@@ -91,7 +91,11 @@ def counter_points(
     window: Sequence[Stamped[GpuSample]], index: int, field: str, kind: type = GpuFast,
 ) -> tuple[Point, ...]:
     """Activity from differences of a cumulative seconds counter (``busy_seconds`` or ``sm_active_seconds``
-    of GpuFast, or ``busy_seconds`` of GpuBuffered), in engine time."""
+    of GpuFast, or ``busy_seconds`` of GpuBuffered), in engine time.
+
+    GpuFast integrals are paired with their ``counter_t`` when set (the time they were integrated up to);
+    a repeat with the same ``counter_t`` (a tick without a GPM pair) is skipped, not read as idle.
+    """
     out: list[Point] = []
     prev: tuple[float, float] | None = None
     for s in window:
@@ -100,21 +104,28 @@ def counter_points(
         if v is None:
             prev = None
             continue
-        if prev is not None and s.t > prev[0]:
-            dt = s.t - prev[0]
+        at = g.counter_t if isinstance(g, GpuFast) and g.counter_t is not None else s.t
+        if prev is not None:
+            if at <= prev[0]:
+                continue
+            dt = at - prev[0]
             out.append(Point(prev[0], dt, _clip((v - prev[1]) / dt)))
-        prev = (s.t, float(v))
+        prev = (at, float(v))
     return tuple(out)
 
 
 def gauge_points(window: Sequence[Stamped[GpuSample]], index: int, field: str) -> tuple[Point, ...]:
-    """Activity from an instantaneous ratio (GPM ``sm_active``), each value held until the next sample."""
+    """Activity from a GPM ratio (``sm_active``), each value describing the interval that ends at its pair's
+    ``counter_t`` (else its stamp); repeats of the same ``counter_t`` are skipped."""
     vals: list[tuple[float, float]] = []
     for s in window:
         g = _fast(s, index)
         v = None if g is None else getattr(g, field)
-        if v is not None:
-            vals.append((s.t, float(v)))
+        if v is None or g is None:
+            continue
+        at = s.t if g.counter_t is None else g.counter_t
+        if not vals or at > vals[-1][0]:
+            vals.append((at, float(v)))
     out = [Point(t0, t1 - t0, _clip(v1)) for (t0, _), (t1, v1) in itertools.pairwise(vals) if t1 > t0]
     return tuple(out)
 

@@ -30,6 +30,14 @@ class GpuFast:
     SM_UTIL and GRAPHICS_UTIL, "time any compute/graphics app was active") and are None without GPM; the
     driver-sample integral of utilisation, available on every GPU, is ``GpuBuffered.busy_seconds``.
     ``throttle_seconds`` maps a clock-event reason to the cumulative seconds the driver reports for it.
+
+    ``counter_t`` is the time (the backend's clock: engine time) up to which the GPM integrals
+    ``sm_active_seconds`` / ``busy_seconds`` were integrated -- the time of the newer GPM sample of the
+    last pair -- and the time the GPM ratios (``sm_active`` ...) end at. NVML needs GPM pairs >= 100 ms
+    apart, so a fast tick that comes too soon after the previous GPM sample republishes the same integrals
+    and ratios with the same ``counter_t``: pair values with ``counter_t``, not with the sample's stamp,
+    and drop repeats (paired with the stamp, a repeat reads as an idle interval followed by one above
+    100%). None without GPM, and from producers that do not set it (then the stamp is the best time).
     """
 
     sm_active: float | None
@@ -46,6 +54,7 @@ class GpuFast:
     power_w: float | None
     sm_active_seconds: float | None
     busy_seconds: float | None
+    counter_t: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
