@@ -25,8 +25,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorContext, NoDataError, Option, SamplerSpec
-from exporter.gpu.backend import PID_MAX_LIMIT, GpuUnavailableError, NvmlBackend
+from exporter.collectors.base import Collector, CollectorContext, CollectorError, NoDataError, Option, SamplerSpec
+from exporter.gpu.backend import PID_MAX_LIMIT, GpuInitError, GpuUnavailableError, NvmlBackend
 from exporter.gpu.constants import CLOCK_EVENT_REASONS
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuSample, GpuSlow
 from exporter.snapshot import Snapshot
@@ -98,6 +98,8 @@ class GpuCollector(Collector):
             return path(self._get_backend())
         except GpuUnavailableError as e:
             raise NoDataError(f"GPU not available: {e}") from e
+        except GpuInitError as e:  # NVML is installed but cannot be used: a failure, not absence
+            raise CollectorError(str(e)) from e
 
     def _get_backend(self) -> NvmlBackend:
         with self._lock:

@@ -15,10 +15,13 @@ It receives the NVML module through injection (``pynvml``, imported lazily by th
 Errors (nvml.h return codes): ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_PERMISSION`` disable that
 call (or field) for that GPU, logged once. ``GPU_IS_LOST`` marks the GPU lost (so do three ``UNKNOWN`` in a
 row: drivers answer that for a GPU that fell off the bus); the others keep sampling, and NVML is
-re-initialised with exponential backoff until the GPU answers again. No library, no driver or no GPU
-raise :class:`GpuUnavailableError` and are retried every ``retry_unavailable_s``. Any other exception (a bug,
-or the strict fake's AssertionError) propagates. ``nvmlDeviceGetPcieThroughput`` is never called: it
-blocks ~20 ms per call.
+re-initialised with exponential backoff until the GPU answers again. No NVML library (or bindings) or no GPU
+raise :class:`GpuUnavailableError` (absence by design) and are retried every ``retry_unavailable_s``. Any other
+``nvmlInit`` error (``NO_PERMISSION``: the daemon's user cannot open ``/dev/nvidiactl``; ``DRIVER_NOT_LOADED``:
+the library is there but the kernel module is not; anything else) raises :class:`GpuInitError` naming the
+NVML error and a hint, logged once, retried with exponential backoff up to ``retry_unavailable_s``. Any
+other exception (a bug, or the strict fake's AssertionError) propagates. ``nvmlDeviceGetPcieThroughput`` is
+never called: it blocks ~20 ms per call.
 """
 
 from __future__ import annotations
@@ -61,8 +64,15 @@ ERR_GPU_IS_LOST = 15
 ERR_UNKNOWN = 999
 _DISABLING = {ERR_NOT_SUPPORTED: "not_supported", ERR_FUNCTION_NOT_FOUND: "function_not_found",
               ERR_NO_PERMISSION: "no_permission"}
-_UNAVAILABLE = {ERR_LIBRARY_NOT_FOUND: "NVML library not found (no NVIDIA driver installed)",
-                ERR_DRIVER_NOT_LOADED: "NVIDIA driver not loaded"}
+_UNAVAILABLE = {ERR_LIBRARY_NOT_FOUND: "NVML library not found (no NVIDIA driver installed)"}
+# nvmlInit errors on a host that has the NVML library: a misconfiguration to report, with what to do about it.
+_INIT_HINTS = {
+    ERR_NO_PERMISSION: "the daemon's user cannot open /dev/nvidiactl or /dev/nvidia*: add the daemon user to "
+                       "the video group (or the group owning /dev/nvidia*) and restart gpufeed",
+    ERR_DRIVER_NOT_LOADED: "the NVML library is installed but the NVIDIA kernel module is not loaded: check "
+                           "'lsmod | grep nvidia', dmesg and nvidia-smi",
+}
+_INIT_HINT_OTHER = "check nvidia-smi and dmesg on this host"
 
 # NVML value types of nvmlFieldValue_t (pynvml NVML_VALUE_TYPE_*).
 _VT_DOUBLE, _VT_UINT, _VT_ULONG, _VT_ULL, _VT_SLL, _VT_SINT, _VT_USHORT = range(7)
@@ -97,6 +107,11 @@ GPM_MAX_WAIT_S = 0.005
 
 class GpuUnavailableError(Exception):
     """NVML cannot be used on this host (no library, no driver, no GPU); the message says which."""
+
+
+class GpuInitError(Exception):
+    """NVML is installed but ``nvmlInit`` failed (no permission, driver not loaded, ...): a failure to report,
+    not absence; the message names the NVML error and what to do about it."""
 
 
 class _GpuLostError(Exception):
@@ -204,6 +219,8 @@ class NvmlBackend:
         self._initialised = False
         self._gpus: dict[int, _Gpu] = {}
         self._unavailable: str | None = None
+        self._init_failed: str | None = None
+        self._init_backoff = min(self._backoff_min, retry_unavailable_s)
         self._next_init: float = float("-inf")
         self._backoff = self._backoff_min
         self._next_reinit: float | None = None
@@ -266,15 +283,28 @@ class NvmlBackend:
         if self._initialised:
             return
         now = self._clock()
-        if now < self._next_init and self._unavailable is not None:
-            raise GpuUnavailableError(self._unavailable)
+        if now < self._next_init:
+            if self._init_failed is not None:
+                raise GpuInitError(self._init_failed)
+            if self._unavailable is not None:
+                raise GpuUnavailableError(self._unavailable)
         self._next_init = now + self._retry_unavailable_s
         try:
             self._init()
         except GpuUnavailableError as e:
-            self._unavailable = str(e)
+            self._unavailable, self._init_failed = str(e), None
             raise
-        self._unavailable = None
+        except GpuInitError as e:
+            self._unavailable, self._init_failed = None, str(e)
+            self._next_init = now + self._init_backoff
+            if log.once(("nvml_init_failed", self._tag, str(e))):
+                self._log.error("nvml_init_failed", error=str(e), retry_in=self._init_backoff)
+            self._init_backoff = min(self._init_backoff * 2, self._retry_unavailable_s)
+            raise
+        if self._init_failed is not None:
+            log.forget(("nvml_init_failed", self._tag, self._init_failed))
+        self._unavailable = self._init_failed = None
+        self._init_backoff = min(self._backoff_min, self._retry_unavailable_s)
 
     def _init(self) -> None:
         """Load NVML, initialise, enumerate; GpuUnavailableError when there is nothing to sample."""
@@ -287,8 +317,10 @@ class NvmlBackend:
             self._timed("nvmlInit", nvml.nvmlInit)
         except nvml.NVMLError as e:
             code = _code(e)
-            reason = _UNAVAILABLE.get(code, f"nvmlInit failed: {_errname(e)}")
-            raise GpuUnavailableError(reason) from e
+            if code in _UNAVAILABLE:
+                raise GpuUnavailableError(_UNAVAILABLE[code]) from e
+            hint = _INIT_HINTS.get(code, _INIT_HINT_OTHER)
+            raise GpuInitError(f"nvmlInit failed: {_errname(e)}: {hint}") from e
         self._initialised = True
         try:
             try:

@@ -169,7 +169,7 @@ def test_broken_source_file_fails_only_its_collector_logs_once_and_recovers(
 # ---- NVML ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("error", ["library_not_found", "driver_not_loaded"])
+@pytest.mark.parametrize("error", ["library_not_found"])
 def test_nvml_absent_leaves_host_signals_and_marks_gpu_not_available_quietly(root: Path, error: str) -> None:
     with capture_logs() as logs:
         h = Host(root, nvml=nvml_state(init_error=error))
@@ -181,14 +181,30 @@ def test_nvml_absent_leaves_host_signals_and_marks_gpu_not_available_quietly(roo
     assert len(events(logs, "collector_not_available", "gpu")) == 3  # once per GPU sampler, not per cycle
 
 
-@pytest.mark.xfail(strict=True, reason="gpu backend treats every nvmlInit error as 'not available'; see report")
-@pytest.mark.parametrize("error", ["no_permission", "unknown"])
-def test_nvml_init_failing_on_a_gpu_host_is_a_failure_not_absence(root: Path, error: str) -> None:
-    # The driver is there but nvmlInit fails (a non-root user without access to /dev/nvidiactl gives
+@pytest.mark.parametrize(("error", "hint"), [("no_permission", "video group"),
+                                           ("driver_not_loaded", "kernel module is not loaded"),
+                                           ("unknown", "nvidia-smi")])
+def test_nvml_init_failing_on_a_gpu_host_is_a_failure_not_absence(root: Path, error: str, hint: str) -> None:
+    # The NVML library is there but nvmlInit fails (a non-root user without access to /dev/nvidiactl gives
     # NO_PERMISSION): an operator must see gpufeed_collector_success{collector="gpu"} 0, not "no GPU here".
-    h = Host(root, nvml=nvml_state(init_error=error))
-    h.run(3.0)
-    assert h.success().get("gpu") == 0.0
+    with capture_logs() as logs:
+        h = Host(root, nvml=nvml_state(init_error=error))
+        h.run(3.0)
+        assert h.success().get("gpu") == 0.0
+        assert h.available()["gpu"] == 1.0
+        assert {k: v for k, v in h.success().items() if k != "gpu"} and set(
+            v for k, v in h.success().items() if k != "gpu") == {1.0}, "host collectors unaffected"
+        failed = [e for e in logs if e["event"] == "nvml_init_failed"]
+        assert len(failed) == 1 and failed[0]["log_level"] == "error", "logged once, not every cycle"
+        assert hint in failed[0]["error"]
+        h.run(120.0)
+        assert len([e for e in logs if e["event"] == "nvml_init_failed"]) == 1
+        calls = h.fake.calls["nvmlInit"]
+        assert 3 <= calls <= 10, f"retried with backoff (5 s doubling to 60 s), not every tick: {calls}"
+        h.nvml(lambda st: st.update(init_error=None))
+        h.run(65.0)
+    assert h.success()["gpu"] == 1.0, "recovers once the cause is fixed"
+    assert any(e["event"] == "collector_recovered" and e.get("collector") == "gpu" for e in logs)
 
 
 def test_gpu_lost_is_reported_for_that_gpu_only_and_it_comes_back(host: Host) -> None:
