@@ -176,6 +176,9 @@ class _Gpu:
     gpm_last: dict[int, float | None] = field(default_factory=dict)
     sm_active_seconds: float | None = None
     graphics_seconds: float | None = None
+    # Time the GPM integrals above were integrated up to (the newer sample of the last pair; the first
+    # sample before any pair): GpuFast.counter_t. A tick without a pair leaves it, like the integrals.
+    gpm_t: float | None = None
     tx: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_PCIE_BYTES_PER_S))
     rx: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_PCIE_BYTES_PER_S))
     replays: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_REPLAYS_PER_S))
@@ -565,6 +568,7 @@ class NvmlBackend:
             power_w=float(power_mw) / 1000.0 if power_mw is not None else None,
             sm_active_seconds=g.sm_active_seconds if g.gpm_ok else None,
             busy_seconds=g.graphics_seconds if g.gpm_ok else None,
+            counter_t=g.gpm_t if g.gpm_ok else None,
         )
 
     def _gpm(self, g: _Gpu, now: float) -> None:
@@ -593,6 +597,8 @@ class NvmlBackend:
             return
         if prev is None:
             g.gpm_prev = (cur, now)
+            if g.gpm_t is None:  # the integrals start here (a later re-anchor keeps the last integrated time)
+                g.gpm_t = now
             return
         mg = g.gpm_mg
         mg.sample1, mg.sample2 = prev[0], cur
@@ -609,8 +615,10 @@ class NvmlBackend:
         sm, gr = vals.get(C.GPM_SM_UTIL), vals.get(C.GPM_GRAPHICS_UTIL)
         if sm is not None and g.sm_active_seconds is not None:
             g.sm_active_seconds += min(max(sm, 0.0), 100.0) / 100.0 * dt
+            g.gpm_t = now
         if gr is not None and g.graphics_seconds is not None:
             g.graphics_seconds += min(max(gr, 0.0), 100.0) / 100.0 * dt
+            g.gpm_t = now
 
     def _fields(self, g: _Gpu, now: float) -> dict[int, int]:
         """One nvmlDeviceGetFieldValues call for every still-supported fast field; raw values by field id."""
