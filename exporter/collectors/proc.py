@@ -18,6 +18,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from exporter import log
 from exporter.collectors import register
 from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option, SamplerSpec
 from exporter.cpulist import CpulistError, parse_cpulist
@@ -122,6 +123,14 @@ class _GoneError(Exception):
     """The process vanished while it was being read."""
 
 
+class _MalformedError(Exception):
+    """One process's file could not be parsed (empty, truncated, garbage): that process is skipped."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
 @register
 class ProcCollector(Collector):
     """CPU time, placement and read pattern of the GPU processes; per-thread state on a second sampler."""
@@ -138,6 +147,8 @@ class ProcCollector(Collector):
         super().__init__(ctx)
         self.static_pids = frozenset(int(p) for p in ctx.options.get("pids", ()))
         self.threads_interval = float(ctx.options.get("threads-interval", 5.0))
+        self._log = log.get_logger(collector=self.name)
+        self._tag = f"{id(self):x}"
 
     def samplers(self) -> list[SamplerSpec]:
         return [
@@ -157,12 +168,24 @@ class ProcCollector(Collector):
         return self._sample(deep=True)
 
     def _sample(self, deep: bool) -> ProcSample:
+        """Every target process; one whose files are malformed is skipped (logged once per pid), the others
+        are kept. A host-level problem (procfs root missing, a read denied) fails the sampler."""
+        pids = sorted(self.pids())
+        if pids and not self.ctx.proc().is_dir():
+            raise CollectorError(f"{self.ctx.proc()}: procfs root missing (check --path.procfs)")
         out: dict[int, ProcessSample] = {}
-        for pid in sorted(self.pids()):
+        for pid in pids:
+            key = ("proc_parse_failed", self._tag, str(pid))
             try:
                 out[pid] = self._process(pid, deep)
             except _GoneError:
                 continue
+            except _MalformedError as e:
+                if log.once(key):
+                    self._log.warning("proc_parse_failed", pid=pid, file=e.path, reason=e.reason,
+                                      action="process skipped")
+                continue
+            log.forget(key)  # parsed again (or a new process with that pid): log the next failure
         return ProcSample(processes=MappingProxyType(out), deep=deep)
 
     def _read(self, *parts: str | int) -> str:
@@ -194,7 +217,7 @@ class ProcCollector(Collector):
         syscr: int | None = None
         try:
             rchar, syscr = self._parse(parse_io, self._read(pid, "io"), pid, "io")
-        except CollectorError as e:
+        except CollectorError as e:  # read errors only: malformed content is a _MalformedError
             if not isinstance(e.__cause__, PermissionError):
                 raise
             # Another user's process (ptrace access mode check): the read pattern is unknown, not zero.
@@ -210,14 +233,15 @@ class ProcCollector(Collector):
         )
 
     @staticmethod
-    def _parse(fn: Any, text: str, pid: int, what: str) -> Any:
+    def _parse(fn: Any, text: str, pid: int | str, what: str) -> Any:
+        """``fn(text)``; _MalformedError naming the file when it is empty or does not parse."""
         if not text:
             # An exiting process makes reads fail with ESRCH or ENOENT, never return nothing: empty is broken.
-            raise CollectorError(f"/proc/{pid}/{what}: empty")
+            raise _MalformedError(f"/proc/{pid}/{what}", "empty")
         try:
             return fn(text)
         except (ValueError, IndexError, CpulistError) as e:
-            raise CollectorError(f"/proc/{pid}/{what}: {e}") from e
+            raise _MalformedError(f"/proc/{pid}/{what}", str(e)) from e
 
     def _threads(self, pid: int) -> Iterable[ThreadStat]:
         """Per-thread CPU times from /proc/<pid>/task/<tid>/stat; a thread exiting mid-read is skipped."""
@@ -230,7 +254,7 @@ class ProcCollector(Collector):
             raise CollectorError(f"{base}: {e.strerror or e}") from e
         for tid in tids:
             try:
-                st = self._parse(parse_stat, self._read(pid, "task", tid, "stat"), tid, "stat")
+                st = self._parse(parse_stat, self._read(pid, "task", tid, "stat"), f"{pid}/task/{tid}", "stat")
             except _GoneError:
                 continue
             yield ThreadStat(tid=tid, comm=st.comm, state=st.state, utime=st.utime, stime=st.stime,

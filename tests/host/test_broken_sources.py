@@ -76,16 +76,23 @@ CASES: list[tuple[str, str, str, Callable[[str], str] | None]] = [
     ("cpufreq", "sys/devices/system/cpu/cpu3/cpufreq/scaling_cur_freq", "garbage", None),
     ("cpufreq", "sys/devices/system/cpu/cpu3/cpufreq/cpuinfo_max_freq", "denied", None),
     ("cpufreq", "sys/devices/system/cpu/cpu3/cpufreq/scaling_governor", "empty", lambda t: ""),
-    ("proc", "proc/4242/stat", "empty", lambda t: ""),
-    ("proc", "proc/4242/stat", "truncated", _lines(0, 6)),
-    ("proc", "proc/4242/stat", "malformed", lambda t: _field(t, 14, "12x4")),
-    ("proc", "proc/4242/stat", "garbage", None),
+    # A read denied under /proc/<pid> is a host-level problem (hidepid, missing privileges), not one bad process.
     ("proc", "proc/4242/stat", "denied", None),
-    ("proc", "proc/4242/status", "malformed", lambda t: t.replace("0-47,96-143", "0-47,96-")),
-    ("proc", "proc/4242/status", "truncated", _lines(3, 1)),
-    ("proc", "proc/4242/io", "malformed", lambda t: t.replace("syscr: 246913580", "syscr: many")),
-    ("proc", "proc/4242/task/4250/stat", "truncated", _lines(0, 10)),
     ("proc", "proc/4242/task", "denied", None),
+]
+
+# One process's file malformed: that process is skipped, the other one (4300) is still reported.
+PER_PROCESS: list[tuple[str, str, Callable[[str], str] | None]] = [
+    ("proc/4242/stat", "empty", lambda t: ""),
+    ("proc/4242/stat", "truncated", _lines(0, 6)),
+    ("proc/4242/stat", "malformed", lambda t: _field(t, 14, "12x4")),
+    ("proc/4242/stat", "garbage", None),
+    ("proc/4242/status", "malformed", lambda t: t.replace("0-47,96-143", "0-47,96-")),
+    ("proc/4242/status", "truncated", _lines(3, 1)),
+    ("proc/4242/status", "garbage", None),
+    ("proc/4242/io", "malformed", lambda t: t.replace("syscr: 246913580", "syscr: many")),
+    ("proc/4242/io", "empty", lambda t: ""),
+    ("proc/4242/task/4250/stat", "truncated", _lines(0, 10)),
 ]
 
 
@@ -130,6 +137,40 @@ def test_broken_source_fails_the_collector_with_a_clear_log_event(  # noqa: PLR0
               "pressure": "gpufeed_pressure_", "cpufreq": "gpufeed_cpufreq_", "proc": "gpufeed_process_threads"}
     if collector != "proc" or "task" in rel:
         assert not any(k.startswith(prefix[collector]) for k in s), [k for k in s if k.startswith(prefix[collector])]
+
+
+@pytest.mark.parametrize(("rel", "kind", "transform"), PER_PROCESS,
+                         ids=[f"{r.split('/', 2)[2]}-{k}" for r, k, _ in PER_PROCESS])
+def test_malformed_file_of_one_process_skips_that_process_and_keeps_the_others(
+    large: Path, deny: Callable[[Path], None], rel: str, kind: str, transform: Callable[[str], str] | None,
+) -> None:
+    col = make("proc", large, pids=(4242, 4300))
+    _break(large, rel, kind, transform, deny)
+    with capture_logs() as logs:
+        eng = run_engine(col, until=3.0)
+    assert not [e for e in logs if e["event"] == "collector_failed"], logs
+    skipped = [e for e in logs if e["event"] == "proc_parse_failed"]
+    assert len(skipped) == 1, "logged once per pid, not every cycle"
+    assert skipped[0]["pid"] == 4242 and rel.removeprefix("proc/") in skipped[0]["file"] and skipped[0]["reason"]
+    s = series(exposition(eng))
+    assert s['gpufeed_collector_success{collector="proc"}'] == 1
+    # task/*/stat is read only by the deep sampler: there the process is absent from the thread series.
+    family = "gpufeed_process_threads" if "task" in rel else "gpufeed_process_cpu_seconds"
+    assert any(k.startswith(family) and 'pid="4300"' in k for k in s), "the good process is still reported"
+    assert not any(k.startswith("gpufeed_process_") and 'pid="4242"' in k
+                   for k in s if k.startswith(family)), "the bad process is absent, not made up"
+
+
+def test_missing_procfs_root_fails_the_proc_collector(large: Path) -> None:
+    col = make("proc", large, pids=(4242, 4300))
+    shutil.rmtree(large / "proc")
+    with capture_logs() as logs:
+        eng = run_engine(col)
+    failed = [e for e in logs if e["event"] == "collector_failed" and e["collector"] == "proc"]
+    assert failed and "procfs root missing" in failed[0]["error"]
+    s = series(exposition(eng))
+    assert s['gpufeed_collector_success{collector="proc"}'] == 0
+    assert not any(k.startswith("gpufeed_process_") for k in s)
 
 
 def test_failure_is_logged_once_not_every_cycle_and_recovery_is_logged(large: Path) -> None:
