@@ -19,14 +19,23 @@ from bench import load
 
 from .test_lifecycle import Daemon, child
 
+_OVERRUNS = re.compile(r'^gpufeed_sampler_overruns_total\{sampler="ticks"\} (\S+)$', re.M)
+
 
 def ticks(d: Daemon) -> tuple[float, float]:
-    """(runs, overruns) of the test daemon's 50 ms sampler."""
+    """(runs, overruns) of the test daemon's 50 ms sampler.
+
+    The payload served before the engine's first publish has the collector's own family but no sampler
+    status yet (nothing has run); wait, bounded, for a payload rendered after the sampler started.
+    """
+    deadline = time.monotonic() + 5.0
     code, body = d.get()
+    while not (code == 200 and _OVERRUNS.search(body)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        code, body = d.get()
     assert code == 200 and "test_ticks" in body, (code, body[:500])
     runs = float(re.search(r"^test_ticks (\S+)$", body, re.M).group(1))  # type: ignore[union-attr]
-    over = float(re.search(r'^gpufeed_sampler_overruns_total\{sampler="ticks"\} (\S+)$', body, re.M)  # type: ignore[union-attr]
-                 .group(1))
+    over = float(_OVERRUNS.search(body).group(1))  # type: ignore[union-attr]
     return runs, over
 
 
