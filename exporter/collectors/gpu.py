@@ -106,6 +106,7 @@ class GpuCollector(Collector):
             if self._backend is None:
                 self._backend = NvmlBackend(
                     self._nvml_module, clock=self._now, pid_max=self._pid_max, numa_of=self._sysfs_numa_node,
+                    gpu_hardware=self._sysfs_has_nvidia_gpu,
                 )
             return self._backend
 
@@ -138,6 +139,24 @@ class GpuCollector(Collector):
         except OSError:
             return ""
         return raw.decode("utf-8", errors="replace").strip()
+
+    def _sysfs_has_nvidia_gpu(self) -> bool:
+        """Whether /sys/bus/pci/devices lists an NVIDIA (0x10de) display or 3D controller; True when sysfs
+        cannot be read (then an init failure stays a failure rather than being explained away)."""
+        root = self.ctx.sys("bus", "pci", "devices")
+        try:
+            devices = list(root.iterdir())
+        except OSError:
+            return True
+        for dev in devices:
+            try:
+                vendor = (dev / "vendor").read_text().strip().lower()
+                klass = (dev / "class").read_text().strip().lower()
+            except OSError:
+                continue
+            if vendor == "0x10de" and klass.startswith("0x03"):
+                return True
+        return False
 
     def _sysfs_numa_node(self, bdf: str) -> int | None:
         """The GPU's NUMA node from /sys/bus/pci/devices/<bdf>/numa_node (-1, absent: unknown)."""

@@ -206,6 +206,7 @@ class NvmlBackend:
         sleep: Callable[[float], None] = time.sleep,
         pid_max: int = PID_MAX_LIMIT,
         numa_of: Callable[[str], int | None] | None = None,
+        gpu_hardware: Callable[[], bool] | None = None,
         retry_unavailable_s: float = 60.0,
         lost_backoff_s: tuple[float, float] = (5.0, 300.0),
         profile: bool = False,
@@ -215,6 +216,7 @@ class NvmlBackend:
         self._sleep = sleep
         self._pid_max = pid_max
         self._numa_of = numa_of
+        self._gpu_hardware = gpu_hardware
         self._retry_unavailable_s = retry_unavailable_s
         self._backoff_min, self._backoff_max = lost_backoff_s
         self._lock = threading.RLock()
@@ -322,6 +324,11 @@ class NvmlBackend:
             code = _code(e)
             if code in _UNAVAILABLE:
                 raise GpuUnavailableError(_UNAVAILABLE[code]) from e
+            if code == ERR_DRIVER_NOT_LOADED and self._gpu_hardware is not None and not self._gpu_hardware():
+                # Images that ship the driver's user-space libraries run on CPU-only hosts too: with no NVIDIA
+                # GPU on the PCI bus, an unloaded kernel module is absence, not a fault.
+                raise GpuUnavailableError(
+                    "NVML library installed but no NVIDIA GPU on the PCI bus (kernel module not loaded)") from e
             hint = _INIT_HINTS.get(code, _INIT_HINT_OTHER)
             raise GpuInitError(f"nvmlInit failed: {_errname(e)}: {hint}") from e
         self._initialised = True

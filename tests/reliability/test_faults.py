@@ -181,6 +181,21 @@ def test_nvml_absent_leaves_host_signals_and_marks_gpu_not_available_quietly(roo
     assert len(events(logs, "collector_not_available", "gpu")) == 3  # once per GPU sampler, not per cycle
 
 
+def test_driver_libraries_without_an_nvidia_gpu_on_the_bus_are_absence_not_failure(root: Path) -> None:
+    # A host image that ships the driver's user-space libraries but runs on a CPU-only machine answers
+    # DRIVER_NOT_LOADED; with no NVIDIA device in sysfs that is "no GPU here", not a page-worthy failure.
+    with capture_logs() as logs:
+        h = Host(root, nvml=nvml_state(init_error="driver_not_loaded"))
+        vendors = sorted((h.sys / "bus" / "pci" / "devices").glob("*/vendor"))
+        assert any(v.read_text().strip() == "0x10de" for v in vendors)
+        for v in vendors:
+            h.replace(str(v.relative_to(h.root)), "0x8086\n")
+        h.run(3.0)
+    assert h.available()["gpu"] == 0.0
+    assert "gpu" not in h.success()
+    assert not [e for e in logs if e["event"] == "nvml_init_failed"]
+
+
 @pytest.mark.parametrize(("error", "hint"), [("no_permission", "video group"),
                                            ("driver_not_loaded", "kernel module is not loaded"),
                                            ("unknown", "nvidia-smi")])
