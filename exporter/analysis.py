@@ -24,7 +24,7 @@ from exporter import linkmath
 from exporter.collectors.base import Collector, CollectorContext, NoDataError, Option, SamplerSpec, TargetPids
 from exporter.derived import findings as fnd
 from exporter.derived.gpuview import GpuView, gpu_view
-from exporter.derived.hostshape import cpu_shape, io_signals
+from exporter.derived.hostshape import CPU_WINDOW_MAX, cpu_shape, io_signals
 from exporter.derived.series import IDLE_LEVEL, Point, bucket_counts, gaps
 from exporter.derived.verdict import WAITING_LEAVE, Candidate, Settled, classify, settle
 from exporter.samples.derived import (
@@ -133,12 +133,14 @@ class Analyzer(Collector):
     def __init__(self, ctx: CollectorContext) -> None:
         super().__init__(ctx)
         self.window_s = float(ctx.options.get("window", 15.0))
-        self.cpu_window_s = min(self.window_s, 10.0)
+        self.cpu_window_s = min(self.window_s, CPU_WINDOW_MAX)
         self.recent_s = max(3.0, self.window_s / 3)
         self.hold_s = float(ctx.options.get("hold", 3.0))
         self.deep_fast = float(ctx.options.get("deep-interval", 0.5))
         self._engine: Any = None
         self._deep_slow: float | None = None
+        self._focus: frozenset[int] | None = None
+        self._full_t: float | None = None  # when the last full deep pass was requested while focused
         self._last_t: float | None = None
         self._gpus: dict[int, _GpuState] = {}
         self._raised: set[tuple[str, str]] = set()
@@ -186,6 +188,8 @@ class Analyzer(Collector):
         found: list[Finding] = []
         busy: list[int] = []
         any_waiting = False
+        waiting_pids: set[int] = set()
+        by_gpu = self.ctx.targets.by_gpu()
         for idx in sorted(identities):
             st = self._gpus.setdefault(idx, _GpuState())
             if idx in lost:
@@ -226,6 +230,8 @@ class Analyzer(Collector):
             self._account(st, util_pts, cand, dt, now)
             if cand.cause != "idle" and cand.waiting_ratio >= WAITING_LEAVE:
                 any_waiting = True
+                waiting_pids.update(view.pids)
+                waiting_pids.update(by_gpu.get(str(idx), ()))
             if (view.util or 0.0) >= fnd.BUSY_UTIL:
                 busy.append(idx)
             links = fnd.chain_links(pcie, view.bdf) if pcie else fnd.nvml_links(slow, idx, view.bdf)
@@ -245,7 +251,7 @@ class Analyzer(Collector):
         ):
             if f2 is not None:
                 found.append(f2)
-        self._adapt_depth(any_waiting)
+        self._adapt_depth(any_waiting, frozenset(waiting_pids), now)
         self._log_findings(found)
         self._last_t = now
         # A GPU missing from this evaluation (its sampler failed once, or it was unplugged) keeps its state:
@@ -329,14 +335,30 @@ class Analyzer(Collector):
             self.log.info("finding_cleared", check=key[0], gpu=key[1])
         self._raised = set(now)
 
-    def _adapt_depth(self, waiting: bool) -> None:
-        """Per-thread sampling fast while a GPU waits, back to its configured interval otherwise."""
+    def _adapt_depth(self, waiting: bool, pids: frozenset[int], now: float) -> None:
+        """Per-thread sampling fast while a GPU waits, and only of the waiting GPUs' processes ``pids``; back
+        to every process at the configured interval otherwise.
+
+        While focused, one full pass is still requested every configured interval, so the other GPUs keep
+        the per-thread evidence (a launch-bound GPU's hot thread) they had before any GPU waited."""
         samplers = getattr(self._engine, "samplers", {})
         s = samplers.get(THREADS_SAMPLER)
-        if s is None:
-            return
-        if self._deep_slow is None:
+        if s is not None and self._deep_slow is None:
             self._deep_slow = float(s.interval)
+        focus = pids if waiting else None
+        if focus != self._focus:
+            self.ctx.targets.set_focus(focus)
+            if self._focus is None:
+                self._full_t = now  # the passes up to now were full
+            self._focus = focus
+            self.log.debug("deep_focus_changed", sampler=THREADS_SAMPLER,
+                           pids=",".join(map(str, sorted(focus))) if focus is not None else "all")
+        if focus is not None and self._deep_slow is not None and self._full_t is not None \
+                and now - self._full_t >= self._deep_slow:
+            self.ctx.targets.request_full()
+            self._full_t = now
+        if s is None or self._deep_slow is None:
+            return
         want = min(self.deep_fast, self._deep_slow) if waiting else self._deep_slow
         if s.interval != want:
             self._engine.set_interval(THREADS_SAMPLER, want)

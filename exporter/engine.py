@@ -154,7 +154,7 @@ class Engine:
                 if spec.name in self.samplers:
                     raise ValueError(f"sampler {spec.name!r} defined twice")
                 self.samplers[spec.name] = Sampler(
-                    spec=spec, collector=c.name, buffer=deque(maxlen=self._buffer_len(spec.interval)),
+                    spec=spec, collector=c.name, buffer=deque(maxlen=self._buffer_len(spec.interval, spec.history)),
                     interval=spec.interval,
                 )
         self._version = 0
@@ -164,9 +164,11 @@ class Engine:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
-    def _buffer_len(self, interval: float) -> int:
-        # Bounded: enough samples to cover the history horizon, never fewer than 16, never more than 4096.
-        return max(16, min(4096, math.ceil(self.history_seconds / interval) + 2))
+    def _buffer_len(self, interval: float, history: float | None = None) -> int:
+        # Bounded: enough samples to cover the history horizon (the sampler's own, when it declares a shorter
+        # one than --engine.history), never fewer than 16, never more than 4096.
+        horizon = self.history_seconds if history is None else min(self.history_seconds, history)
+        return max(16, min(4096, math.ceil(horizon / interval) + 2))
 
     # ---- read side -------------------------------------------------------------------------------------
 
@@ -195,8 +197,9 @@ class Engine:
         if interval != s.interval:
             s.interval = interval
             s.next_due = min(s.next_due, (s.last_run or self.clock.now()) + interval)
-            if s.buffer.maxlen is not None and s.buffer.maxlen < self._buffer_len(interval):
-                s.buffer = deque(s.buffer, maxlen=self._buffer_len(interval))
+            want = self._buffer_len(interval, s.spec.history)
+            if s.buffer.maxlen is not None and s.buffer.maxlen < want:
+                s.buffer = deque(s.buffer, maxlen=want)
 
     def alive(self, now: float | None = None) -> bool:
         """True while every sampler task is running and none is stuck far past its interval."""

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import Collector, CollectorContext, CollectorError, NoDataError
+from exporter.collectors.base import Collector, CollectorContext, CollectorError, NoDataError, SamplerSpec
 from exporter.engine import Engine, VirtualClock
 from exporter.snapshot import Snapshot
 
@@ -95,3 +95,36 @@ def test_snapshot_is_immutable() -> None:
     eng.run_until(0.0)
     with pytest.raises(TypeError):
         eng.snapshot.latest["x"] = None  # type: ignore[index]
+
+
+class Declared(Counting):
+    """A sampler that declares it needs only ``history`` seconds of samples (heavy samples, short look-back)."""
+
+    name = "declared"
+
+    def __init__(self, ctx: CollectorContext, history: float) -> None:
+        super().__init__(ctx)
+        self.history = history
+
+    def samplers(self) -> list[SamplerSpec]:
+        return [SamplerSpec(self.name, self.interval, self.update, history=self.history)]
+
+
+def test_sampler_declared_history_bounds_its_buffer_below_engine_history() -> None:
+    short = Declared(ctx(interval=0.5), history=12.0)
+    plain = Counting(ctx(interval=0.5))
+    eng = Engine([short, plain], VirtualClock(), inline=True, history_seconds=120.0)
+    eng.run_until(100.0)
+    assert len(eng.history("declared")) == 26  # 12 s / 0.5 s + 2, not 242
+    assert eng.history("declared")[0].t >= 100.0 - 13.0
+    assert len(eng.history("counting")) == 201  # every sample so far: within --engine.history
+    eng.set_interval("declared", 0.25)  # faster sampling covers the same 12 s, not 120 s
+    eng.run_until(120.0)
+    assert eng.samplers["declared"].buffer.maxlen == 50
+    assert eng.history("declared")[0].t >= 120.0 - 13.0
+
+
+def test_declared_history_longer_than_engine_history_is_capped() -> None:
+    long = Declared(ctx(interval=1.0), history=600.0)
+    eng = Engine([long], VirtualClock(), inline=True, history_seconds=30.0)
+    assert eng.samplers["declared"].buffer.maxlen == 32

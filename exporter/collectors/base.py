@@ -94,6 +94,8 @@ class TargetPids:
         self._lock = threading.Lock()
         self._static = frozenset(static)
         self._by_gpu: Mapping[str, frozenset[int]] = MappingProxyType({})
+        self._focus: frozenset[int] | None = None
+        self._full = False
 
     def publish(self, by_gpu: Mapping[str, Iterable[int]]) -> None:
         """Replace the GPU -> pids map (GPU key: NVML index as a string)."""
@@ -113,6 +115,32 @@ class TargetPids:
             for v in self._by_gpu.values():
                 out |= v
             return frozenset(out)
+
+    def set_focus(self, pids: Iterable[int] | None) -> None:
+        """Narrow deep (per-thread) inspection to ``pids`` -- the processes of the GPUs that wait; None lifts
+        the focus (every target is inspected in depth)."""
+        frozen = None if pids is None else frozenset(int(p) for p in pids)
+        with self._lock:
+            self._focus = frozen
+
+    def focus(self) -> frozenset[int] | None:
+        """The pids deep inspection is narrowed to, or None when it is not narrowed."""
+        with self._lock:
+            return self._focus
+
+    def request_full(self) -> None:
+        """Ask the next deep pass to read every target once despite the focus."""
+        with self._lock:
+            self._full = True
+
+    def take_focus(self) -> frozenset[int] | None:
+        """The focus for one deep pass: None (read everything) when a full pass was requested, which this
+        consumes; otherwise :meth:`focus`."""
+        with self._lock:
+            if self._full:
+                self._full = False
+                return None
+            return self._focus
 
 
 @dataclass
@@ -139,12 +167,15 @@ class SamplerSpec:
     """One periodic task of a collector: ``fn`` runs every ``interval`` seconds.
 
     ``blocking`` samplers (file or driver I/O) run in a worker thread so they never stall the event loop.
+    ``history``, when set, caps how many seconds of this sampler's samples the engine keeps (at most
+    ``--engine.history``): for heavy samples whose consumers only look a short way back.
     """
 
     name: str
     interval: float
     fn: Callable[[], Any]
     blocking: bool = True
+    history: float | None = None
 
 
 class Collector(ABC):

@@ -3,7 +3,12 @@
 Two samplers, because per-thread reads cost one file per thread (a training job has ~150): ``proc`` reads
 process-level files every second; ``proc_threads`` reads every ``/proc/<pid>/task/<tid>/stat`` every 5 s
 by default, and the derived layer shortens its interval (``engine.set_interval("proc_threads", 0.5)``)
-while a GPU is waiting -- cheap always-on signals, deep evidence on demand.
+while a GPU is waiting -- cheap always-on signals, deep evidence on demand. While it does, it also narrows
+the deep sampler to the waiting GPUs' processes (``ctx.targets.set_focus``): the other processes are left
+out of those deep samples (their process-level evidence comes from ``proc`` every second), except one full
+pass per ``threads-interval`` that keeps the other GPUs' per-thread evidence as fresh as when nothing waits.
+Deep sampling then costs what the waiting GPUs need, not what the whole host has. ``proc_threads`` keeps only
+``CPU_WINDOW_MAX`` + 2 s of samples (each holds every thread), not ``--engine.history``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from exporter import log
 from exporter.collectors import register
 from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option, SamplerSpec
 from exporter.cpulist import CpulistError, parse_cpulist
+from exporter.derived.hostshape import CPU_WINDOW_MAX
 from exporter.samples.host import ProcessSample, ProcSample, ThreadStat
 from exporter.snapshot import Snapshot
 
@@ -29,6 +35,9 @@ from exporter.snapshot import Snapshot
 # -- proc(5), /proc/pid/stat fields (14) and (15).
 USER_HZ = float(os.sysconf("SC_CLK_TCK"))
 THREADS_SAMPLER = "proc_threads"
+# Deep samples are read only over the analyzer's CPU window (at most CPU_WINDOW_MAX); a little margin so the
+# oldest sample of a full window is still there.
+THREADS_HISTORY = CPU_WINDOW_MAX + 2.0
 # Thread states as fs/proc/array.c task_state_array prints them; running/sleeping/disk_sleep are always
 # exported (0 included) so "threads in D state" is a value, not an absent series.
 STATE_NAMES = {
@@ -149,11 +158,13 @@ class ProcCollector(Collector):
         self.threads_interval = float(ctx.options.get("threads-interval", 5.0))
         self._log = log.get_logger(collector=self.name)
         self._tag = f"{id(self):x}"
+        # Each target as the newest deep pass that read it (only the deep sampler's thread touches it).
+        self._last_deep: dict[int, ProcessSample] = {}
 
     def samplers(self) -> list[SamplerSpec]:
         return [
             SamplerSpec(self.name, self.interval, self.update),
-            SamplerSpec(THREADS_SAMPLER, self.threads_interval, self.update_threads),
+            SamplerSpec(THREADS_SAMPLER, self.threads_interval, self.update_threads, history=THREADS_HISTORY),
         ]
 
     def pids(self) -> frozenset[int]:
@@ -164,17 +175,28 @@ class ProcCollector(Collector):
         return self._sample(deep=False)
 
     def update_threads(self) -> ProcSample:
-        """Process-level reads plus every thread's stat (the deep sampler)."""
-        return self._sample(deep=True)
+        """Process-level reads plus every thread's stat (the deep sampler); while the derived layer focuses
+        deep inspection on the waiting GPUs' processes, only those (and --collector.proc.pids) are read."""
+        targets = self.pids()
+        focus = self.ctx.targets.take_focus()
+        read = targets if focus is None else targets & (focus | self.static_pids)
+        sample = self._sample(deep=True, pids=read)
+        last = {p: v for p, v in self._last_deep.items() if p in targets and p not in read}
+        held = dict(last)  # left out of this pass: exposed as last read, so their series do not flap
+        last.update(sample.processes)
+        self._last_deep = last
+        if not held:
+            return sample
+        return ProcSample(processes=sample.processes, deep=True, held=MappingProxyType(held))
 
-    def _sample(self, deep: bool) -> ProcSample:
-        """Every target process; one whose files are malformed is skipped (logged once per pid), the others
-        are kept. A host-level problem (procfs root missing, a read denied) fails the sampler."""
-        pids = sorted(self.pids())
-        if pids and not self.ctx.proc().is_dir():
+    def _sample(self, deep: bool, pids: frozenset[int] | None = None) -> ProcSample:
+        """Every target process (or ``pids``); one whose files are malformed is skipped (logged once per pid),
+        the others are kept. A host-level problem (procfs root missing, a read denied) fails the sampler."""
+        order = sorted(self.pids() if pids is None else pids)
+        if order and not self.ctx.proc().is_dir():
             raise CollectorError(f"{self.ctx.proc()}: procfs root missing (check --path.procfs)")
         out: dict[int, ProcessSample] = {}
-        for pid in pids:
+        for pid in order:
             key = ("proc_parse_failed", self._tag, str(pid))
             try:
                 out[pid] = self._process(pid, deep)
@@ -298,7 +320,7 @@ class ProcCollector(Collector):
             "--collector.proc.threads-interval, faster while a GPU waits).",
             labels=["pid", "comm", "state"],
         )
-        for pid, p in sorted(deep.processes.items()):
+        for pid, p in sorted({**deep.held, **deep.processes}.items()):
             counts = Counter(STATE_NAMES.get(t.state, t.state) for t in p.threads)
             for state in sorted(set(ALWAYS_STATES) | set(counts)):
                 threads.add_metric([str(pid), p.comm, state], float(counts.get(state, 0)))

@@ -21,6 +21,9 @@ from exporter.samples.host import (
 )
 from exporter.snapshot import Stamped
 
+# The longest window the CPU shape is judged over (the analyzer's cpu window is min(window, this)): deep
+# (per-thread) samples older than this are never read, so the proc_threads sampler keeps only this much.
+CPU_WINDOW_MAX = 10.0
 # A data-loader worker at >= 0.6 core in mostly user time is "busy"; a core >= 85% busy is saturated.
 WORKER_CORE = 0.6
 SATURATED_CORE = 0.85
@@ -126,12 +129,11 @@ def d_state_mean(deep: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> 
     for s in deep:
         if not s.value.deep:
             continue
-        n = 0
-        for pid in pids:
-            p = s.value.processes.get(pid)
-            if p is not None:
-                n += sum(1 for th in p.threads if th.state == "D")
-        counts.append(n)
+        # A deep sample focused on other GPUs' processes (no threads read for these) is no evidence here.
+        seen = [p for pid in pids if (p := s.value.processes.get(pid)) is not None and p.threads]
+        if not seen:
+            continue
+        counts.append(sum(1 for p in seen for th in p.threads if th.state == "D"))
     return sum(counts) / len(counts) if counts else 0.0
 
 

@@ -99,10 +99,16 @@ class ProcessSample:
 
 @dataclass(frozen=True, slots=True)
 class ProcSample:
-    """The inspected processes by pid; ``deep`` says whether per-thread stats were read this time."""
+    """The inspected processes by pid; ``deep`` says whether per-thread stats were read this time.
+
+    A deep pass focused on the waiting GPUs' processes reads only those; ``held`` then carries the other
+    targets as their last full deep pass read them (at most --collector.proc.threads-interval old), for
+    exposition only: their times are from that earlier read, so analysis uses ``processes`` alone.
+    """
 
     processes: Mapping[int, ProcessSample]
     deep: bool
+    held: Mapping[int, ProcessSample] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)

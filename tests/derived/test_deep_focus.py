@@ -1,0 +1,92 @@
+"""Deep sampling focused on the waiting GPUs' processes: the analyzer narrows it, and evidence stays right."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import MappingProxyType
+
+from exporter.analysis import Analyzer
+from exporter.collectors.base import CollectorContext, TargetPids
+from exporter.derived.hostshape import cpu_shape, d_state_mean
+from exporter.samples.host import ProcSample
+from exporter.snapshot import Stamped
+from tests.derived.builders import GpuSpec, ThreadSpec, const, cpu_window, gpu_windows, proc_window
+from tests.derived.test_analyzer import FakeEngine, run
+
+WORKING_PID = 4242
+WAITING_PID = 5000
+
+
+def _merge(*streams: list[Stamped[ProcSample]]) -> list[Stamped[ProcSample]]:
+    """One ProcSample per instant holding every stream's processes (stream i sampled at the same times)."""
+    out = []
+    for parts in zip(*streams, strict=True):
+        procs = {pid: p for s in parts for pid, p in s.value.processes.items()}
+        out.append(Stamped(parts[0].t, ProcSample(MappingProxyType(procs), True)))
+    return out
+
+
+def _two_gpus(waiting_from: float, t1: float) -> tuple[Analyzer, FakeEngine, TargetPids]:
+    """GPU 0 busy throughout; GPU 1 busy until ``waiting_from``, then 40% busy behind a saturated thread."""
+    gpus = [
+        GpuSpec(index=0, bdf="0000:81:00.0", util=const(0.95), sm=const(0.7), pids=(WORKING_PID,)),
+        GpuSpec(index=1, bdf="0000:c1:00.0", util=lambda t: 0.95 if t < waiting_from else 0.4, sm=const(0.7),
+                pids=(WAITING_PID,)),
+    ]
+    fast, buf, slow = gpu_windows(gpus, 0.0, t1)
+    procs = _merge(
+        proc_window(WORKING_PID, [ThreadSpec(4, 0.7, 0.05, "R")], 0.0, t1, cpus_allowed=frozenset(range(16))),
+        proc_window(WAITING_PID, [ThreadSpec(1, 0.56, 0.43, "R")], 0.0, t1, cpus_allowed=frozenset(range(16, 32)),
+                    total_threads=8),
+    )
+    eng = FakeEngine({"gpu": fast, "gpu_samples": buf, "gpu_slow": slow, "proc": procs, "proc_threads": procs,
+                      "cpu": cpu_window(32, {16: (0.56, 0.43)}, 0.0, t1)})
+    targets = TargetPids()
+    targets.publish({"0": [WORKING_PID], "1": [WAITING_PID]})
+    ctx = CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent"), targets=targets,
+                           shared={"engine": eng})
+    return Analyzer(ctx), eng, targets
+
+
+def test_second_gpu_waiting_focuses_deep_sampling_on_its_process_only() -> None:
+    an, eng, targets = _two_gpus(waiting_from=10.0, t1=60.0)
+    run(an, eng, [float(t) for t in range(1, 10)])
+    assert targets.focus() is None
+    st = run(an, eng, [float(t) for t in range(10, 25)])
+    assert st.gpus[1].cause == "launch_bound" and st.gpus[0].cause == "healthy"
+    assert targets.focus() == frozenset({WAITING_PID})
+    assert eng.changes[-1] == ("proc_threads", 0.5)
+
+
+def test_focus_is_lifted_when_no_gpu_waits_any_more() -> None:
+    an, eng, targets = _two_gpus(waiting_from=10.0, t1=60.0)
+    run(an, eng, [float(t) for t in range(1, 25)])
+    assert targets.focus() == frozenset({WAITING_PID})
+    # GPU 1 recovers from t=25 on: both working, the deep sampler reads every process again.
+    eng.streams.update(_two_gpus(waiting_from=1e9, t1=60.0)[1].streams)
+    run(an, eng, [float(t) for t in range(25, 50)])
+    assert targets.focus() is None
+    assert eng.changes[-1] == ("proc_threads", 5.0)
+
+
+def test_focused_sampling_still_requests_a_full_pass_every_configured_interval() -> None:
+    an, eng, targets = _two_gpus(waiting_from=10.0, t1=60.0)
+    run(an, eng, [float(t) for t in range(1, 25)])
+    assert targets.focus() == frozenset({WAITING_PID})
+    targets.take_focus()  # the deep sampler's pass consumes any pending request
+    full = 0
+    for t in range(25, 45):  # 20 s at the configured 5 s interval: 4 full passes, the others focused
+        run(an, eng, [float(t)])
+        if targets.take_focus() is None:
+            full += 1
+    assert full == 4
+
+
+def test_deep_samples_focused_on_another_gpu_do_not_dilute_d_state_evidence() -> None:
+    mine = proc_window(WORKING_PID, [ThreadSpec(3, 0.0, 0.01, "D")], 0.0, 2.0)
+    other = proc_window(WAITING_PID, [ThreadSpec(1, 0.9, 0.1, "R")], 3.0, 9.0)
+    deep = [*mine, *other]  # then the deep sampler focused on the other GPU's process
+    assert d_state_mean(deep, [WORKING_PID]) == 3.0
+    shape = cpu_shape([], deep, [], [WORKING_PID])
+    assert shape.d_state_threads == 3.0
+    assert shape.threads and all(t.pid == WORKING_PID for t in shape.threads)
