@@ -29,6 +29,19 @@ class CollectorError(Exception):
     """A source exists but could not be read or parsed; the message says which file and why."""
 
 
+def read_source(path: Path, *, absent: str | None = None) -> str:
+    """A whole procfs/sysfs file as text. A failed read is a CollectorError naming the file; with ``absent``,
+    a missing file is instead NoDataError(absent): the source does not exist on this host by design."""
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError as e:
+        if absent is not None:
+            raise NoDataError(absent) from e
+        raise CollectorError(f"{path}: {e.strerror or e}") from e
+    except OSError as e:
+        raise CollectorError(f"{path}: {e.strerror or e}") from e
+
+
 OPTION_KINDS = ("bool", "int", "float", "duration", "str", "list")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 

@@ -10,7 +10,7 @@ from types import MappingProxyType
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option
+from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option, read_source
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.host import CpuSample, CpuTimes
 from exporter.snapshot import Snapshot
@@ -173,12 +173,7 @@ class CpuCollector(Collector):
         self._node_of: Mapping[int, int] = MappingProxyType({})
 
     def update(self) -> CpuSample:
-        path = self.ctx.proc("stat")
-        try:
-            text = path.read_text(errors="replace")
-        except OSError as e:
-            raise CollectorError(f"{path}: {e.strerror or e}") from e
-        raw = parse_stat(text)
+        raw = parse_stat(read_source(self.ctx.proc("stat")))
         cpus = frozenset(raw)
         if cpus != self._cpu_set:
             # NUMA layout is read at start and again only when CPUs come or go (hotplug).

@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter import log
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option
+from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option, read_source
 from exporter.samples.host import DiskSample, DiskStats
 from exporter.snapshot import Snapshot
 
@@ -91,12 +91,7 @@ class DiskCollector(Collector):
         self.exclude = re.compile(str(ctx.options.get("device-exclude", DEFAULT_EXCLUDE)))
 
     def update(self) -> DiskSample:
-        path = self.ctx.proc("diskstats")
-        try:
-            text = path.read_text(errors="replace")
-        except OSError as e:
-            raise CollectorError(f"{path}: {e.strerror or e}") from e
-        devices = parse_diskstats(text)
+        devices = parse_diskstats(read_source(self.ctx.proc("diskstats")))
         whole = self._whole_devices()
         out = {
             name: st for name, st in sorted(devices.items())

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorError
+from exporter.collectors.base import Collector, CollectorError, read_source
 from exporter.samples.host import MemorySample
 from exporter.snapshot import Snapshot
 
@@ -79,11 +79,7 @@ class MemoryCollector(Collector):
 
     def _read(self, name: str) -> str:
         """/proc/meminfo or /proc/vmstat."""
-        path = self.ctx.proc(name)
-        try:
-            return path.read_text(errors="replace")
-        except OSError as e:
-            raise CollectorError(f"{path}: {e.strerror or e}") from e
+        return read_source(self.ctx.proc(name))
 
     def metrics(self, snap: Snapshot) -> Iterator[Metric]:
         sample: MemorySample | None = snap.value(self.name)

@@ -8,7 +8,7 @@ from types import MappingProxyType
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorError, NoDataError
+from exporter.collectors.base import Collector, CollectorError, read_source
 from exporter.samples.host import NfsSample
 from exporter.snapshot import Snapshot
 
@@ -66,13 +66,8 @@ class NfsCollector(Collector):
 
     def update(self) -> NfsSample:
         path = self.ctx.proc("net", "rpc", "nfs")
-        try:
-            text = path.read_text(errors="replace")
-        except FileNotFoundError as e:
-            raise NoDataError(f"{path} not present (no NFS client; the nfs module loads on first mount)") from e
-        except OSError as e:
-            raise CollectorError(f"{path}: {e.strerror or e}") from e
-        return parse_nfs(text)
+        return parse_nfs(read_source(
+            path, absent=f"{path} not present (no NFS client; the nfs module loads on first mount)"))
 
     def metrics(self, snap: Snapshot) -> Iterator[Metric]:
         sample: NfsSample | None = snap.value(self.name)
