@@ -163,6 +163,7 @@ class Engine:
         self._snapshot = Snapshot(version=0, t=self.clock.now())
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._started_at: float | None = None
 
     def _buffer_len(self, interval: float, history: float | None = None) -> int:
         # Bounded: enough samples to cover the history horizon (the sampler's own, when it declares a shorter
@@ -207,12 +208,11 @@ class Engine:
         if self._tasks and any(t.done() for t in self._tasks) and not self._stopping:
             return False
         for s in self.samplers.values():
-            ref = s.last_run if s.last_run is not None else (self._started_at or now)
+            started = self._started_at if self._started_at is not None else now
+            ref = s.last_run if s.last_run is not None else started
             if now - ref > max(10 * s.interval, 30.0):
                 return False
         return True
-
-    _started_at: float | None = None
 
     def set_derived(self, value: Any) -> None:
         """Attach the derived layer's newest output to the next snapshots."""

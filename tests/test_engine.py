@@ -128,3 +128,14 @@ def test_declared_history_longer_than_engine_history_is_capped() -> None:
     long = Declared(ctx(interval=1.0), history=600.0)
     eng = Engine([long], VirtualClock(), inline=True, history_seconds=30.0)
     assert eng.samplers["declared"].buffer.maxlen == 32
+
+
+async def test_sampler_that_never_ran_is_not_alive_when_the_clock_started_at_zero() -> None:
+    # Time 0.0 is a real start time on a virtual clock, not "not started".
+    eng = Engine([Counting(ctx(interval=1.0))], VirtualClock(0.0), inline=True)
+    eng.start()  # records the start at t=0; the sampler task has not run yet
+    try:
+        assert eng.alive(now=5.0)
+        assert not eng.alive(now=31.0)
+    finally:
+        await eng.stop()
