@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporter import __version__
-from exporter.collectors import load_all
-from exporter.collectors.base import Collector, Option
+from exporter import __version__, log
 from exporter.config import GLOBAL_OPTIONS, ConfigError, Settings, collector_options, load_file, resolve
+from exporter.pipeline import registry
+from exporter.sampling import Option, Stage
 
 _UNSET = object()
 
@@ -27,7 +27,7 @@ def _add_option(p: argparse.ArgumentParser, flag: str, opt: Option) -> None:
                        help=f"{opt.help} (default: {opt.default!r})")
 
 
-def _serve_parser(sub: Any, collectors: Mapping[str, type[Collector]]) -> argparse.ArgumentParser:
+def _serve_parser(sub: Any, collectors: Mapping[str, type[Stage]]) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "serve", help="run the exporter daemon", allow_abbrev=False,
         description="Run the gpufeed exporter daemon.",
@@ -63,7 +63,7 @@ def _diagnose_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def build_parser(collectors: Mapping[str, type[Collector]]) -> argparse.ArgumentParser:
+def build_parser(collectors: Mapping[str, type[Stage]]) -> argparse.ArgumentParser:
     """The full argument parser (flags are generated from the collector registry)."""
     parser = argparse.ArgumentParser(prog="gpufeed", allow_abbrev=False, description=__doc__)
     parser.add_argument("--version", action="version", version=f"gpufeed {__version__}")
@@ -73,7 +73,7 @@ def build_parser(collectors: Mapping[str, type[Collector]]) -> argparse.Argument
     return parser
 
 
-def settings_from_args(ns: argparse.Namespace, collectors: Mapping[str, type[Collector]]) -> Settings:
+def settings_from_args(ns: argparse.Namespace, collectors: Mapping[str, type[Stage]]) -> Settings:
     """Merge the config file (if any) and the given flags; ConfigError on any bad key or value."""
     flags = {k: v for k, v in vars(ns).items() if v is not _UNSET and k not in ("command", "config.file")}
     cfg = getattr(ns, "config.file", None)
@@ -83,7 +83,7 @@ def settings_from_args(ns: argparse.Namespace, collectors: Mapping[str, type[Col
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``gpufeed`` console script."""
-    collectors = load_all()
+    collectors = registry()
     parser = build_parser(collectors)
     ns = parser.parse_args(argv)
     if ns.command is None:
@@ -100,4 +100,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from exporter.daemon import run_daemon
 
-    return run_daemon(settings, collectors)
+    if not settings["simulate"]:
+        return run_daemon(settings)
+    # --simulate: child processes render the scenario's host; the daemon only reads it (exporter.sim.live).
+    from exporter.sim.live import LiveSimulation, SimulationError
+
+    log.configure(settings["log.level"], settings["log.format"])
+    try:
+        sim = LiveSimulation.start(settings, collectors)
+    except SimulationError as e:
+        log.get_logger(component="daemon").error("simulation_failed", error=str(e))
+        return 2
+    return run_daemon(sim.settings, nvml=sim.nvml, cleanup=sim.stop)

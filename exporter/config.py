@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from exporter.collectors.base import Collector, Option
 from exporter.log import FORMATS, LEVELS
+from exporter.sampling import Option, Stage
 
 
 class ConfigError(Exception):
@@ -43,7 +43,7 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
 _CHOICES = {"log.level": LEVELS, "log.format": FORMATS}
 
 
-def collector_options(cls: type[Collector]) -> tuple[Option, ...]:
+def collector_options(cls: type[Stage]) -> tuple[Option, ...]:
     """The settings every collector has (interval) plus its own."""
     base = Option("interval", "duration", cls.default_interval, f"Sampling interval of the {cls.name} collector.")
     own = tuple(o for o in cls.options if o.name != "interval")
@@ -105,7 +105,7 @@ def load_file(path: Path) -> dict[str, Any]:
 
 
 def resolve(
-    collectors: Mapping[str, type[Collector]],
+    collectors: Mapping[str, type[Stage]],
     file_values: Mapping[str, Any],
     flag_values: Mapping[str, Any],
     source: str = "config file",

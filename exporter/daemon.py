@@ -1,4 +1,4 @@
-"""``gpufeed serve``: wire collectors, engine, renderer and web server together and run until signalled."""
+"""``gpufeed serve``: the pipeline (exporter/pipeline.py), renderer and web server, run until signalled."""
 
 from __future__ import annotations
 
@@ -9,67 +9,36 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter import analysis, hotplug, log
-from exporter.collectors.base import Collector, CollectorContext, TargetPids
+from exporter import hotplug, log, pipeline
 from exporter.config import Settings
-from exporter.engine import Clock, Engine, RealClock
-from exporter.exposition import DerivedMetrics, Renderer
+from exporter.engine import Clock
+from exporter.exposition import Renderer
+from exporter.sampling import Stage
 from exporter.web import WebServer, WebSettings, parse_address
 from exporter.webconfig import WebConfigError, WebConfigManager
 
 _log = log.get_logger(component="daemon")
 
 
-def build_collectors(
-    settings: Settings,
-    registry: Mapping[str, type[Collector]],
-    *,
-    targets: TargetPids | None = None,
-    shared: dict[str, Any] | None = None,
-) -> list[Collector]:
-    """Instantiate every enabled collector; one whose constructor fails is logged and left out."""
-    targets = targets or TargetPids()
-    shared = {} if shared is None else shared
-    out: list[Collector] = []
-    for name, cls in registry.items():
-        if not settings.enabled.get(name, cls.default_enabled):
-            continue
-        ctx = CollectorContext(
-            procfs=settings.procfs, sysfs=settings.sysfs, options=settings.collector.get(name, {}),
-            targets=targets, shared=shared,
-        )
-        try:
-            out.append(cls(ctx))
-        except Exception as e:
-            _log.error("collector_init_failed", collector=name, error=repr(e))
-    return out
-
-
 class Daemon:
     """The running exporter: engine + renderer + web server, with graceful start and stop."""
 
     def __init__(
-        self,
-        settings: Settings,
-        collectors: list[Collector],
-        *,
-        clock: Clock | None = None,
-        derived: DerivedMetrics | None = None,
+        self, settings: Settings, *, clock: Clock | None = None, nvml: Any = None,
+        stages: Mapping[str, type[Stage]] | None = None,
     ) -> None:
         self.settings = settings
-        self.collectors = collectors
-        analysis.attach(collectors, settings)  # the derived layer reads the other samplers' buffers
-        self.engine = Engine(collectors, clock or RealClock(), history_seconds=settings["engine.history"],
-                             on_publish=self._published)
-        analysis.wire(collectors, self.engine)
-        self.renderer = Renderer(collectors, derived)
         web_config = settings["web.config.file"]
         # Raises WebConfigError for a bad file: the caller exits 2 (at start nothing is served insecurely).
         self.webconfig = WebConfigManager(Path(web_config)) if web_config else None
+        self.pipeline = pipeline.build(settings, stages=stages, clock=clock, nvml=nvml, on_publish=self._published)
+        self.engine = self.pipeline.engine
+        self.collectors = self.pipeline.collectors
+        self.renderer = Renderer(self.pipeline.stages)
         host, port = parse_address(settings["web.listen-address"])
         self.web = WebServer(
             self.renderer,
@@ -151,17 +120,11 @@ class Daemon:
         await self.engine.stop(timeout=0.5)
 
 
-async def _amain(
-    settings: Settings, registry: Mapping[str, type[Collector]], shared: dict[str, Any] | None = None
-) -> int:
-    collectors = build_collectors(settings, registry, shared=shared)
+async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type[Stage]] | None = None) -> int:
     try:
-        daemon = Daemon(settings, collectors)
+        daemon = Daemon(settings, nvml=nvml, stages=stages)
     except WebConfigError as e:
         _log.error("web_config_invalid", error=str(e))
-        for c in collectors:
-            with contextlib.suppress(Exception):
-                c.close()
         return 2
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -175,7 +138,7 @@ async def _amain(
             _log.error("listen_failed", address=settings["web.listen-address"], error=str(e))
             await daemon.engine.stop()
             return 1
-        _log.info("started", collectors=",".join(c.name for c in collectors))
+        _log.info("started", collectors=",".join(c.name for c in daemon.pipeline.stages))
         await daemon.wait()
         _log.info("stopping")
         await daemon.stop()
@@ -191,25 +154,22 @@ async def _amain(
             loop.remove_signal_handler(sig)
 
 
-def run_daemon(settings: Settings, registry: Mapping[str, type[Collector]]) -> int:
-    """Run ``gpufeed serve`` until SIGTERM/SIGINT; returns the exit code."""
-    log.configure(settings["log.level"], settings["log.format"])
-    sim = None
-    shared: dict[str, Any] | None = None
-    if settings["simulate"]:
-        # --simulate: a child process renders the scenario's host; this process only reads it (exporter.sim.live).
-        from exporter.sim.live import LiveSimulation, SimulationError
+def run_daemon(
+    settings: Settings, *, nvml: Any = None, cleanup: Callable[[], None] | None = None,
+    stages: Mapping[str, type[Stage]] | None = None,
+) -> int:
+    """Run ``gpufeed serve`` until SIGTERM/SIGINT; returns the exit code.
 
-        try:
-            sim, settings, shared = LiveSimulation.start(settings, registry)
-        except SimulationError as e:
-            _log.error("simulation_failed", error=str(e))
-            return 2
+    ``nvml``: the NVML module to use instead of ``pynvml`` (``serve --simulate`` passes the simulation's strict
+    fake); ``cleanup`` runs once the daemon has stopped, before the process may exit hard (below); ``stages``
+    replaces the registry (tests).
+    """
+    log.configure(settings["log.level"], settings["log.format"])
     try:
-        code = asyncio.run(_amain(settings, registry, shared))
+        code = asyncio.run(_amain(settings, nvml, stages))
     finally:
-        if sim is not None:
-            sim.stop()
+        if cleanup is not None:
+            cleanup()
     # A sampler thread stuck in a read (hung NFS behind /proc, a wedged driver call) cannot be interrupted,
     # and the interpreter would join it at exit forever: exit without waiting for it once the daemon has
     # drained (everything that matters was flushed and closed above).

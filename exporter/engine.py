@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from exporter import log
-from exporter.collectors.base import Collector, CollectorError, NoDataError, SamplerSpec
+from exporter.sampling import CollectorError, NoDataError, SamplerSpec, Stage
 from exporter.snapshot import SamplerStatus, Snapshot, Stamped
 
 _log = log.get_logger(component="engine")
@@ -130,11 +130,11 @@ class Sampler:
 
 
 class Engine:
-    """Schedules the samplers of the given collectors and publishes an immutable :class:`Snapshot`."""
+    """Schedules the samplers of the given stages and publishes an immutable :class:`Snapshot`."""
 
     def __init__(
         self,
-        collectors: Iterable[Collector],
+        stages: Iterable[Stage],
         clock: Clock | None = None,
         *,
         history_seconds: float = 120.0,
@@ -143,13 +143,13 @@ class Engine:
         on_publish: Callable[[Snapshot], None] | None = None,
     ) -> None:
         self.clock: Clock = clock or RealClock()
-        self.collectors = list(collectors)
+        self.stages = list(stages)
         self.history_seconds = history_seconds
         self.inline = inline
         self._on_publish = on_publish
         self._executor = None if inline else ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sampler")
         self.samplers: dict[str, Sampler] = {}
-        for c in self.collectors:
+        for c in self.stages:
             for spec in c.samplers():
                 if spec.name in self.samplers:
                     raise ValueError(f"sampler {spec.name!r} defined twice")
@@ -159,7 +159,6 @@ class Engine:
                 )
         self._version = 0
         self._latest: dict[str, Stamped[Any]] = {}
-        self._derived: Any = None
         self._snapshot = Snapshot(version=0, t=self.clock.now())
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -192,6 +191,15 @@ class Engine:
             return ()
         return tuple(x for x in s.buffer if x.t >= start)
 
+    def now(self) -> float:
+        """The engine's clock."""
+        return self.clock.now()
+
+    def interval(self, name: str) -> float | None:
+        """Sampler ``name``'s current interval, or None when there is no such sampler."""
+        s = self.samplers.get(name)
+        return None if s is None else s.interval
+
     def set_interval(self, name: str, interval: float) -> None:
         """Change a sampler's interval from its next run on (adaptive depth)."""
         s = self.samplers[name]
@@ -213,11 +221,6 @@ class Engine:
             if now - ref > max(10 * s.interval, 30.0):
                 return False
         return True
-
-    def set_derived(self, value: Any) -> None:
-        """Attach the derived layer's newest output to the next snapshots."""
-        self._derived = value
-        self._publish()
 
     # ---- execution ---------------------------------------------------------------------------------------
 
@@ -264,7 +267,6 @@ class Engine:
             t=self.clock.now(),
             latest=MappingProxyType(dict(self._latest)),
             status=MappingProxyType({n: s.status() for n, s in self.samplers.items()}),
-            derived=self._derived,
         )
         if self._on_publish is not None:
             self._on_publish(self._snapshot)
@@ -372,7 +374,7 @@ class Engine:
                 await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
-        for c in self.collectors:
+        for c in self.stages:
             try:
                 c.close()
             except Exception as e:

@@ -10,7 +10,7 @@ import gzip
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from exporter import __version__, log
-from exporter.collectors.base import Collector
+from exporter.sampling import Stage
 from exporter.snapshot import Snapshot
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -27,10 +27,7 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 _log = log.get_logger(component="exposition")
 
-DerivedMetrics = Callable[[Snapshot], Iterable[Metric]]
-
-
-def self_metrics(snap: Snapshot, collectors: Sequence[Collector]) -> Iterator[Metric]:
+def self_metrics(snap: Snapshot) -> Iterator[Metric]:
     """gpufeed's own health: per-collector success/availability/duration, sampler overruns, build info."""
     success = GaugeMetricFamily(
         "gpufeed_collector_success",
@@ -82,26 +79,19 @@ def self_metrics(snap: Snapshot, collectors: Sequence[Collector]) -> Iterator[Me
 class SnapshotCollector:
     """A client_python custom collector over the current snapshot; ``collect`` does no I/O."""
 
-    def __init__(self, collectors: Sequence[Collector], derived: DerivedMetrics | None = None) -> None:
-        self.collectors = list(collectors)
-        self.derived = derived
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        self.stages = list(stages)
         self.snapshot = Snapshot(version=0, t=0.0)
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot
-        yield from self_metrics(snap, self.collectors)
-        for c in self.collectors:
+        yield from self_metrics(snap)
+        for c in self.stages:
             try:
                 yield from c.metrics(snap)
             except Exception as e:
                 if log.once(("metrics_failed", c.name)):
                     _log.error("collector_metrics_failed", collector=c.name, error=repr(e), exc_info=e)
-        if self.derived is not None and snap.derived is not None:
-            try:
-                yield from self.derived(snap)
-            except Exception as e:
-                if log.once(("metrics_failed", "derived")):
-                    _log.error("derived_metrics_failed", error=repr(e), exc_info=e)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +131,8 @@ class Renderer:
     (from the families already collected) and kept warm from then on.
     """
 
-    def __init__(self, collectors: Sequence[Collector], derived: DerivedMetrics | None = None) -> None:
-        self.source = SnapshotCollector(collectors, derived)
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        self.source = SnapshotCollector(stages)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.source)
         self._families = _Families()

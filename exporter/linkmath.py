@@ -34,6 +34,8 @@ import re
 # Transfer rate (GT/s) of each generation, PCIe Base Specification 1.0 .. 6.0.
 GENERATION_GTS: dict[int, float] = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 
+GENERATIONS = tuple(GENERATION_GTS)
+
 # Valid link widths (PCIe Base Specification, Link Capabilities "Maximum Link Width").
 WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 
@@ -103,6 +105,16 @@ def generation(gts: float) -> int:
         return _GTS_TO_GEN[float(gts)]
     except KeyError:
         raise ValueError(f"no PCIe generation runs at {gts:g} GT/s") from None
+
+
+def generation_of(gts: float | None) -> int | None:
+    """Like :func:`generation`, but None for an unknown rate or None (sysfs ``Unknown``)."""
+    return None if gts is None else _GTS_TO_GEN.get(float(gts))
+
+
+def speed_string(gen: int) -> str:
+    """The kernel's ``*_link_speed`` text for generation ``gen``: ``16.0 GT/s PCIe`` (kernel >= 4.19)."""
+    return f"{gts(gen):.1f} GT/s PCIe"
 
 
 def gts(gen: int) -> float:

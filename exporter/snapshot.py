@@ -44,15 +44,14 @@ def _empty() -> Mapping[str, Any]:
 class Snapshot:
     """Everything the exposition needs, frozen at one instant.
 
-    ``latest`` maps a sampler name to its newest successful sample; ``status`` maps a sampler name to
-    how its latest run went; ``derived`` holds the derived layer's newest output (or None).
+    ``latest`` maps a sampler name to its newest successful sample (the derived layer's included, under
+    ``derived``); ``status`` maps a sampler name to how its latest run went.
     """
 
     version: int
     t: float
     latest: Mapping[str, Stamped[Any]] = field(default_factory=_empty)
     status: Mapping[str, SamplerStatus] = field(default_factory=_empty)
-    derived: Any = None
 
     def value(self, sampler: str) -> Any:
         """The newest sample value of ``sampler``, or None."""

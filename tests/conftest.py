@@ -1,21 +1,32 @@
-"""Fixtures and options for the whole suite: every test gets the logging state it started with back."""
+"""Fixtures and options for the whole suite: logging state restored after every test, fixture hosts, faults."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import builtins
+import errno
+import io
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
 
 from exporter import log
+from tests.support.gpurig import Rig
+from tests.support.hosts import LARGE, SAMPLERS, host
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """``pytest --update-golden`` from the repository root (tests/host/conftest.py registers it too)."""
-    with contextlib.suppress(ValueError):  # a package conftest registered the same option first
-        parser.addoption("--update-golden", action="store_true", default=False,
-                         help="rewrite golden files (tests/fixtures/host/e2e-output.txt) instead of diffing")
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite golden files (tests/fixtures/hosts/*/golden.prom) instead of diffing")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden", default=False))
 
 
 @pytest.fixture(autouse=True)
@@ -25,13 +36,82 @@ def _restore_logging() -> Iterator[None]:
     The CLI entry points (``gpufeed diagnose``, ``run_live``) call ``log.configure`` like any command would;
     without this a later test in the same session inherits their level and stream (a capture file pytest
     has closed) and its log assertions fail depending on test order. The ``log.once`` keys are restored
-    too, so a condition logged once by one test is logged again by the next.
+    too, and each test sees the first occurrence of a persistent sampler condition.
     """
     saved_config = structlog.get_config()
     with log._once_lock:
         saved_once = set(log._once_keys)
+    for name in SAMPLERS:
+        log.forget(("sampler_failed", name))
+        log.forget(("sampler_nodata", name))
     yield
     structlog.configure(**saved_config)
     with log._once_lock:
         log._once_keys.clear()
         log._once_keys.update(saved_once)
+
+
+@pytest.fixture
+def large(tmp_path: Path) -> Path:
+    """A private, writable copy of the large fixture host (symlinks kept)."""
+    dst = tmp_path / "large"
+    shutil.copytree(LARGE, dst, symlinks=True)
+    return dst
+
+
+@pytest.fixture
+def copy_box(tmp_path: Path) -> Callable[[str], Path]:
+    """Copy a fixture host into tmp_path (symlinks kept relative) so a test can mutate it."""
+
+    def _copy(name: str) -> Path:
+        dst = tmp_path / name
+        shutil.copytree(host(name), dst, symlinks=True)
+        return dst
+
+    return _copy
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Callable[..., Rig]:
+    """The GPU collector over the strict fake NVML on a virtual clock (tests/support/gpurig.py)."""
+
+    def make(devices: list[dict[str, Any]], **kw: Any) -> Rig:
+        return Rig(tmp_path, devices, **kw)
+
+    return make
+
+
+@pytest.fixture
+def deny(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
+    """Make reads of one path fail with EACCES, as for a non-root daemon (tests run as root in CI, where
+    chmod 000 would not stop the read)."""
+    denied: set[str] = set()
+    real_open = io.open
+    real_listdir = os.listdir
+    real_os_open = os.open
+
+    def check(path: Any) -> None:
+        if isinstance(path, str | os.PathLike) and os.fspath(path) in denied:
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+
+    def fake_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        check(file)
+        return real_open(file, *args, **kwargs)
+
+    def fake_listdir(path: Any = ".") -> list[str]:
+        check(path)
+        return real_listdir(path)
+
+    def fake_os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        check(path)
+        return real_os_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake_os_open)
+    monkeypatch.setattr(io, "open", fake_open)
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(os, "listdir", fake_listdir)
+
+    def add(path: Path) -> None:
+        denied.add(os.fspath(path))
+
+    return add

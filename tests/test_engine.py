@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import Collector, CollectorContext, CollectorError, NoDataError, SamplerSpec
 from exporter.engine import Engine, VirtualClock
+from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError, SamplerSpec
 from exporter.snapshot import Snapshot
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Copy the /proc and /sys files the host collectors read into a plain tree, for fixtures.
 
-    python tools/capture_procfs.py tests/fixtures/host/capture [--pid 1 --pid 1234]
+    python tools/capture_procfs.py tests/fixtures/hosts/capture [--pid 1 --pid 1234]
 
 The result has ``proc/`` and ``sys/`` directories usable as ``--path.procfs`` / ``--path.sysfs``. Only
 the files gpufeed reads are copied (plus a few neighbours that explain them). Symlinks under /sys/block are

@@ -2,9 +2,9 @@
 """Capture the sysfs (and optionally procfs) subtree gpufeed's topology collectors read, as a fixture.
 
 Run on a GPU host (no root needed; AER files are world-readable) and commit the result under
-tests/fixtures/sysfs/<name>/ so the pcie and numa collectors are tested against real hardware::
+tests/fixtures/hosts/<name>/ so the pcie and numa collectors are tested against real hardware::
 
-    python tools/capture_sysfs.py --out tests/fixtures/sysfs/h100-hgx
+    python tools/capture_sysfs.py --out tests/fixtures/hosts/h100-hgx
     python tools/capture_sysfs.py --out /tmp/cap --pid 4242 --pid 4243    # + /proc/<pid>/status
     python tools/capture_sysfs.py --out /tmp/cap --all                   # every PCI device, not only
                                                                          # GPUs, feeders and their bridges

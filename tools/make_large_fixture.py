@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Generate the large hand-written host fixture (tests/fixtures/host/large): a 2-socket GPU server.
+"""Generate the large hand-written host fixture (tests/fixtures/hosts/large): a 2-socket GPU server.
 
-    python tools/make_large_fixture.py tests/fixtures/host/large
+    python tools/make_large_fixture.py tests/fixtures/hosts/large
 
 192 CPUs on 2 NUMA nodes (0-47,96-143 and 48-95,144-191, the usual SMT-sibling numbering), cpufreq with a
 few CPUs left in powersave, an NVMe disk with partitions, a SATA disk with one partition, loop0 and dm-0

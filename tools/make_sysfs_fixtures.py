@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate the topology fixture trees under tests/fixtures/sysfs/<box>/{sys,proc}.
+"""Generate the topology fixture trees under tests/fixtures/hosts/<box>/{sys,proc}.
 
 The trees have the real sysfs structure: ``sys/bus/pci/devices/<bdf>`` are relative symlinks into
 ``sys/devices/pci<dom>:<bus>/<root port>/.../<bdf>``, ``driver`` links point into ``sys/bus/pci/drivers``,
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sysfs"
+ROOT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hosts"
 
 SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe", 5: "32.0 GT/s PCIe",
          6: "64.0 GT/s PCIe"}

@@ -21,7 +21,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from exporter.samples.derived import VERDICTS  # noqa: E402 -- the repo root is put on sys.path above
+from exporter.names import VERDICTS  # noqa: E402 -- the repo root is put on sys.path above
 
 OUT = HERE / "dashboards"
 DS = {"type": "prometheus", "uid": "${datasource}"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from exporter.collectors.base import Collector
+from exporter.sampling import Collector
 
 REGISTRY: dict[str, type[Collector]] = {}
 

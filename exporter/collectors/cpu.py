@@ -10,14 +10,12 @@ from types import MappingProxyType
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option, read_source
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.host import CpuSample, CpuTimes
+from exporter.sampling import Collector, CollectorContext, CollectorError, Option
 from exporter.snapshot import Snapshot
+from exporter.sources import USER_HZ, read_source, read_text
 
-# /proc/stat times are in USER_HZ ticks: "units of USER_HZ (1/100ths of a second on most architectures,
-# use sysconf(_SC_CLK_TCK) to obtain the right value)" -- proc(5), /proc/stat.
-USER_HZ = float(os.sysconf("SC_CLK_TCK"))
 MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 # node_exporter's cpu collector (cpu_linux.go, jumpBackSeconds): idle going back by this much is not a
 # counter glitch but a CPU that went offline and came back (its counters restarted), so the CPU is reset.
@@ -207,7 +205,7 @@ class CpuCollector(Collector):
             node = int(entry[4:])
             path = base / entry / "cpulist"
             try:
-                cpus = parse_cpulist(path.read_text(errors="replace"))
+                cpus = parse_cpulist(read_text(path))
             except FileNotFoundError:
                 continue
             except (OSError, CpulistError) as e:

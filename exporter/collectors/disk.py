@@ -11,13 +11,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter import log
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option, read_source
 from exporter.samples.host import DiskSample, DiskStats
+from exporter.sampling import Collector, CollectorContext, CollectorError, Option
 from exporter.snapshot import Snapshot
+from exporter.sources import SECTOR_BYTES, read_source
 
 # Sectors in /proc/diskstats are "standard UNIX 512-byte sectors, not any device- or filesystem-specific
-# block size" (Documentation/admin-guide/iostats.rst); times are milliseconds (same document).
-SECTOR_BYTES = 512
+# block size" (Documentation/admin-guide/iostats.rst; exporter.sources.SECTOR_BYTES); times are milliseconds.
 SECONDS_PER_MS = 1e-3
 DEFAULT_EXCLUDE = r"^(loop|ram|zram|dm-)\d+$"
 # Used only when /sys/block cannot be read (sysfs not mounted in a container): node_exporter's partition

@@ -3,13 +3,12 @@
 Three samplers share one NVML session: ``gpu`` (fast, default 100 ms: GPM pairs, field-value counters,
 SM clock, power), ``gpu_samples`` (default 1 s: the driver's buffered utilisation samples) and
 ``gpu_slow`` (default 5 s: link state, clock-event reasons, temperature, memory, limits, processes).
-The NVML module comes from ``ctx.shared["nvml"]`` when present (the simulator's fake NVML), else from
-``pynvml``, imported on first use. Time comes from ``ctx.shared["clock"]`` or the wired engine's clock
-(virtual time under ``diagnose --scenario``), else the monotonic clock.
+The NVML module is ``ctx.nvml`` when set (the simulator's strict fake NVML), else ``pynvml``, imported on
+first use. Time is ``ctx.clock``: the engine's (virtual time under ``diagnose --scenario``).
 
-On every slow cycle the collector publishes the pids per GPU to ``ctx.targets`` (the ``proc`` and
-``numa`` collectors inspect exactly those) and the GPU index -> sysfs PCI address map to
-``ctx.shared["gpu_bus_ids"]``. No driver, no library or no GPU is "not available" (NoDataError), quietly.
+On every slow cycle the collector publishes to ``ctx.targets`` the pids per GPU (the ``proc`` and ``numa``
+collectors inspect exactly those) and each GPU's PCI address in sysfs form. No driver, no library or no GPU
+is "not available" (NoDataError), quietly.
 """
 
 from __future__ import annotations
@@ -17,21 +16,22 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from exporter import names
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorContext, CollectorError, NoDataError, Option, SamplerSpec
 from exporter.gpu.backend import PID_MAX_LIMIT, GpuInitError, GpuUnavailableError, NvmlBackend
 from exporter.gpu.constants import CLOCK_EVENT_REASONS
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuSample, GpuSlow
+from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError, Option, SamplerSpec
 from exporter.snapshot import Snapshot
+from exporter.sources import read_bytes, read_text
 
-FAST, BUFFERED, SLOW = "gpu", "gpu_samples", "gpu_slow"
+FAST, BUFFERED, SLOW = names.GPU_FAST, names.GPU_SAMPLES, names.GPU_SLOW
 COMM_MAX = 64  # /proc/<pid>/comm is at most TASK_COMM_LEN (16) bytes; bound hostile input anyway
 
 
@@ -88,9 +88,7 @@ class GpuCollector(Collector):
                 pids[str(idx)] = [p.pid for p in procs]
             else:
                 gpus[idx] = g
-        self.ctx.targets.publish(pids)
-        self.ctx.shared["gpu_bus_ids"] = MappingProxyType(
-            {str(i): ident.pci_bus_id for i, ident in sorted(sample.identities.items()) if ident.pci_bus_id})
+        self.ctx.targets.publish(pids, {str(i): ident.pci_bus_id for i, ident in sorted(sample.identities.items())})
         return GpuSample(identities=sample.identities, gpus=MappingProxyType(gpus), lost=sample.lost)
 
     def _sample(self, path: Callable[[NvmlBackend], GpuSample]) -> GpuSample:
@@ -105,29 +103,21 @@ class GpuCollector(Collector):
         with self._lock:
             if self._backend is None:
                 self._backend = NvmlBackend(
-                    self._nvml_module, clock=self._now, pid_max=self._pid_max, numa_of=self._sysfs_numa_node,
+                    self._nvml_module, clock=self.ctx.clock, pid_max=self._pid_max, numa_of=self._sysfs_numa_node,
                     gpu_hardware=self._sysfs_has_nvidia_gpu,
                 )
             return self._backend
 
     def _nvml_module(self) -> Any:
         """The injected NVML module (simulator/tests) or the real bindings, imported on first use."""
-        injected = self.ctx.shared.get("nvml")
-        if injected is not None:
-            return injected
+        if self.ctx.nvml is not None:
+            return self.ctx.nvml
         return importlib.import_module("pynvml")
-
-    def _now(self) -> float:
-        clock = self.ctx.shared.get("clock")
-        if clock is None:
-            engine = self.ctx.shared.get("engine")
-            clock = getattr(engine, "clock", None)
-        return float(clock.now()) if clock is not None else time.monotonic()
 
     def _read_pid_max(self) -> int:
         """Upper bound of pids on this host, from /proc/sys/kernel/pid_max."""
         try:
-            v = int(self.ctx.proc("sys", "kernel", "pid_max").read_text().strip())
+            v = int(read_text(self.ctx.proc("sys", "kernel", "pid_max")).strip())
         except (OSError, ValueError):
             return PID_MAX_LIMIT
         return v if 0 < v <= PID_MAX_LIMIT else PID_MAX_LIMIT
@@ -135,7 +125,7 @@ class GpuCollector(Collector):
     def _comm(self, pid: int) -> str:
         """Process name from /proc/<pid>/comm; "" when unreadable (gone, other pid namespace)."""
         try:
-            raw = self.ctx.proc(pid, "comm").read_bytes()[:COMM_MAX]
+            raw = read_bytes(self.ctx.proc(pid, "comm"), limit=COMM_MAX)
         except OSError:
             return ""
         return raw.decode("utf-8", errors="replace").strip()
@@ -150,8 +140,8 @@ class GpuCollector(Collector):
             return True
         for dev in devices:
             try:
-                vendor = (dev / "vendor").read_text().strip().lower()
-                klass = (dev / "class").read_text().strip().lower()
+                vendor = read_text(dev / "vendor").strip().lower()
+                klass = read_text(dev / "class").strip().lower()
             except OSError:
                 continue
             if vendor == "0x10de" and klass.startswith("0x03"):
@@ -161,7 +151,7 @@ class GpuCollector(Collector):
     def _sysfs_numa_node(self, bdf: str) -> int | None:
         """The GPU's NUMA node from /sys/bus/pci/devices/<bdf>/numa_node (-1, absent: unknown)."""
         try:
-            v = int(self.ctx.sys("bus", "pci", "devices", bdf, "numa_node").read_text().strip())
+            v = int(read_text(self.ctx.sys("bus", "pci", "devices", bdf, "numa_node")).strip())
         except (OSError, ValueError):
             return None
         return v if v >= 0 else None

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorError, read_source
 from exporter.samples.host import MemorySample
+from exporter.sampling import Collector, CollectorError
 from exporter.snapshot import Snapshot
+from exporter.sources import read_source
 
 # /proc/meminfo values carry a "kB" unit that means KiB (proc(5): "kB" fields, 1024 bytes each; the kernel
 # prints them with K(x) = x << (PAGE_SHIFT - 10) in fs/proc/meminfo.c).

@@ -8,9 +8,10 @@ from types import MappingProxyType
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorError, read_source
 from exporter.samples.host import NfsSample
+from exporter.sampling import Collector, CollectorError
 from exporter.snapshot import Snapshot
+from exporter.sources import read_source
 
 OPS = ("getattr", "lookup", "open", "read")
 # Position of each op in the ``procN`` lines (0 is NULL). The kernel prints one counter per procedure in

@@ -7,11 +7,11 @@ files, not syscalls, so fixtures and the simulator can drive it.
 Which pids use which GPU:
 
 * ``ctx.targets.by_gpu()``: GPU key -> pids, published by the GPU collector (key: NVML index as a string).
-* ``ctx.shared["gpu_bus_ids"]``: ``Mapping[str, str]`` GPU index -> PCI address in sysfs form
-  (``0000:41:00.0``), published by the GPU collector; it turns an index into the sysfs device to read.
+* ``ctx.targets.bus_ids()``: GPU index -> PCI address in sysfs form (``0000:41:00.0``), published by the
+  GPU collector; it turns an index into the sysfs device to read.
 * Without NVML (no GPU collector, tests, the manual check on a fixture): a GPU key that is itself a
   PCI address is used directly, and ``--collector.numa.pids KEY=PID,...`` adds static entries (KEY: a GPU
-  index resolvable through ``gpu_bus_ids``, or a PCI address). The ``gpu`` label is the key as given.
+  index resolvable through ``bus_ids``, or a PCI address). The ``gpu`` label is the key as given.
 
 A process pinned to the other socket pays a cross-socket hop on every DMA buffer and every preprocessing
 output (playbook, "Task 10"). Hosts with one node, and GPUs whose ``numa_node`` is -1, never mismatch.
@@ -25,28 +25,16 @@ from types import MappingProxyType
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter import log
+from exporter import log, pci
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorContext, CollectorError, NoDataError, Option
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.topology import NumaSample, Placement
+from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError, Option
 from exporter.snapshot import Snapshot
+from exporter.sources import read_text
 
 REASONS = ("cpus_remote", "memory_remote")
 _NODE_DIR = re.compile(r"^node(\d+)$")
-_BDF = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
-
-
-def normalize_bdf(text: str) -> str | None:
-    """``00000000:41:00.0`` (NVML) or ``0000:41:00.0`` -> ``0000:41:00.0``; None if not a PCI address."""
-    m = _BDF.match(text.strip())
-    if not m:
-        return None
-    dom = m.group(1).lower()
-    dom = dom[-4:] if len(dom) > 4 and set(dom[:-4]) == {"0"} else dom
-    return f"{dom}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"
-
-
 def parse_static_pids(items: tuple[str, ...]) -> dict[str, frozenset[int]]:
     """``("0000:41:00.0=4242", "0=17")`` -> {key: pids}; ValueError naming the bad item."""
     out: dict[str, set[int]] = {}
@@ -59,7 +47,7 @@ def parse_static_pids(items: tuple[str, ...]) -> dict[str, frozenset[int]]:
             pid = -1
         if not eq or not key or pid <= 0:
             raise ValueError(f"--collector.numa.pids: bad entry {item!r} (want GPU=PID, GPU an index or PCI address)")
-        out.setdefault(normalize_bdf(key) or key, set()).add(pid)
+        out.setdefault(pci.normalize(key) or key, set()).add(pid)
     return {k: frozenset(v) for k, v in out.items()}
 
 
@@ -144,10 +132,10 @@ class NumaCollector(Collector):
                 continue
             path = entry / "cpulist"
             try:
-                nodes[int(m.group(1))] = parse_cpulist(path.read_text())
+                nodes[int(m.group(1))] = parse_cpulist(read_text(path))
             except FileNotFoundError:
                 continue
-            except (OSError, CpulistError, UnicodeDecodeError) as e:  # undecodable bytes: name the file
+            except (OSError, CpulistError) as e:
                 raise CollectorError(f"{path}: {e}") from e
         if not nodes:
             raise NoDataError(f"no node*/cpulist under {base}")
@@ -155,18 +143,18 @@ class NumaCollector(Collector):
 
     def _gpu_pids(self) -> dict[str, tuple[str, frozenset[int]]]:
         """GPU label -> (PCI address, pids), from the GPU collector's targets and the static option."""
-        bus_ids: Mapping[str, str] = self.ctx.shared.get("gpu_bus_ids") or {}
+        bus_ids = self.ctx.targets.bus_ids()
         merged: dict[str, set[int]] = {}
         for source in (self.ctx.targets.by_gpu(), self._static):
             for key, pids in source.items():
                 merged.setdefault(key, set()).update(pids)
         out: dict[str, tuple[str, frozenset[int]]] = {}
         for key, pid_set in merged.items():
-            bdf = normalize_bdf(bus_ids[key]) if key in bus_ids else normalize_bdf(key)
+            bdf = pci.normalize(bus_ids[key]) if key in bus_ids else pci.normalize(key)
             if bdf is None:
                 if log.once(("numa_gpu_unresolved", key)):
                     self.log.info("numa_gpu_unresolved", gpu=key,
-                                  hint="no PCI address published for this GPU (gpu_bus_ids); placement skipped")
+                                  hint="no PCI address published for this GPU; placement skipped")
                 continue
             out[key] = (bdf, frozenset(pid_set))
         return out
@@ -177,10 +165,10 @@ class NumaCollector(Collector):
         node: int | None = None
         cpus: frozenset[int] = frozenset()
         try:
-            raw = (dev / "numa_node").read_text().strip()
+            raw = read_text(dev / "numa_node").strip()
             node = int(raw, 10)
             node = node if node >= 0 else None
-            cpus = parse_cpulist((dev / "local_cpulist").read_text())
+            cpus = parse_cpulist(read_text(dev / "local_cpulist"))
         except FileNotFoundError:
             if log.once(("numa_gpu_missing", bdf)):
                 self.log.info("numa_gpu_missing", bdf=bdf, path=str(dev))
@@ -193,7 +181,7 @@ class NumaCollector(Collector):
         """Name, Cpus_allowed_list and Mems_allowed_list from /proc/<pid>/status; None if it is gone."""
         path = self.ctx.proc(pid, "status")
         try:
-            text = path.read_text(errors="replace")
+            text = read_text(path)
         except (FileNotFoundError, ProcessLookupError):
             return None  # exited between the GPU collector's listing and now
         except OSError as e:

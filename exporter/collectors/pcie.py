@@ -15,7 +15,6 @@ layer's job (see docs/topology.md).
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -24,12 +23,13 @@ from types import MappingProxyType
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter import linkmath, log
+from exporter import linkmath, log, pci
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorContext, NoDataError, Option
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.topology import AerCounts, PcieDevice, PcieLink, PcieSample
+from exporter.sampling import Collector, CollectorContext, NoDataError, Option
 from exporter.snapshot import Snapshot
+from exporter.sources import CHUNK, read_text
 
 # PCI class codes (PCI Code and ID Assignment Specification), upper 16 bits of the 24-bit class.
 GPU_CLASSES = frozenset({0x0300, 0x0302})  # VGA-compatible controller, 3D controller
@@ -48,8 +48,6 @@ GTS = 1e9  # sysfs speeds are in GT/s; exported as transfers per second
 # With udev, events drive re-enumeration; a slow safety net still catches a dropped netlink message.
 HOTPLUG_SAFETY_FACTOR = 10
 
-_BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,9 +293,9 @@ class PcieCollector(Collector):
         root = Path(os.path.realpath(self.ctx.sysfs))
         p = path.parent
         while p not in (root, p.parent):
-            if _BDF.match(p.name):
+            if pci.is_address(p.name):
                 out.append((p.name, p))
-            elif not _HOST_BRIDGE.match(p.name):
+            elif not pci.HOST_BRIDGE.match(p.name):
                 break  # reached /sys/devices (or a non-PCI parent such as a platform device)
             p = p.parent
         out.reverse()
@@ -311,7 +309,7 @@ class PcieCollector(Collector):
 
         ``hops_below``: for a bridge, how many bridges sit between it and the GPU (0: directly above it).
         """
-        parent_is_bdf = _BDF.match(path.parent.name) is not None
+        parent_is_bdf = pci.is_address(path.parent.name)
         if role != "bridge":
             port = "endpoint"
         elif not parent_is_bdf:
@@ -335,13 +333,8 @@ class PcieCollector(Collector):
 
     @staticmethod
     def _read(path: Path) -> str:
-        """One sysfs attribute, stripped (one read: a sysfs attribute is at most a page)."""
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.read(fd, 65536)
-        finally:
-            os.close(fd)
-        return data.decode(errors="replace").strip()
+        """One sysfs attribute, stripped."""
+        return read_text(path, limit=CHUNK).strip()
 
     def _attr(self, path: Path) -> str | None:
         """An optional attribute: None when absent; unreadable ones are logged once and also None."""

@@ -9,9 +9,10 @@ from types import MappingProxyType
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorError, NoDataError
 from exporter.samples.host import PressureSample, PressureTotals
+from exporter.sampling import Collector, CollectorError, NoDataError
 from exporter.snapshot import Snapshot
+from exporter.sources import read_text
 
 RESOURCES = ("cpu", "io", "memory")
 # PSI totals are in microseconds (Documentation/accounting/psi.rst, "total= ... in us"). Divided, not
@@ -32,7 +33,7 @@ class PressureCollector(Collector):
         for res in RESOURCES:
             path = self.ctx.proc("pressure", res)
             try:
-                text = path.read_text(errors="replace")
+                text = read_text(path)
             except FileNotFoundError:
                 continue
             except OSError as e:

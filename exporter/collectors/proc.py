@@ -13,7 +13,6 @@ Deep sampling then costs what the waiting GPUs need, not what the whole host has
 
 from __future__ import annotations
 
-import errno
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -23,18 +22,17 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter import log
+from exporter import log, names
 from exporter.collectors import register
-from exporter.collectors.base import Collector, CollectorContext, CollectorError, Option, SamplerSpec
 from exporter.cpulist import CpulistError, parse_cpulist
-from exporter.derived.hostshape import CPU_WINDOW_MAX
 from exporter.samples.host import ProcessSample, ProcSample, ThreadStat
+from exporter.sampling import CPU_WINDOW_MAX, Collector, CollectorContext, CollectorError, Option, SamplerSpec
 from exporter.snapshot import Snapshot
+from exporter.sources import GONE, USER_HZ, SourceTooLargeError, read_text
 
 # utime/stime in /proc/<pid>/stat are clock ticks: "measured in clock ticks (divide by sysconf(_SC_CLK_TCK))"
-# -- proc(5), /proc/pid/stat fields (14) and (15).
-USER_HZ = float(os.sysconf("SC_CLK_TCK"))
-THREADS_SAMPLER = "proc_threads"
+# -- proc(5), /proc/pid/stat fields (14) and (15); exporter.sources.USER_HZ.
+THREADS_SAMPLER = names.PROC_THREADS
 # Deep samples are read only over the analyzer's CPU window (at most CPU_WINDOW_MAX); a little margin so the
 # oldest sample of a full window is still there.
 THREADS_HISTORY = CPU_WINDOW_MAX + 2.0
@@ -45,8 +43,6 @@ STATE_NAMES = {
     "X": "dead", "Z": "zombie", "P": "parked", "I": "idle",
 }
 ALWAYS_STATES = ("running", "sleeping", "disk_sleep")
-# Errors that mean "the process or thread is gone" while we read it: normal, not a failure.
-_GONE = (errno.ENOENT, errno.ESRCH)
 
 
 class PidListOption(Option):
@@ -211,25 +207,16 @@ class ProcCollector(Collector):
         return ProcSample(processes=MappingProxyType(out), deep=deep)
 
     def _read(self, *parts: str | int) -> str:
-        """One file under /proc; _GoneError when the process or thread no longer exists.
-
-        os.open/os.read rather than open(): ~150 thread files per process per deep run, and the buffered text
-        layer costs several times the two or three syscalls.
-        """
+        """One file under /proc; _GoneError when the process or thread no longer exists."""
         path = self.ctx.proc(*parts)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                chunks = []
-                while chunk := os.read(fd, 65536):
-                    chunks.append(chunk)
-            finally:
-                os.close(fd)
+            return read_text(path)
+        except SourceTooLargeError:
+            raise
         except OSError as e:
-            if e.errno in _GONE:
+            if e.errno in GONE:
                 raise _GoneError(str(path)) from e
             raise CollectorError(f"{path}: {e.strerror or e}") from e
-        return b"".join(chunks).decode("utf-8", "replace")
 
     def _process(self, pid: int, deep: bool) -> ProcessSample:
         """One process from /proc/<pid>/stat, status and io (and task/*/stat when ``deep``)."""
@@ -271,7 +258,7 @@ class ProcCollector(Collector):
         try:
             tids = sorted(int(t) for t in os.listdir(base) if t.isdigit())
         except OSError as e:
-            if e.errno in _GONE:
+            if e.errno in GONE:
                 raise _GoneError(str(base)) from e
             raise CollectorError(f"{base}: {e.strerror or e}") from e
         for tid in tids:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter import linkmath, thresholds
 from exporter.derived.gpuview import THERMAL_REASONS, GpuView
 from exporter.derived.hostshape import IoSignals
 from exporter.derived.series import Point
@@ -20,12 +21,14 @@ from exporter.snapshot import Stamped
 BUSY_UTIL = 0.10  # a GPU at >= 10% utilisation has work: its link should be up to speed
 BUSY_TRAFFIC = 50e6  # ... or moves >= 50 MB/s over PCIe
 SUSTAIN_S = 4.0  # a downgrade must be seen across busy link samples at least this far apart
-MEM_AVAILABLE_LOW = 0.10
+# Shared with the alert rules (exporter/thresholds.yaml): a finding and its alert agree on what counts.
+MEM_AVAILABLE_LOW = thresholds.MEMORY.max_available_ratio
 MEM_AVAILABLE_CRITICAL = 0.05
 DIRTY_HIGH = 0.10  # Dirty + Writeback above 10% of MemTotal
-PSI_MEMORY_SOME = 0.10
+PSI_MEMORY_SOME = thresholds.MEMORY.max_memory_stall_ratio
 PSI_MEMORY_FULL = 0.02
-GEN_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+NFS_RETRANS_RATIO = thresholds.NFS.max_retrans_ratio
+NFS_RETRANS_PER_S = thresholds.NFS.min_retrans_per_second
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +41,6 @@ class LinkState:
     cur_width: int | None
     max_gen: int | None
     max_width: int | None
-
-
-def _gen(gts: float | None) -> int | None:
-    return None if gts is None else GEN_BY_GTS.get(float(gts))
 
 
 def _min(a: int | None, b: int | None) -> int | None:
@@ -71,17 +70,18 @@ def chain_links(pcie: Sequence[Stamped[PcieSample]], bdf: str) -> list[LinkState
             if dev is None or link is None:
                 parent_gen = parent_width = None
                 continue
-            mg, mw = _gen(link.max_speed_gts), link.max_width
+            mg, mw = linkmath.generation_of(link.max_speed_gts), link.max_width
             # Root and downstream ports describe the link below them, which the next hop (their link
             # partner) reports too: name each link once, by its lower end.
             below = dev.port in ("root_port", "downstream_port") and dev.link_peer in chain
             if not below:
                 if link.limit_speed_gts is not None or link.limit_width is not None:
-                    lg = _gen(link.limit_speed_gts) if link.limit_speed_gts is not None else mg
+                    lg = linkmath.generation_of(link.limit_speed_gts) if link.limit_speed_gts is not None else mg
                     lw = link.limit_width if link.limit_width is not None else mw
                 else:
                     lg, lw = _min(mg, parent_gen), _min(mw, parent_width)
-                out.append(LinkState(hop, s.t, _gen(link.current_speed_gts), link.current_width, lg, lw))
+                cur = linkmath.generation_of(link.current_speed_gts)
+                out.append(LinkState(hop, s.t, cur, link.current_width, lg, lw))
             parent_gen, parent_width = mg, mw
     return out
 
@@ -247,11 +247,12 @@ def memory_pressure(memory: Sequence[Stamped[MemorySample]], io: IoSignals) -> F
 
 
 def nfs_retransmissions(io: IoSignals, window_s: float) -> Finding | None:
-    """The NFS client retransmitted RPCs in the window (server or network struggling)."""
+    """The NFS client retransmitted at least NFS_RETRANS_RATIO of its RPCs, and at least NFS_RETRANS_PER_S
+    of them per second, in the window (server or network struggling): the GpufeedNFSRetransmissions rule."""
     r = io.nfs_retrans_per_s
-    if not r:
+    if not r or r < NFS_RETRANS_PER_S or not io.nfs_calls_per_s or r / io.nfs_calls_per_s < NFS_RETRANS_RATIO:
         return None
-    ratio = "" if not io.nfs_calls_per_s else f" ({100 * r / io.nfs_calls_per_s:.2f}% of calls)"
+    ratio = f" ({100 * r / io.nfs_calls_per_s:.2f}% of calls)"
     return Finding("nfs_retransmissions", None, "warning",
                    f"NFS client retransmitting {r:.1f} RPCs/s{ratio} over the last {window_s:.0f} s (nfsstat -c)")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from exporter.derived.gpuview import THERMAL_REASONS, GpuView
 from exporter.derived.hostshape import SATURATED_CORE, CpuShape, IoSignals
-from exporter.samples.derived import WAITING_CAUSES
+from exporter.names import WAITING_CAUSES
 
 IDLE_UTIL = 0.03  # below this mean utilisation no work is being submitted (DESIGN.md: idle)
 WAITING_ENTER = 0.20  # TensorBoard: >= 20% of step time waiting = highly input-bound

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from exporter import log
+from exporter import linkmath, log
+from exporter import pci as pcimod
 from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
 from exporter.gpu.counters import SampleIntegrator, WrappingCounter
 from exporter.samples.gpu import (
@@ -116,22 +117,6 @@ class GpuInitError(Exception):
 
 class _GpuLostError(Exception):
     """Internal: the GPU answered GPU_IS_LOST (or UNKNOWN repeatedly)."""
-
-
-def bus_id_to_sysfs(bus_id: str | bytes, domain: int | None = None) -> str:
-    """NVML's ``00000000:82:00.0`` -> sysfs ``0000:82:00.0`` (lower case, 4-digit domain like the kernel)."""
-    s = bus_id.decode(errors="replace") if isinstance(bus_id, bytes) else str(bus_id)
-    s = s.strip("\x00 ").lower()
-    parts = s.split(":")
-    if len(parts) == 3:
-        try:
-            dom = int(parts[0], 16)
-        except ValueError:
-            return s
-        return f"{dom:04x}:{parts[1]}:{parts[2]}"
-    if len(parts) == 2 and domain is not None:
-        return f"{domain:04x}:{parts[0]}:{parts[1]}"
-    return s
 
 
 def _bits(words: Iterable[int]) -> frozenset[int]:
@@ -419,8 +404,8 @@ class NvmlBackend:
         g.field_counters = {C.FI_PCIE_TX_BYTES: g.tx, C.FI_PCIE_RX_BYTES: g.rx, C.FI_PCIE_REPLAY_COUNTER: g.replays,
                             **{f: g.throttle[r] for r, f in C.THROTTLE_TIME_FIELDS.items()}}
         name = self._opt(g, "nvmlDeviceGetName", nvml.nvmlDeviceGetName, h)
-        pci = self._opt(g, "nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, h)
-        bdf = bus_id_to_sysfs(pci.busId, int(pci.domain)) if pci is not None else ""
+        info = self._opt(g, "nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, h)
+        bdf = pcimod.from_nvml(info.busId, int(info.domain)) if info is not None else ""
         gpm = False
         if "nvmlGpmQueryDeviceSupport" not in g.disabled:
             sup = self._opt(g, "nvmlGpmQueryDeviceSupport", nvml.nvmlGpmQueryDeviceSupport, h)
@@ -912,10 +897,9 @@ def _sample_value(v: Any, vt: int) -> float:
     return float(v.uiVal)
 
 
-# Usable bytes/s per lane after line encoding: Gen1/2 8b/10b, Gen3+ 128b/130b (Gen6 FLIT ~ 242/256).
-_LANE_BYTES = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969.2e6, 5: 3938.5e6, 6: 7563e6}
-
-
 def _link_bytes_per_s(gen: int, width: int) -> float | None:
-    lane = _LANE_BYTES.get(gen)
-    return None if lane is None else lane * width
+    """The link's encoded data rate (an upper bound of what it moves: the counter-wrap check errs early)."""
+    try:
+        return linkmath.encoded_bytes_per_second(gen, width)
+    except ValueError:
+        return None

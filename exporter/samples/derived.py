@@ -1,22 +1,13 @@
-"""Output of the derived layer: per-GPU verdicts and platform findings (produced by exporter.analysis)."""
+"""Output of the derived layer: per-GPU verdicts and platform findings (produced by exporter.derived.analyzer).
+
+The vocabulary (verdicts, states, findings, severities) is in :mod:`exporter.names`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-
-VERDICTS = (
-    "healthy", "idle", "launch_bound", "input_bound", "io_bound", "transfer_bound",
-    "gpu_throttled", "gpu_inefficient", "latency_bound",
-)
-WAITING_CAUSES = ("launch_bound", "input_bound", "io_bound", "transfer_bound", "latency_bound")
-STATES = ("working", "waiting", "idle")
-FINDINGS = (
-    "pcie_link_downgraded", "pcie_errors", "numa_mismatch", "cpu_governor_powersave",
-    "gpu_clock_throttled", "memory_pressure", "nfs_retransmissions", "gpu_lost",
-)
-SEVERITIES = ("critical", "warning", "info")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +16,7 @@ class GpuVerdict:
 
     index: int
     uuid: str
-    cause: str  # one of VERDICTS
+    cause: str  # one of exporter.names.VERDICTS
     confidence: float  # 0..1
     waiting_ratio: float  # share of the window the GPU was waiting (0..1)
     evidence: tuple[str, ...]  # sentences a human can act on, strongest first
@@ -35,9 +26,9 @@ class GpuVerdict:
 class Finding:
     """A platform finding; ``gpu`` is None for host-wide findings."""
 
-    check: str  # one of FINDINGS
+    check: str  # one of exporter.names.FINDINGS
     gpu: int | None
-    severity: str  # one of SEVERITIES
+    severity: str  # one of exporter.names.SEVERITIES
     detail: str
 
 

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter import log
-from exporter.collectors.base import Collector
 from exporter.config import Settings
+from exporter.sampling import Stage
 from exporter.sim.model import Model
 from exporter.sim.player import SAMPLER_GROUPS, fast_tmpdir
 from exporter.sim.render import GROUPS, Renderer, nvml_state, write_json
@@ -54,7 +54,7 @@ class SimulationError(Exception):
     """The simulation could not start (bad scenario, child failed); the message says why."""
 
 
-def group_periods(settings: Settings, registry: Mapping[str, type[Collector]]) -> dict[str, float]:
+def group_periods(settings: Settings, registry: Mapping[str, type[Stage]]) -> dict[str, float]:
     """Real-time render period of each file group: the interval of the fastest sampler reading it."""
     intervals: dict[str, float] = {}
     for name, cls in registry.items():
@@ -84,23 +84,24 @@ def group_periods(settings: Settings, registry: Mapping[str, type[Collector]]) -
 class LiveSimulation:
     """The daemon's side: start the renderer child, hand out the paths and the fake NVML, stop it."""
 
-    def __init__(self, scenario: str, speed: float, periods: Mapping[str, float]) -> None:
+    def __init__(self, scenario: str, speed: float, periods: Mapping[str, float], settings: Settings) -> None:
         self.scenario = scenario
         self.speed = speed
         self.periods = dict(periods)
         self.dir: Path | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.settings = settings  # the daemon's settings; pointed at the rendered trees once started
+        self.nvml: Any = None  # the strict fake NVML reading the rendered state, once started
 
     @classmethod
-    def start(cls, settings: Settings, registry: Mapping[str, type[Collector]]) -> tuple[LiveSimulation, Settings,
-                                                                                        dict[str, Any]]:
-        """Start the child; returns the simulation, settings pointed at its trees, and the ``shared`` dict."""
+    def start(cls, settings: Settings, registry: Mapping[str, type[Stage]]) -> LiveSimulation:
+        """Start the children; the simulation carries ``settings`` pointed at its trees and its fake NVML."""
         path = str(settings["simulate"])
         try:
             load(path)  # fail fast, in the daemon, with the file and key named
         except ScenarioError as e:
             raise SimulationError(str(e)) from e
-        sim = cls(path, float(settings["simulate-speed"]), group_periods(settings, registry))
+        sim = cls(path, float(settings["simulate-speed"]), group_periods(settings, registry), settings)
         sim._spawn()
         assert sim.dir is not None
         from exporter.sim.fakenvml import FakeNvml
@@ -108,8 +109,9 @@ class LiveSimulation:
         values = dict(settings.values)
         values["path.procfs"] = str(sim.dir / "proc")
         values["path.sysfs"] = str(sim.dir / "sys")
-        shared: dict[str, Any] = {"nvml": FakeNvml.from_file(sim.dir / NVML_FILE)}
-        return sim, replace(settings, values=values), shared
+        sim.nvml = FakeNvml.from_file(sim.dir / NVML_FILE)
+        sim.settings = replace(settings, values=values)
+        return sim
 
     def _spawn(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-", dir=fast_tmpdir()))

@@ -14,7 +14,6 @@ utime/stime): a thread cannot run more than the core it is on.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,8 +37,6 @@ from exporter.sim.scenario import (
 )
 from exporter.sim.signal import At, Piecewise, Track
 
-# /proc/stat and /proc/<pid>/stat count in USER_HZ ticks; the collectors divide by the same sysconf value.
-USER_HZ = int(os.sysconf("SC_CLK_TCK"))
 IDLE_SM_CLOCK_MHZ = 345.0  # SPEC: sm_clock_mhz default when gpu_util is 0
 
 

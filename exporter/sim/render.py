@@ -21,13 +21,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from exporter import linkmath
 from exporter.cpulist import format_cpulist
 from exporter.gpu.constants import THROTTLE_TIME_FIELDS
-from exporter.sim.model import USER_HZ, Model
+from exporter.sim.model import Model
 from exporter.sim.scenario import Gpu, Process
+from exporter.sources import SECTOR_BYTES, USER_HZ
 
-GEN_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
-             5: "32.0 GT/s PCIe", 6: "64.0 GT/s PCIe"}
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASS = "0x030200"  # 3D controller: what data-centre NVIDIA GPUs report
 BRIDGE_CLASS = "0x060400"  # PCI-to-PCI bridge
@@ -35,7 +35,6 @@ BRIDGE_VENDOR = "0x1000"
 GPU_DEVICE_IDS = {"H100": "0x2330", "H200": "0x2335", "A100": "0x20b5", "L40S": "0x26b9", "L4": "0x27b8"}
 GROUPS = ("stat", "procs", "threads", "disk", "pressure", "memory", "nfs", "pcie", "cpufreq")
 BOOT_OFFSET_S = 1000.0  # the simulated host booted this long before the scenario starts
-SECTOR = 512  # /proc/diskstats counts 512-byte sectors (Documentation/admin-guide/iostats.rst)
 KIB = 1024  # /proc/meminfo "kB" is KiB
 THROTTLE_REASONS = tuple(THROTTLE_TIME_FIELDS)
 
@@ -160,13 +159,13 @@ class Renderer:
                 self.write(d / f"aer_dev_{sev}", _aer(sev, 0))
             if not is_gpu:
                 b = g.upstream[i]
-                self.write(d / "max_link_speed", GEN_SPEED[b.max_gen] + "\n")
+                self.write(d / "max_link_speed", linkmath.speed_string(b.max_gen) + "\n")
                 self.write(d / "max_link_width", f"{b.max_width}\n")
-                self.write(d / "current_link_speed", GEN_SPEED[b.max_gen] + "\n")
+                self.write(d / "current_link_speed", linkmath.speed_string(b.max_gen) + "\n")
                 self.write(d / "current_link_width", f"{b.max_width}\n")
                 self.write(d / "aer_dev_correctable", _aer("correctable", 0))
             else:
-                self.write(d / "max_link_speed", GEN_SPEED[g.pcie.max_gen] + "\n")
+                self.write(d / "max_link_speed", linkmath.speed_string(g.pcie.max_gen) + "\n")
                 self.write(d / "max_link_width", f"{g.pcie.max_width}\n")
         self._gpu_dirs[g.index] = d
         self._parent_dirs[g.index] = parent if g.upstream else None
@@ -254,8 +253,8 @@ class Renderer:
         for i, (name, tr) in enumerate(self.model.disks.items()):
             reads = int(tr["reads_per_s"].integral(t))
             writes = int(tr["writes_per_s"].integral(t))
-            rsec = int(tr["read_bytes_per_s"].integral(t)) // SECTOR
-            wsec = int(tr["write_bytes_per_s"].integral(t)) // SECTOR
+            rsec = int(tr["read_bytes_per_s"].integral(t)) // SECTOR_BYTES
+            wsec = int(tr["write_bytes_per_s"].integral(t)) // SECTOR_BYTES
             rms = int(tr["read_ms"].integral(t))
             wms = int(tr["write_ms"].integral(t))
             io_ms = int(tr["busy"].integral(t) * 1000)
@@ -318,14 +317,14 @@ class Renderer:
         for g in self.sc.gpus:
             link = m.link(g.index, t)
             d = self._gpu_dirs[g.index]
-            self.write(d / "current_link_speed", GEN_SPEED[link.gen] + "\n")
+            self.write(d / "current_link_speed", linkmath.speed_string(link.gen) + "\n")
             self.write(d / "current_link_width", f"{link.width}\n")
             aer = int(m.gpu_tracks[g.index]["aer_correctable_per_s"].integral(t))
             self.write(d / "aer_dev_correctable", _aer("correctable", aer))
             parent = self._parent_dirs[g.index]
             if parent is not None:
                 b = g.upstream[-1]
-                self.write(parent / "current_link_speed", GEN_SPEED[min(link.gen, b.max_gen)] + "\n")
+                self.write(parent / "current_link_speed", linkmath.speed_string(min(link.gen, b.max_gen)) + "\n")
                 self.write(parent / "current_link_width", f"{min(link.width, b.max_width)}\n")
 
     def _cpufreq(self, t: float) -> None:

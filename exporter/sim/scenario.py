@@ -23,8 +23,9 @@ from typing import Any, Union
 
 import yaml
 
+from exporter import linkmath, pci
 from exporter.cpulist import CpulistError, parse_cpulist
-from exporter.samples.derived import FINDINGS, VERDICTS
+from exporter.names import FINDINGS, VERDICTS
 
 
 class ScenarioError(Exception):
@@ -51,7 +52,6 @@ class Noise:
 
 Value = Union[float, Square, Noise]  # noqa: UP007 - a runtime alias, kept 3.10-compatible
 
-GENERATIONS = (1, 2, 3, 4, 5, 6)
 CLOCK_EVENT_REASONS = (
     "gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal",
     "hw_thermal", "hw_power_brake", "display_clock",
@@ -61,7 +61,6 @@ CPU_MODES = ("user", "system", "iowait", "irq", "softirq")
 DISK_KEYS = ("reads_per_s", "read_bytes_per_s", "writes_per_s", "write_bytes_per_s", "await_ms", "in_flight")
 NFS_OPS = ("read", "getattr", "open", "lookup")
 PSI_KEYS = ("cpu_some", "io_some", "io_full", "memory_some", "memory_full")
-_BDF = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _DEVNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$")
 
 # Valid range of each numeric GPU / process / host state key; noise is clipped to it.
@@ -621,17 +620,16 @@ def _gpus(r: _Reader, v: object, host: Host) -> tuple[Gpu, ...]:
 
 def _bdf(r: _Reader, v: object, path: str) -> str:
     s = r.string(v, path).strip()
-    if not _BDF.match(s):
-        raise r.fail(path, f"bad PCI address {s!r} (expected domain:bus:device.function, e.g. 0000:82:00.0)")
-    dev = int(s[8:10], 16)
-    if dev > 0x1F:
-        raise r.fail(path, f"bad PCI address {s!r}: device number above 1f")
-    return s.lower()
+    norm = pci.normalize(s)
+    if norm is None or len(s) != 12:
+        raise r.fail(path, f"bad PCI address {s!r} (expected domain:bus:device.function, e.g. 0000:82:00.0; "
+                     "device 00-1f, function 0-7)")
+    return norm
 
 
 def _gen(r: _Reader, v: object, path: str) -> int:
     g = r.integer(v, path)
-    if g not in GENERATIONS:
+    if g not in linkmath.GENERATIONS:
         raise r.fail(path, f"PCIe generation must be 1-6, not {g}")
     return g
 

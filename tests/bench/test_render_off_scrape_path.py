@@ -11,7 +11,7 @@ from types import MappingProxyType
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter import exposition
-from exporter.collectors.base import Collector, CollectorContext
+from exporter.sampling import Collector, CollectorContext
 from exporter.snapshot import Snapshot, Stamped
 
 

@@ -3,57 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import pytest
 
-from exporter.analysis import Analyzer
-from exporter.collectors.base import CollectorContext
+from exporter.derived.analyzer import Analyzer
 from exporter.samples.derived import DerivedState
+from exporter.sampling import Targets
 from exporter.snapshot import Snapshot, Stamped
-from tests.derived.builders import GpuSpec, ThreadSpec, const, cpu_window, gpu_windows, proc_window, square
-
-
-@dataclass
-class _Clock:
-    t: float = 0.0
-
-    def now(self) -> float:
-        return self.t
-
-
-@dataclass
-class _Sampler:
-    interval: float
-
-
-@dataclass
-class FakeEngine:
-    """Just the read side the Analyzer uses, over precomputed sample streams revealed as time passes."""
-
-    streams: dict[str, list[Stamped[Any]]]
-    clock: _Clock = field(default_factory=_Clock)
-    samplers: dict[str, _Sampler] = field(default_factory=lambda: {"proc_threads": _Sampler(5.0)})
-    changes: list[tuple[str, float]] = field(default_factory=list)
-
-    def history(self, name: str) -> Sequence[Stamped[Any]]:
-        return tuple(s for s in self.streams.get(name, ()) if s.t <= self.clock.t)
-
-    def window(self, name: str, seconds: float, now: float | None = None) -> Sequence[Stamped[Any]]:
-        now = self.clock.t if now is None else now
-        return tuple(s for s in self.history(name) if s.t >= now - seconds)
-
-    @property
-    def snapshot(self) -> Snapshot:
-        latest = {n: h[-1] for n in self.streams if (h := self.history(n))}
-        return Snapshot(version=1, t=self.clock.t, latest=MappingProxyType(latest))
-
-    def set_interval(self, name: str, interval: float) -> None:
-        self.samplers[name].interval = interval
-        self.changes.append((name, interval))
+from tests.support.builders import GpuSpec, ThreadSpec, const, cpu_window, gpu_windows, proc_window, square
+from tests.support.engine import FakeEngine, analyzer
 
 
 def make(gpu: GpuSpec, threads: Sequence[ThreadSpec], t1: float) -> tuple[Analyzer, FakeEngine]:
@@ -61,14 +20,13 @@ def make(gpu: GpuSpec, threads: Sequence[ThreadSpec], t1: float) -> tuple[Analyz
     procs = proc_window(gpu.pids[0], threads, 0.0, t1, cpus_allowed=frozenset(range(16)), total_threads=8)
     eng = FakeEngine({"gpu": fast, "gpu_samples": buf, "gpu_slow": slow, "proc": procs, "proc_threads": procs,
                       "cpu": cpu_window(16, {0: (0.56, 0.43)}, 0.0, t1)})
-    ctx = CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent"), shared={"engine": eng})
-    return Analyzer(ctx), eng
+    return analyzer(eng), eng
 
 
 def run(an: Analyzer, eng: FakeEngine, times: Sequence[float]) -> DerivedState:
     out = None
     for t in times:
-        eng.clock.t = t
+        eng.t = t
         out = an.update()
     assert out is not None
     return out
@@ -129,8 +87,8 @@ def test_exposition_is_one_hot_with_cumulative_gap_buckets() -> None:
 
 
 def test_without_the_engine_wired_the_analyzer_reports_no_data() -> None:
-    from exporter.collectors.base import NoDataError
+    from exporter.sampling import NoDataError
 
-    an = Analyzer(CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent")))
+    an = Analyzer({}, Targets())
     with pytest.raises(NoDataError):
         an.update()

@@ -11,21 +11,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from pathlib import Path
 from types import MappingProxyType
 
 import pytest
 
 from exporter import linkmath
-from exporter.analysis import Analyzer
-from exporter.collectors.base import CollectorContext
 from exporter.derived.gpuview import gpu_view
 from exporter.derived.hostshape import cpu_shape, io_signals
 from exporter.derived.verdict import classify
 from exporter.samples.gpu import GpuFast, GpuSample
 from exporter.snapshot import Stamped
-from tests.derived.builders import GpuSpec, ThreadSpec, const, cpu_window, gpu_windows, identity, proc_window
-from tests.derived.test_analyzer import FakeEngine, run
+from tests.derived.test_analyzer import run
+from tests.support.builders import GpuSpec, ThreadSpec, const, cpu_window, gpu_windows, identity, proc_window
+from tests.support.engine import FakeEngine, analyzer
 
 GPM_MIN_PAIR = 0.1
 JITTER = (0.09, 0.11, 0.1, 0.09, 0.105, 0.095)  # tick spacings of a 100 ms sampler on a loaded host
@@ -109,8 +107,7 @@ def test_live_jitter_keeps_waiting_time_and_idle_ratio_of_a_steady_gpu_near_zero
     procs = proc_window(BUSY_GPU.pids[0], TRAINER, 0.0, t1, cpus_allowed=frozenset(range(16)), total_threads=8)
     eng = FakeEngine({"gpu": jittered_fast(BUSY_GPU, t1), "gpu_samples": buf, "gpu_slow": slow, "proc": procs,
                       "proc_threads": procs, "cpu": cpu_window(16, {0: (0.55, 0.08)}, 0.0, t1)})
-    an = Analyzer(CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent"),
-                                   shared={"engine": eng}))
+    an = analyzer(eng)
     st = run(an, eng, [t / 2 for t in range(2, 81)])
     a = st.activity[0]
     total = sum(a.state_seconds.values())

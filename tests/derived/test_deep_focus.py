@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import MappingProxyType
 
-from exporter.analysis import Analyzer
-from exporter.collectors.base import CollectorContext, TargetPids
+from exporter.derived.analyzer import Analyzer
 from exporter.derived.hostshape import cpu_shape, d_state_mean
 from exporter.samples.host import ProcSample
+from exporter.sampling import Targets
 from exporter.snapshot import Stamped
-from tests.derived.builders import GpuSpec, ThreadSpec, const, cpu_window, gpu_windows, proc_window
-from tests.derived.test_analyzer import FakeEngine, run
+from tests.derived.test_analyzer import run
+from tests.support.builders import GpuSpec, ThreadSpec, const, cpu_window, gpu_windows, proc_window
+from tests.support.engine import FakeEngine, analyzer
 
 WORKING_PID = 4242
 WAITING_PID = 5000
@@ -26,7 +26,7 @@ def _merge(*streams: list[Stamped[ProcSample]]) -> list[Stamped[ProcSample]]:
     return out
 
 
-def _two_gpus(waiting_from: float, t1: float) -> tuple[Analyzer, FakeEngine, TargetPids]:
+def _two_gpus(waiting_from: float, t1: float) -> tuple[Analyzer, FakeEngine, Targets]:
     """GPU 0 busy throughout; GPU 1 busy until ``waiting_from``, then 40% busy behind a saturated thread."""
     gpus = [
         GpuSpec(index=0, bdf="0000:81:00.0", util=const(0.95), sm=const(0.7), pids=(WORKING_PID,)),
@@ -41,11 +41,9 @@ def _two_gpus(waiting_from: float, t1: float) -> tuple[Analyzer, FakeEngine, Tar
     )
     eng = FakeEngine({"gpu": fast, "gpu_samples": buf, "gpu_slow": slow, "proc": procs, "proc_threads": procs,
                       "cpu": cpu_window(32, {16: (0.56, 0.43)}, 0.0, t1)})
-    targets = TargetPids()
+    targets = Targets()
     targets.publish({"0": [WORKING_PID], "1": [WAITING_PID]})
-    ctx = CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent"), targets=targets,
-                           shared={"engine": eng})
-    return Analyzer(ctx), eng, targets
+    return analyzer(eng, targets=targets), eng, targets
 
 
 def test_second_gpu_waiting_focuses_deep_sampling_on_its_process_only() -> None:

@@ -12,7 +12,7 @@ from exporter.derived.hostshape import io_signals
 from exporter.samples.host import CpufreqCpu, CpufreqSample, MemorySample
 from exporter.samples.topology import NumaSample, Placement
 from exporter.snapshot import Stamped
-from tests.derived.builders import GpuSpec, const, gpu_windows, nfs_window, pcie_window, pressure_window, square
+from tests.support.builders import GpuSpec, const, gpu_windows, nfs_window, pcie_window, pressure_window, square
 
 GPU = "0000:82:00.0"
 RISER = "0000:81:00.0"
@@ -107,12 +107,17 @@ def test_plenty_of_memory_is_no_memory_pressure() -> None:
     assert fnd.memory_pressure([_mem(0.8, 0.001, 0, 0.0), _mem(0.8, 0.001, 0, 15.0)], io) is None
 
 
-def test_rising_nfs_retransmissions_are_reported_and_a_quiet_client_is_not() -> None:
-    busy = io_signals([], [], nfs_window({"read": 1000.0}, 2.0, 0.0, 15.0))
-    quiet = io_signals([], [], nfs_window({"read": 1000.0}, 0.0, 0.0, 15.0))
-    f = fnd.nfs_retransmissions(busy, 15.0)
-    assert f is not None and "2.0 RPCs/s" in f.detail
-    assert fnd.nfs_retransmissions(quiet, 15.0) is None
+def test_nfs_retransmissions_are_reported_exactly_where_the_alert_would_page() -> None:
+    """The finding and GpufeedNFSRetransmissions share one definition: >= 0.05% of calls and >= 0.05/s."""
+    def retrans(ops: float, per_s: float) -> object:
+        return fnd.nfs_retransmissions(io_signals([], [], nfs_window({"read": ops}, per_s, 0.0, 15.0)), 15.0)
+
+    f = retrans(1000.0, 20.0)
+    assert f is not None and "20.0 RPCs/s" in f.detail and "2.00% of calls" in f.detail
+    assert retrans(248391.0, 1203.0) is not None  # the playbook's Task 13: 0.48%
+    assert retrans(1000.0, 0.4) is None  # 0.04% of calls: the alert would not page either
+    assert retrans(2.0, 0.04) is None  # 2% of calls, but below the 0.05/s floor
+    assert retrans(1000.0, 0.0) is None
 
 
 def test_remote_placement_is_numa_mismatch_for_its_gpu() -> None:

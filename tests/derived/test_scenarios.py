@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter.report import check
 from exporter.samples.derived import DerivedState
 from exporter.sim.player import PlayResult, play
-from exporter.sim.report import check
 from exporter.sim.scenario import load
 
 HERE = Path(__file__).parent / "scenarios"

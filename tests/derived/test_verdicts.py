@@ -12,7 +12,7 @@ from exporter.derived.hostshape import cpu_shape, io_signals
 from exporter.derived.verdict import Candidate, classify, settle
 from exporter.samples.host import NfsSample, PressureSample
 from exporter.snapshot import Stamped
-from tests.derived.builders import (
+from tests.support.builders import (
     GpuSpec,
     ThreadSpec,
     const,

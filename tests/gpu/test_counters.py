@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from exporter.gpu.backend import bus_id_to_sysfs
 from exporter.gpu.counters import SampleIntegrator, WrappingCounter
+from exporter.pci import from_nvml as bus_id_to_sysfs
 
 M32 = 1 << 32
 

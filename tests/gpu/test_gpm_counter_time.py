@@ -18,7 +18,7 @@ from exporter.gpu.backend import NvmlBackend
 from exporter.samples.gpu import GpuFast, GpuSample
 from exporter.sim.fakenvml import FakeNvml, advance_device
 from exporter.snapshot import Stamped
-from tests.gpu.conftest import device
+from tests.support.gpurig import device
 
 
 class JitteryHost:

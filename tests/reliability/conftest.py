@@ -15,8 +15,8 @@ import pytest
 import pytest_asyncio
 from prometheus_client.core import Metric
 
-from exporter.collectors.base import Collector, CollectorContext
 from exporter.exposition import Renderer
+from exporter.sampling import Collector, CollectorContext
 from exporter.snapshot import Snapshot
 from exporter.web import AccessPolicy, WebServer, WebSettings
 

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.collectors.base import Collector
 from exporter.config import resolve
 from exporter.daemon import run_daemon
+from exporter.sampling import Collector
 from exporter.snapshot import Snapshot
 
 
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         k, _, v = f.lstrip("-").partition("=")
         values[k] = v
     settings = resolve(registry, {}, values, source="flags")
-    return run_daemon(settings, registry)
+    return run_daemon(settings, stages=registry)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter.collectors import load_all
-from exporter.collectors.base import Collector, TargetPids
+from exporter import pipeline
 from exporter.config import resolve
-from exporter.daemon import build_collectors
-from exporter.engine import Engine, VirtualClock
+from exporter.engine import VirtualClock
 from exporter.exposition import Renderer
 from exporter.sim.fakenvml import FakeNvml
 
@@ -41,8 +39,8 @@ def _template() -> Path:
     """The large host fixture with the riser box's PCIe tree and GPU processes merged in (built once)."""
     if not _TEMPLATE:
         root = Path(tempfile.mkdtemp(prefix="gpufeed-faults-", dir=SCRATCH))
-        shutil.copytree(FIXTURES / "host" / "large", root, symlinks=True, dirs_exist_ok=True)
-        shutil.copytree(FIXTURES / "sysfs" / "riser", root, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(FIXTURES / "hosts" / "large", root, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(FIXTURES / "hosts" / "riser", root, symlinks=True, dirs_exist_ok=True)
         atexit.register(shutil.rmtree, root, ignore_errors=True)
         _TEMPLATE.append(root)
     return _TEMPLATE[0]
@@ -69,15 +67,13 @@ class Host:
         shutil.copytree(_template(), root, symlinks=True, dirs_exist_ok=True, copy_function=os.link)
         self.clock = VirtualClock(0.0)
         self.fake = FakeNvml(nvml_state() if nvml is None else nvml)
-        self.registry: dict[str, type[Collector]] = load_all()
         flags = {"path.procfs": str(root / "proc"), "path.sysfs": str(root / "sys"), **(options or {})}
-        self.settings = resolve(self.registry, {}, flags)
-        self.targets = TargetPids()
-        self.shared: dict[str, Any] = {"nvml": self.fake, "clock": self.clock}
-        self.collectors = build_collectors(self.settings, self.registry, targets=self.targets, shared=self.shared)
-        self.engine = Engine(self.collectors, self.clock, inline=True)
-        self.shared["engine"] = self.engine
-        self.renderer = Renderer(self.collectors)
+        self.settings = resolve(pipeline.registry(), {}, flags)
+        self.pipeline = pipeline.build(self.settings, clock=self.clock, nvml=self.fake, inline=True)
+        self.targets = self.pipeline.targets
+        self.collectors = self.pipeline.collectors
+        self.engine = self.pipeline.engine
+        self.renderer = Renderer(self.pipeline.stages)
 
     @property
     def proc(self) -> Path:

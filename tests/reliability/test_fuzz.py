@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from exporter import linkmath, webconfig
 from exporter.collectors import load_all
-from exporter.collectors.base import CollectorContext, CollectorError, NoDataError, TargetPids
 from exporter.collectors.gpu import GpuCollector
 from exporter.config import ConfigError, load_file, resolve
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.engine import VirtualClock
+from exporter.sampling import CollectorContext, CollectorError, NoDataError, Targets
 from exporter.sim import scenario
 from exporter.sim.fakenvml import FakeNvml, StateError
 from exporter.web import WebServer, WebSettings, _BadRequestError
@@ -195,7 +195,7 @@ def test_collector_update_raises_only_its_documented_errors_on_garbage(fuzz_root
     if name in ("proc", "numa"):
         opts["pids"] = (GPU_PID,) if name == "proc" else (f"0000:41:00.0={GPU_PID}",)
     ctx = CollectorContext(procfs=fuzz_root / "proc", sysfs=fuzz_root / "sys", options=opts,
-                           targets=TargetPids((GPU_PID,)))
+                           targets=Targets((GPU_PID,)))
     col = cls(ctx)
     path = fuzz_root / rel
     good = path.read_bytes()
@@ -252,8 +252,8 @@ def test_nvml_values_raise_only_documented_errors(tmp_path: Path, dev: dict[str,
     proc = tmp_path / "proc"
     (proc / "sys" / "kernel").mkdir(parents=True, exist_ok=True)
     (proc / "sys" / "kernel" / "pid_max").write_text("4194304\n")
-    ctx = CollectorContext(procfs=proc, sysfs=tmp_path / "sys", options={}, targets=TargetPids(),
-                           shared={"nvml": fake, "clock": clock})
+    ctx = CollectorContext(procfs=proc, sysfs=tmp_path / "sys", options={}, targets=Targets(),
+                           nvml=fake, clock=clock.now)
     col = GpuCollector(ctx)
     try:
         for step in range(3):

@@ -18,8 +18,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.collectors.base import Collector, CollectorContext
 from exporter.engine import Engine, RealClock
+from exporter.sampling import Collector, CollectorContext
 from exporter.snapshot import Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +206,7 @@ async def test_crashed_sampler_task_is_restarted_with_backoff_and_counted(monkey
         assert eng.alive()
         from exporter.exposition import self_metrics
 
-        fams = {m.name: m for m in self_metrics(eng.snapshot, [c])}
+        fams = {m.name: m for m in self_metrics(eng.snapshot)}
         assert fams["gpufeed_sampler_restarts"].samples[0].value == 2.0
     finally:
         await eng.stop()

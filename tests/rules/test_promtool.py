@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from exporter.samples.derived import SEVERITIES
+from exporter.names import SEVERITIES
 from tests.rules.conftest import ALERTS, REPO
 
 RULE_FILES = (ALERTS / "gpufeed-alerts.yml", ALERTS / "gpufeed-recording.yml")

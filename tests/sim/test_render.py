@@ -11,14 +11,15 @@ from typing import Any
 import pytest
 
 from exporter.collectors import load_all
-from exporter.collectors.base import Collector, CollectorContext
 from exporter.engine import VirtualClock
 from exporter.samples.gpu import GpuFast, GpuSample
 from exporter.samples.host import CpuSample, DiskSample, MemorySample, NfsSample, PressureSample, ProcSample
+from exporter.sampling import Collector, CollectorContext
 from exporter.sim.fakenvml import FakeNvml
-from exporter.sim.model import USER_HZ, Model
+from exporter.sim.model import Model
 from exporter.sim.render import Renderer, nvml_state
 from exporter.sim.scenario import Scenario, load
+from exporter.sources import USER_HZ
 
 HERE = Path(__file__).resolve().parent
 RATES = HERE / "scenarios" / "rates.yaml"
@@ -166,7 +167,7 @@ def test_pcie_byte_counters_wrap_like_the_driver_and_the_gpu_collector_unwraps_t
     fake = FakeNvml(nvml_state(model, 0.0))
     fake.nvmlInit()  # the test's own handle on the fake, besides the collector's
     ctx = CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent"),
-                           shared={"nvml": fake, "clock": clock})
+                           nvml=fake, clock=clock.now)
     gpu = load_all()["gpu"](ctx)
     last: GpuSample | None = None
     wrapped = False

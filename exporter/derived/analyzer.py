@@ -1,0 +1,366 @@
+"""The stateful part of the derived layer: reads the engine's buffers through a typed reader, calls the pure
+per-GPU evaluation (:mod:`exporter.derived.evaluate`), keeps the counters, the hysteresis and the idle-gap
+tracking, steers deep sampling, and exports the derived metric families.
+
+The analyzer is a :class:`~exporter.sampling.Stage` with one non-blocking sampler (``derived``, every second):
+it reads only in-memory ring buffers, so it runs on the event loop. The pipeline (``exporter/pipeline.py``)
+builds it and binds it to the engine; nothing else does. Everything it decides is in ``exporter.derived``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from exporter import log, names
+from exporter.derived import findings as fnd
+from exporter.derived.evaluate import Windows, evaluate_gpu, host_findings, overlap_mean
+from exporter.derived.gpuview import GpuView
+from exporter.derived.hostshape import io_signals
+from exporter.derived.series import IDLE_LEVEL, Point, bucket_counts
+from exporter.derived.verdict import Candidate, Settled, settle
+from exporter.names import STATES, VERDICTS, WAITING_CAUSES
+from exporter.samples.derived import GAP_BUCKETS, DerivedState, Finding, GpuActivity, GpuVerdict
+from exporter.samples.gpu import GpuSample
+from exporter.sampling import CPU_WINDOW_MAX, NoDataError, Option, SamplerSpec, Stage, Targets
+from exporter.snapshot import Snapshot, Stamped
+
+
+class EngineReader(Protocol):
+    """What the analyzer needs of the engine: its clock, its buffers, the newest snapshot, and the interval
+    of the deep sampler (which it shortens while a GPU waits)."""
+
+    @property
+    def snapshot(self) -> Snapshot: ...
+
+    def now(self) -> float: ...
+
+    def window(self, name: str, seconds: float, now: float | None = None) -> Sequence[Stamped[Any]]: ...
+
+    def history(self, name: str) -> Sequence[Stamped[Any]]: ...
+
+    def interval(self, name: str) -> float | None: ...
+
+    def set_interval(self, name: str, interval: float) -> None: ...
+
+
+@dataclass
+class _GapTracker:
+    """Incremental idle-gap detection over activity points, so a gap is counted exactly once."""
+
+    last_t: float = float("-inf")
+    open_start: float | None = None
+    seen_active: bool = False
+    counts: list[int] = field(default_factory=lambda: [0] * (len(GAP_BUCKETS) + 1))
+    total: float = 0.0
+
+    def feed(self, points: Sequence[Point]) -> None:
+        for p in points:
+            if p.t <= self.last_t:
+                continue
+            self.last_t = p.t
+            if p.value < IDLE_LEVEL:
+                if self.open_start is None and self.seen_active:
+                    self.open_start = p.t
+            else:
+                if self.open_start is not None:
+                    gap = p.t - self.open_start
+                    for i, n in enumerate(bucket_counts([gap])):
+                        self.counts[i] += n
+                    self.total += gap
+                    self.open_start = None
+                self.seen_active = True
+
+
+@dataclass
+class _GpuState:
+    """Per-GPU mutable state: counters, hysteresis, gap tracking, the last verdict."""
+
+    state_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATES, 0.0))
+    waiting_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAITING_CAUSES, 0.0))
+    gaps: _GapTracker = field(default_factory=_GapTracker)
+    settled: Settled | None = None
+    verdict: GpuVerdict | None = None
+
+
+class Analyzer(Stage):
+    """Working vs waiting, the bottleneck verdict and platform findings for every GPU."""
+
+    name = names.DERIVED
+    help = "Derived layer: state seconds, idle gaps, burstiness, verdicts and findings (reads other samplers)."
+    default_interval = 1.0
+    options = (
+        Option("window", "duration", 15.0, "Classifier window: verdicts, burstiness and findings look this far back."),
+        Option("hold", "duration", 3.0, "Hysteresis: a new verdict must hold this long before it replaces the old."),
+        Option("deep-interval", "duration", 0.5, "Per-thread sampling interval while a GPU is waiting."),
+    )
+
+    def __init__(self, options: Mapping[str, Any], targets: Targets) -> None:
+        self.targets = targets
+        self.log = log.get_logger(collector=self.name)
+        self.interval = float(options.get("interval", self.default_interval))
+        self.window_s = float(options.get("window", 15.0))
+        self.cpu_window_s = min(self.window_s, CPU_WINDOW_MAX)
+        self.recent_s = max(3.0, self.window_s / 3)
+        self.hold_s = float(options.get("hold", 3.0))
+        self.deep_fast = float(options.get("deep-interval", 0.5))
+        self._engine: EngineReader | None = None
+        self._deep_slow: float | None = None
+        self._focus: frozenset[int] | None = None
+        self._full_t: float | None = None  # when the last full deep pass was requested while focused
+        self._last_t: float | None = None
+        self._gpus: dict[int, _GpuState] = {}
+        self._raised: set[tuple[str, str]] = set()
+
+    def bind(self, engine: EngineReader) -> None:
+        """Read ``engine``'s buffers from now on (the pipeline calls this once the engine exists)."""
+        self._engine = engine
+
+    def samplers(self) -> list[SamplerSpec]:
+        return [SamplerSpec(self.name, self.interval, self.update, blocking=False)]
+
+    # ---- evaluation --------------------------------------------------------------------------------------
+
+    def _window(self, name: str, seconds: float, now: float) -> Sequence[Stamped[Any]]:
+        assert self._engine is not None
+        return tuple(self._engine.window(name, seconds, now))
+
+    def windows(self, now: float) -> Windows:
+        """Every window one evaluation reads, ending at ``now``."""
+        assert self._engine is not None
+        win = self.window_s
+        deep = self._window(names.PROC_THREADS, self.cpu_window_s, now)
+        if len(deep) < 2:
+            deep = tuple(self._engine.history(names.PROC_THREADS))[-2:]
+        return Windows(
+            now=now, window_s=win, cpu_window_s=self.cpu_window_s, recent_s=self.recent_s,
+            fast=self._window(names.GPU_FAST, win, now),
+            buffered=self._window(names.GPU_SAMPLES, win, now),
+            slow=self._window(names.GPU_SLOW, max(win, 11.0), now),
+            procs=self._window(names.PROC, self.cpu_window_s, now),
+            deep=deep,
+            cpus=self._window(names.CPU, self.cpu_window_s, now),
+            pcie=self._window(names.PCIE, win, now),
+            memory=self._window(names.MEMORY, win, now),
+            io=io_signals(self._window(names.PRESSURE, win, now), self._window(names.DISK, win, now),
+                          self._window(names.NFS, win, now)),
+        )
+
+    def update(self) -> DerivedState:
+        if self._engine is None:
+            raise NoDataError("analyzer not bound to an engine")
+        eng = self._engine
+        now = float(eng.now())
+        w = self.windows(now)
+        snap = eng.snapshot
+        identities: dict[int, Any] = {}
+        lost: set[int] = set()
+        for name in names.GPU_SAMPLERS:
+            v = snap.value(name)
+            if isinstance(v, GpuSample):
+                identities.update(v.identities)
+                lost |= v.lost
+        bdf_index = {ident.pci_bus_id.lower(): i for i, ident in identities.items()}
+        gpu_key = {str(i): i for i in identities} | bdf_index
+        dt = 0.0 if self._last_t is None else max(0.0, now - self._last_t)
+        verdicts: dict[int, GpuVerdict] = {}
+        activity: dict[int, GpuActivity] = {}
+        found: list[Finding] = []
+        busy: list[int] = []
+        any_waiting = False
+        waiting_pids: set[int] = set()
+        by_gpu = self.targets.by_gpu()
+        for idx in sorted(identities):
+            st = self._gpus.setdefault(idx, _GpuState())
+            if idx in lost:
+                found.append(fnd.gpu_lost(idx))
+                st.settled, st.verdict = None, None
+                activity[idx] = self._activity(st, None, {})
+                continue
+            prev = st.settled.cause if st.settled else None
+            ev = evaluate_gpu(idx, w, previous=prev)
+            view, cand = ev.view, ev.candidate
+            st.gaps.feed(view.shape_points)
+            st.settled = settle(st.settled, cand.cause, now, self.hold_s)
+            if st.settled.cause != prev:
+                self.log.info("verdict_changed", gpu=idx, cause=st.settled.cause, previous=prev,
+                              confidence=cand.confidence, waiting_ratio=round(cand.waiting_ratio, 3),
+                              evidence=cand.evidence[0] if cand.evidence else "")
+            st.verdict = self._verdict(view, cand, st)
+            verdicts[idx] = st.verdict
+            self._account(st, view.util_points, cand, dt, now)
+            if ev.waiting:
+                any_waiting = True
+                waiting_pids.update(view.pids)
+                waiting_pids.update(by_gpu.get(str(idx), ()))
+            if ev.busy:
+                busy.append(idx)
+            found.extend(ev.findings)
+            activity[idx] = self._activity(st, view, ev.links)
+        found.extend(host_findings(w, snap.value(names.NUMA), snap.value(names.CPUFREQ), gpu_key, busy))
+        self._adapt_depth(any_waiting, frozenset(waiting_pids), now)
+        self._log_findings(found)
+        self._last_t = now
+        # A GPU missing from this evaluation (its sampler failed once, or it was unplugged) keeps its state:
+        # its counters continue where they were if it comes back, instead of resetting. Bounded by the
+        # number of GPUs the host ever had.
+        return DerivedState(
+            t=now, gpus=MappingProxyType(verdicts), findings=tuple(found),
+            activity=MappingProxyType(activity), window_s=self.window_s,
+        )
+
+    def _verdict(self, view: GpuView, cand: Candidate, st: _GpuState) -> GpuVerdict:
+        """The settled verdict: the candidate's evidence when they agree, else the held one and why."""
+        assert st.settled is not None
+        if st.settled.cause == cand.cause or st.verdict is None:
+            return GpuVerdict(view.index, view.uuid, cand.cause, cand.confidence, round(cand.waiting_ratio, 4),
+                              cand.evidence)
+        held = st.verdict
+        note = f"holding {held.cause}: newest evidence points to {cand.cause} (needs {self.hold_s:.0f} s to switch)"
+        return GpuVerdict(view.index, view.uuid, held.cause, round(held.confidence * 0.8, 2),
+                          round(cand.waiting_ratio, 4), (*cand.evidence[:1], note))
+
+    def _account(self, st: _GpuState, util: Sequence[Point], cand: Candidate, dt: float, now: float) -> None:
+        """Split ``dt`` into working / waiting (by cause) / idle: counters exact at any scrape interval."""
+        if dt <= 0:
+            return
+        u = overlap_mean(util, now - dt, now)
+        if u is None:
+            u = max(0.0, 1.0 - cand.waiting_ratio) if cand.cause != "idle" else 0.0
+        working = u * dt
+        rest = dt - working
+        st.state_seconds["working"] += working
+        cause = st.verdict.cause if st.verdict is not None else cand.cause
+        if cause == "idle":
+            st.state_seconds["idle"] += rest
+        else:
+            st.state_seconds["waiting"] += rest
+            wc = cause if cause in WAITING_CAUSES else cand.waiting_cause
+            st.waiting_seconds[wc] += rest
+
+    def _activity(self, st: _GpuState, view: GpuView | None, links: Mapping[str, bool]) -> GpuActivity:
+        return GpuActivity(
+            state_seconds=MappingProxyType(dict(st.state_seconds)),
+            waiting_seconds=MappingProxyType(dict(st.waiting_seconds)),
+            gap_buckets=tuple(st.gaps.counts),
+            gap_seconds_sum=st.gaps.total,
+            burstiness=None if view is None else view.burst.cv,
+            idle_ratio=None if view is None or view.burst.span_s <= 0 else view.burst.idle_ratio,
+            periodic_gaps=False if view is None else view.burst.periodic,
+            links=MappingProxyType(dict(links)),
+        )
+
+    def _log_findings(self, found: Sequence[Finding]) -> None:
+        """One event when a finding is raised and one when it clears (not one per evaluation)."""
+        now = {(f.check, "" if f.gpu is None else str(f.gpu)): f for f in found}
+        for key, f in now.items():
+            if key not in self._raised:
+                self.log.warning("finding_raised", check=f.check, gpu=key[1], severity=f.severity, detail=f.detail)
+        for key in self._raised - set(now):
+            self.log.info("finding_cleared", check=key[0], gpu=key[1])
+        self._raised = set(now)
+
+    def _adapt_depth(self, waiting: bool, pids: frozenset[int], now: float) -> None:
+        """Per-thread sampling fast while a GPU waits, and only of the waiting GPUs' processes ``pids``; back
+        to every process at the configured interval otherwise.
+
+        While focused, one full pass is still requested every configured interval, so the other GPUs keep
+        the per-thread evidence (a launch-bound GPU's hot thread) they had before any GPU waited."""
+        assert self._engine is not None
+        current = self._engine.interval(names.PROC_THREADS)
+        if current is not None and self._deep_slow is None:
+            self._deep_slow = current
+        focus = pids if waiting else None
+        if focus != self._focus:
+            self.targets.set_focus(focus)
+            if self._focus is None:
+                self._full_t = now  # the passes up to now were full
+            self._focus = focus
+            self.log.debug("deep_focus_changed", sampler=names.PROC_THREADS,
+                           pids=",".join(map(str, sorted(focus))) if focus is not None else "all")
+        if focus is not None and self._deep_slow is not None and self._full_t is not None \
+                and now - self._full_t >= self._deep_slow:
+            self.targets.request_full()
+            self._full_t = now
+        if current is None or self._deep_slow is None:
+            return
+        want = min(self.deep_fast, self._deep_slow) if waiting else self._deep_slow
+        if current != want:
+            self._engine.set_interval(names.PROC_THREADS, want)
+            self.log.debug("deep_sampling_changed", sampler=names.PROC_THREADS, interval=want, waiting=waiting)
+
+    # ---- exposition ---------------------------------------------------------------------------------------
+
+    def metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        d = snap.value(self.name)
+        if not isinstance(d, DerivedState):
+            return
+        w = f"{d.window_s:.0f} s"
+        state = CounterMetricFamily(
+            "gpufeed_gpu_state_seconds",
+            "Seconds each GPU spent working (a kernel resident), waiting (work submitted, GPU idle) or idle "
+            "(no work submitted); rate() is exact over any range.", labels=["gpu", "state"])
+        waiting = CounterMetricFamily(
+            "gpufeed_gpu_waiting_seconds",
+            "Seconds each GPU spent waiting, attributed to the cause the classifier saw at the time.",
+            labels=["gpu", "cause"])
+        bottleneck = GaugeMetricFamily(
+            "gpufeed_gpu_bottleneck", f"Current verdict per GPU, one-hot over causes (window {w}, hysteresis).",
+            labels=["gpu", "cause"])
+        confidence = GaugeMetricFamily(
+            "gpufeed_gpu_bottleneck_confidence", "Confidence 0..1 in the current verdict.", labels=["gpu"])
+        gaps = HistogramMetricFamily(
+            "gpufeed_gpu_idle_gap_seconds",
+            "Length of each completed idle stretch of a GPU between bursts of activity (SM activity with GPM, "
+            "utilisation otherwise).", labels=["gpu"])
+        burst = GaugeMetricFamily(
+            "gpufeed_gpu_burstiness_ratio",
+            f"Coefficient of variation of GPU activity over the last {w} (0 steady, above 1 bursty).",
+            labels=["gpu"])
+        idle = GaugeMetricFamily(
+            "gpufeed_gpu_idle_ratio", f"Share of the last {w} the GPU was idle (activity below 5%).", labels=["gpu"])
+        periodic = GaugeMetricFamily(
+            "gpufeed_gpu_idle_gaps_periodic",
+            f"1 when the GPU's idle gaps over the last {w} recur at a regular period (batch boundaries).",
+            labels=["gpu"])
+        down = GaugeMetricFamily(
+            "gpufeed_pcie_link_downgraded",
+            f"1 when this hop of the GPU's PCIe chain ran below its maximum while the GPU was busy (last {w}).",
+            labels=["gpu", "bdf"])
+        finding = GaugeMetricFamily(
+            "gpufeed_finding", "1 for each platform finding currently raised; gpu=\"\" for host-wide ones.",
+            labels=["check", "gpu"])
+        for idx, a in sorted(d.activity.items()):
+            g = str(idx)
+            for s in STATES:
+                state.add_metric([g, s], a.state_seconds.get(s, 0.0))
+            for c in WAITING_CAUSES:
+                waiting.add_metric([g, c], a.waiting_seconds.get(c, 0.0))
+            cum, buckets = 0, []
+            for le, n in zip((*map(str, GAP_BUCKETS), "+Inf"), a.gap_buckets, strict=True):
+                cum += n
+                buckets.append((le, float(cum)))
+            gaps.add_metric([g], buckets, a.gap_seconds_sum)
+            if a.burstiness is not None:
+                burst.add_metric([g], a.burstiness)
+            if a.idle_ratio is not None:
+                idle.add_metric([g], a.idle_ratio)
+                periodic.add_metric([g], 1.0 if a.periodic_gaps else 0.0)
+            for bdf, flag in sorted(a.links.items()):
+                down.add_metric([g, bdf], 1.0 if flag else 0.0)
+        for idx, v in sorted(d.gpus.items()):
+            for c in VERDICTS:
+                bottleneck.add_metric([str(idx), c], 1.0 if v.cause == c else 0.0)
+            confidence.add_metric([str(idx)], v.confidence)
+        for key in sorted({(f.check, "" if f.gpu is None else str(f.gpu)) for f in d.findings}):
+            finding.add_metric(list(key), 1.0)
+        yield from (state, waiting, bottleneck, confidence, gaps, burst, idle, periodic, down, finding)

@@ -1,0 +1,179 @@
+"""One evaluation of one GPU, and of the host, over sample windows: pure, no state, no clock.
+
+:func:`evaluate_gpu` is everything the analyzer decides about a GPU at one instant before hysteresis and
+accounting: the window view, whether to judge only the recent part (work started or stopped inside the
+window), the CPU shape of its processes, the verdict candidate, and the GPU's platform findings. The analyzer
+(:mod:`exporter.derived.analyzer`) calls it and keeps the state; tests call the same function with plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from exporter import linkmath
+from exporter.derived import findings as fnd
+from exporter.derived.gpuview import GpuView, gpu_view
+from exporter.derived.hostshape import CpuShape, IoSignals, cpu_shape
+from exporter.derived.series import IDLE_LEVEL, Point, gaps
+from exporter.derived.verdict import WAITING_LEAVE, Candidate, classify
+from exporter.samples.derived import Finding
+from exporter.samples.gpu import GpuSample
+from exporter.samples.host import CpufreqSample, CpuSample, MemorySample, ProcSample
+from exporter.samples.topology import NumaSample, PcieSample
+from exporter.snapshot import Stamped
+
+# When the mean activity of the last third of the window differs from the whole window's by this much,
+# the condition changed inside the window and the recent part is judged alone (fast onset detection).
+ONSET_CHANGE = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """The sample windows one evaluation reads, ending at ``now`` (engine time).
+
+    ``window_s`` is the classifier window (GPU windows span it; ``slow`` a little more), ``cpu_window_s`` the
+    CPU windows' span, ``recent_s`` the part judged alone when activity changed inside the window.
+    """
+
+    now: float
+    window_s: float
+    cpu_window_s: float
+    recent_s: float
+    fast: Sequence[Stamped[GpuSample]]
+    buffered: Sequence[Stamped[GpuSample]]
+    slow: Sequence[Stamped[GpuSample]]
+    procs: Sequence[Stamped[ProcSample]]
+    deep: Sequence[Stamped[ProcSample]]
+    cpus: Sequence[Stamped[CpuSample]]
+    pcie: Sequence[Stamped[PcieSample]]
+    memory: Sequence[Stamped[MemorySample]]
+    io: IoSignals
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvaluation:
+    """What one evaluation found for one GPU, before hysteresis.
+
+    ``view`` covers the whole window (activity points, burstiness, links); ``judged_s`` is the span the
+    candidate was judged over (the window, or its recent part). ``links`` maps each hop of the GPU's PCIe
+    chain to whether it runs below its maximum while busy; ``waiting`` says whether the GPU waits enough to
+    deserve deep (per-thread) sampling.
+    """
+
+    view: GpuView
+    candidate: Candidate
+    judged_s: float
+    shape: CpuShape
+    findings: tuple[Finding, ...]
+    links: Mapping[str, bool]
+    busy: bool
+    waiting: bool
+
+
+def overlap_mean(points: Sequence[Point], start: float, end: float) -> float | None:
+    """Time-weighted mean activity over the part of [start, end) the points cover."""
+    tot = w = 0.0
+    for p in points:
+        a, b = max(start, p.t), min(end, p.t + p.dt)
+        if b > a:
+            tot += p.value * (b - a)
+            w += b - a
+    return tot / w if w > 0 else None
+
+
+def since(window: Sequence[Stamped[Any]], start: float) -> Sequence[Stamped[Any]]:
+    """The samples of ``window`` taken at or after ``start``."""
+    return tuple(s for s in window if s.t >= start)
+
+
+def _since_keep2(window: Sequence[Stamped[Any]], start: float) -> Sequence[Stamped[Any]]:
+    """Samples since ``start``, but at least the newest two (deep samples may be seconds apart)."""
+    out = since(window, start)
+    return out if len(out) >= 2 else tuple(window)[-2:]
+
+
+def work_onset(util: Sequence[Point], start: float, now: float) -> float | None:
+    """When work started, if the window opens with an idle stretch of at least 2 s that is also at least
+    twice the longest idle gap after it (so batch gaps of a bursty job are not mistaken for an onset)."""
+    t_on = next((p.t for p in util if p.value >= IDLE_LEVEL), None)
+    if t_on is None or t_on - max(start, util[0].t if util else start) < 2.0 or now - t_on < 1.0:
+        return None
+    longest = max((g.seconds for g in gaps([p for p in util if p.t >= t_on])), default=0.0)
+    return t_on if t_on - start >= 2 * longest else None
+
+
+def link_capacity(view: GpuView, pcie: Sequence[Stamped[PcieSample]]) -> tuple[float | None, str]:
+    """Achievable bytes/s of the GPU's *current* link (NVML first, sysfs otherwise) and its name."""
+    gen, width = view.link_gen, view.link_width
+    if (gen is None or width is None) and pcie:
+        dev = pcie[-1].value.devices.get(view.bdf)
+        if dev is not None and dev.link is not None and dev.link.current_speed_gts is not None:
+            gen = linkmath.generation_of(dev.link.current_speed_gts)
+            width = dev.link.current_width
+    if gen is None or width is None:
+        return None, ""
+    try:
+        return linkmath.capacity_bytes_per_second(gen, width), f"Gen{gen} x{width}"
+    except ValueError:
+        return None, ""
+
+
+def _recent_view(index: int, w: Windows, span: float) -> GpuView:
+    start = w.now - span
+    return gpu_view(index, since(w.fast, start), since(w.buffered, start - 1.0), w.slow)
+
+
+def evaluate_gpu(index: int, w: Windows, *, previous: str | None) -> GpuEvaluation:
+    """Judge GPU ``index`` over ``w``; ``previous`` is its settled verdict (the waiting threshold's
+    hysteresis band depends on it)."""
+    view = gpu_view(index, w.fast, w.buffered, w.slow)
+    util_pts = view.util_points
+    judged, span = view, w.window_s
+    onset = work_onset(util_pts, w.now - w.window_s, w.now)
+    recent = overlap_mean(util_pts, w.now - w.recent_s, w.now)
+    if onset is not None:
+        # Work started inside the window after a long idle stretch: judge only since it started, so a
+        # half-idle, half-busy window is not mistaken for a GPU that waits.
+        span = max(1.0, w.now - onset)
+        judged = _recent_view(index, w, span)
+    elif recent is not None and view.util is not None and abs(recent - view.util) >= ONSET_CHANGE:
+        # The activity changed within the window (work stopped or collapsed): judge the recent part.
+        span = w.recent_s
+        judged = _recent_view(index, w, span)
+    whole = span == w.window_s
+    shape = cpu_shape(
+        w.procs if whole else since(w.procs, w.now - span),
+        w.deep if whole else _since_keep2(w.deep, w.now - span),
+        w.cpus if whole else since(w.cpus, w.now - span), view.pids)
+    capacity, link_name = link_capacity(view, w.pcie)
+    cand = classify(judged, shape, w.io, capacity=capacity, link_name=link_name, window_s=span, previous=previous)
+    found: list[Finding] = []
+    chain = fnd.chain_links(w.pcie, view.bdf) if w.pcie else fnd.nvml_links(w.slow, index, view.bdf)
+    down = fnd.link_downgrades(view, chain, util_pts)
+    for _bdf, sev, detail in down:
+        found.append(Finding("pcie_link_downgraded", index, sev, detail))
+    links = dict.fromkeys({ls.bdf for ls in chain}, False) | {b: True for b, _, _ in down}
+    for f in (fnd.pcie_errors(view, w.pcie), fnd.clock_throttled(view)):
+        if f is not None:
+            found.append(f)
+    return GpuEvaluation(
+        view=view, candidate=cand, judged_s=span, shape=shape, findings=tuple(found),
+        links=MappingProxyType(links), busy=(view.util or 0.0) >= fnd.BUSY_UTIL,
+        waiting=cand.cause != "idle" and cand.waiting_ratio >= WAITING_LEAVE,
+    )
+
+
+def host_findings(
+    w: Windows, numa: NumaSample | None, cpufreq: CpufreqSample | None, gpu_key: Mapping[str, int],
+    busy: Sequence[int],
+) -> list[Finding]:
+    """Findings that belong to the host or to processes rather than to one GPU's window."""
+    found = list(fnd.numa_mismatch(numa, gpu_key))
+    for f in (fnd.governor_powersave(cpufreq, busy), fnd.memory_pressure(w.memory, w.io),
+              fnd.nfs_retransmissions(w.io, w.window_s)):
+        if f is not None:
+            found.append(f)
+    return found

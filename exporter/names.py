@@ -1,0 +1,42 @@
+"""One name per concept: sampler names and the verdict, state, finding and severity vocabulary.
+
+Every string here is used verbatim in code, metric labels, alert rules (``alerts/generate.py``), dashboards
+(``deploy/grafana/generate.py``), JSON output and docs; import it from here, never retype it.
+"""
+
+from __future__ import annotations
+
+# ---- samplers (a collector may have several; each runs at its own interval) ---------------------------------
+GPU_FAST = "gpu"  # GPM pairs, field values, SM clock (100 ms)
+GPU_SAMPLES = "gpu_samples"  # the driver's buffered utilisation samples (1 s)
+GPU_SLOW = "gpu_slow"  # link state, clock-event reasons, temperature, memory, processes (5 s)
+GPU_SAMPLERS = (GPU_FAST, GPU_SAMPLES, GPU_SLOW)
+PROC = "proc"  # process-level /proc/<pid> files of the inspected processes
+PROC_THREADS = "proc_threads"  # per-thread /proc/<pid>/task/<tid>/stat (deep, on demand)
+CPU = "cpu"
+CPUFREQ = "cpufreq"
+MEMORY = "memory"
+PRESSURE = "pressure"
+DISK = "disk"
+NFS = "nfs"
+PCIE = "pcie"
+NUMA = "numa"
+DERIVED = "derived"  # the analyzer: verdicts, findings, state seconds
+
+# ---- the verdict (DESIGN.md) ----------------------------------------------------------------------------------
+VERDICTS = (
+    "healthy", "idle", "launch_bound", "input_bound", "io_bound", "transfer_bound",
+    "gpu_throttled", "gpu_inefficient", "latency_bound",
+)
+# The verdicts that mean the GPU is waiting; gpufeed_gpu_waiting_seconds_total{cause} is split over them.
+WAITING_CAUSES = ("launch_bound", "input_bound", "io_bound", "transfer_bound", "latency_bound")
+# A verdict that needs nothing done: diagnose exits 0 only when every GPU has one of these.
+QUIET_VERDICTS = ("healthy", "idle")
+STATES = ("working", "waiting", "idle")
+
+# ---- platform findings, independent of the verdict --------------------------------------------------------------
+FINDINGS = (
+    "pcie_link_downgraded", "pcie_errors", "numa_mismatch", "cpu_governor_powersave",
+    "gpu_clock_throttled", "memory_pressure", "nfs_retransmissions", "gpu_lost",
+)
+SEVERITIES = ("critical", "warning", "info")

@@ -1,0 +1,224 @@
+"""The ``gpufeed diagnose`` report, for a live host and for a scenario alike: one JSON shape, the text a person
+reads, the playbook's next check per GPU, the exit code, and ``--check`` of a scenario's expectations.
+
+The JSON is ``shared/scenarios/SPEC.md``'s, extended the same way in both modes::
+
+    {"scenario": name | null, "host": hostname | null, "duration_s", "window_s",
+     "phases": [{"name", "end_s",
+                 "gpus": [{"index", "uuid", "name", "cause", "confidence", "waiting_ratio", "waiting_share",
+                           "evidence", "next_check"}],
+                 "findings": [{"check", "gpu", "severity", "detail"}]}],
+     "timeline": [{"t", "gpu", "cause"}],           # with --timeline only
+     "note": "...", "sampler_errors": {...}}          # only when there is something to say
+
+A live run is one phase named ``live``. ``waiting_ratio`` is the share of the classifier window the GPU
+waited; ``waiting_share`` the share of the whole phase (live: the whole run), from the exact state counters.
+Every GPU of the scenario (or seen by NVML) is present; ``cause`` is null when no verdict was reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+from exporter.names import QUIET_VERDICTS
+from exporter.samples.derived import DerivedState
+
+if TYPE_CHECKING:
+    from exporter.sim.player import PlayResult
+
+# The next check the field playbook would run for each verdict (shared/reference/playbook.es.txt, checklists).
+NEXT_CHECK = {
+    "launch_bound": "top -H -p {pid} (which thread is hot), then nsys profile a few steps: count kernel launches "
+                    "and syncs; fuse kernels or use CUDA Graphs",
+    "input_bound": "mpstat -P ALL 1 and pidstat -t -p {pid} 1: are the data-loader workers' cores saturated? "
+                   "then time each stage (read, decode, transform)",
+    "io_bound": "iostat -xz 1 (await, small requests) and nfsstat -c on network filesystems",
+    "transfer_bound": "lspci -vv -s {bdf} (LnkSta vs LnkCap) and nvidia-smi dmon -s t (PCIe throughput)",
+    "gpu_throttled": "nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER (clock-event reasons, temperature, power)",
+    "gpu_inefficient": "nsys profile / ncu a few steps: kernel efficiency, tensor-core use, precision, batch size",
+    "latency_bound": "nvidia-smi dmon -s u: the load is small; batch requests, or accept it for a p99 SLA",
+    "healthy": "nvidia-smi dmon -s pucvmt to watch it; nothing to fix on the host",
+    "idle": "nvidia-smi: is the job really using this GPU? (no work was submitted)",
+}
+NO_VERDICT_CHECK = "dmesg | grep -i xid; nvidia-smi -q"
+SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+LIVE_PHASE = "live"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """What the report knows of a GPU besides its verdict: identity, processes and PCI address."""
+
+    index: int
+    uuid: str
+    name: str = ""
+    pids: tuple[int, ...] = ()
+    bdf: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseState:
+    """The derived state at the end of a phase (None: no evaluation), and at its start (for shares)."""
+
+    name: str
+    end_s: float
+    state: DerivedState | None
+    start: DerivedState | None = None
+
+
+def next_check(cause: str | None, pids: Sequence[int], bdf: str) -> str:
+    """The playbook's next command for a verdict, filled with the GPU's first process and its address."""
+    if cause is None:
+        return NO_VERDICT_CHECK
+    return NEXT_CHECK.get(cause, "").format(pid=pids[0] if pids else "<pid>", bdf=bdf or "<bdf>")
+
+
+def _waiting_share(index: int, end: DerivedState | None, start: DerivedState | None) -> float | None:
+    """Share of the phase the GPU spent waiting, from the state counters at its ends."""
+    if end is None or index not in end.activity:
+        return None
+    a1 = end.activity[index].state_seconds
+    a0 = start.activity[index].state_seconds if start is not None and index in start.activity else {}
+    total = sum(a1.values()) - sum(a0.values())
+    waiting = a1.get("waiting", 0.0) - a0.get("waiting", 0.0)
+    return round(waiting / total, 3) if total > 0 else None
+
+
+def gpu_entry(info: GpuInfo, phase: PhaseState) -> dict[str, Any]:
+    """One GPU of one phase."""
+    v = phase.state.gpus.get(info.index) if phase.state is not None else None
+    return {
+        "index": info.index,
+        "uuid": info.uuid,
+        "name": info.name,
+        "cause": v.cause if v is not None else None,
+        "confidence": round(v.confidence, 3) if v is not None else None,
+        "waiting_ratio": round(v.waiting_ratio, 3) if v is not None else None,
+        "waiting_share": _waiting_share(info.index, phase.state, phase.start),
+        "evidence": list(v.evidence) if v is not None else [],
+        "next_check": next_check(v.cause if v is not None else None, info.pids, info.bdf),
+    }
+
+
+def phase_entry(phase: PhaseState, gpus: Sequence[GpuInfo]) -> dict[str, Any]:
+    """One phase: every GPU, then the findings, most severe first."""
+    findings = [] if phase.state is None else sorted(phase.state.findings,
+                                                     key=lambda f: (SEVERITY_RANK.get(f.severity, 9), f.check))
+    return {
+        "name": phase.name,
+        "end_s": round(phase.end_s, 3),
+        "gpus": [gpu_entry(g, phase) for g in gpus],
+        "findings": [{"check": f.check, "gpu": f.gpu, "severity": f.severity, "detail": f.detail} for f in findings],
+    }
+
+
+def document(
+    phases: Sequence[PhaseState], gpus: Sequence[GpuInfo], *, scenario: str | None, host: str | None,
+    duration_s: float, window_s: float | None, note: str | None = None,
+    timeline: Sequence[tuple[float, DerivedState]] | None = None,
+    sampler_errors: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The whole report as a JSON-ready dict (the shape in the module docstring)."""
+    doc: dict[str, Any] = {
+        "scenario": scenario,
+        "host": host,
+        "duration_s": round(duration_s, 3),
+        "window_s": window_s,
+        "phases": [phase_entry(p, gpus) for p in phases],
+    }
+    if timeline is not None:
+        doc["timeline"] = [{"t": round(t, 3), "gpu": i, "cause": v.cause}
+                           for t, state in timeline for i, v in sorted(state.gpus.items())]
+    if note:
+        doc["note"] = note
+    if sampler_errors:
+        doc["sampler_errors"] = dict(sorted(sampler_errors.items()))
+    return doc
+
+
+def exit_code(doc: Mapping[str, Any]) -> int:
+    """0 when every GPU of the last phase is healthy or idle and nothing was found; 1 otherwise."""
+    phases = doc.get("phases") or [{}]
+    last = phases[-1]
+    if last.get("findings"):
+        return 1
+    if any(g.get("cause") not in QUIET_VERDICTS for g in last.get("gpus", [])):
+        return 1
+    return 0
+
+
+def print_text(doc: Mapping[str, Any], out: TextIO) -> None:
+    """The report a person reads in ten seconds: per phase, one block per GPU, then the findings."""
+    window = doc.get("window_s")
+    if doc.get("scenario") is not None:
+        head = f"gpufeed diagnose: scenario {doc['scenario']} ({doc['duration_s']:g} s of scenario time)"
+    else:
+        head = f"gpufeed diagnose on {doc.get('host')}: {doc['duration_s']:.0f} s sampled"
+        if window:
+            head += f", verdicts over the last {min(window, doc['duration_s']):.0f} s"
+    out.write(head + "\n")
+    if doc.get("note"):
+        out.write(f"  {doc['note']}\n")
+    phases = doc.get("phases", [])
+    for ph in phases:
+        if len(phases) > 1 or ph["name"] != LIVE_PHASE:
+            out.write(f"\nphase {ph['name']} (ends at {ph['end_s']:g} s)\n")
+        for g in ph["gpus"]:
+            wait = "" if g["waiting_ratio"] is None else f"  waiting {round(100 * g['waiting_ratio'])}%"
+            conf = "" if g["confidence"] is None else f"  (confidence {g['confidence']:.2f})"
+            name = f" {g['name']}" if g.get("name") else ""
+            out.write(f"\nGPU {g['index']}{name}: {(g['cause'] or 'no verdict').upper()}{wait}{conf}\n")
+            for e in g["evidence"][:3]:
+                out.write(f"  - {e}\n")
+            if g.get("next_check"):
+                out.write(f"  next: {g['next_check']}\n")
+        findings = ph.get("findings", [])
+        out.write("\nFindings:\n" if findings else "\nFindings: none\n")
+        for f in findings:
+            where = "host" if f["gpu"] is None else f"GPU {f['gpu']}"
+            out.write(f"  [{f['severity']}] {f['check']} ({where}): {f['detail']}\n")
+    for name, err in (doc.get("sampler_errors") or {}).items():
+        out.write(f"\nsampler {name} failed: {err}\n")
+
+
+# ---- scenarios -------------------------------------------------------------------------------------------------
+
+
+def scenario_document(res: PlayResult, *, timeline: bool = False) -> dict[str, Any]:
+    """The report of a played scenario: every phase and every GPU of the scenario."""
+    sc = res.scenario
+    gpus = [GpuInfo(index=g.index, uuid=g.uuid, name=g.name, bdf=g.pci_bus_id,
+                    pids=tuple(p.pid for p in sc.processes if g.index in p.gpus)) for g in sc.gpus]
+    phases: list[PhaseState] = []
+    prev: DerivedState | None = None
+    for ph in res.phases:
+        phases.append(PhaseState(ph.name, ph.end_s, ph.state, prev))
+        prev = ph.state
+    window = next((p.state.window_s for p in res.phases if p.state is not None), None)
+    return document(phases, gpus, scenario=sc.name, host=None, duration_s=sc.duration_s, window_s=window,
+                    timeline=res.timeline if timeline else None, sampler_errors=res.sampler_errors)
+
+
+def check(res: PlayResult) -> list[str]:
+    """Each failed ``expect`` entry of the scenario, as a sentence; empty when all hold."""
+    by_name = {p.name: p for p in res.phases}
+    failures: list[str] = []
+    for e in res.scenario.expect:
+        st = by_name[e.phase].state
+        for idx, want in sorted(e.gpus.items()):
+            v = st.gpus.get(idx) if st is not None else None
+            got = v.cause if v is not None else None
+            if got != want:
+                failures.append(f"phase {e.phase!r}: GPU {idx}: expected {want}, got {got or 'no verdict'}")
+        found = [] if st is None else [(f.check, f.gpu) for f in st.findings]
+        for chk, gpu in e.findings:
+            if not any(c == chk and (gpu is None or g == gpu) for c, g in found):
+                where = f" on GPU {gpu}" if gpu is not None else ""
+                failures.append(f"phase {e.phase!r}: expected finding {chk}{where}, not reported")
+        for chk in e.no_findings:
+            hits = sorted({"host" if g is None else f"GPU {g}" for c, g in found if c == chk})
+            if hits:
+                failures.append(f"phase {e.phase!r}: finding {chk} must not be reported, but was ({', '.join(hits)})")
+    return failures

@@ -1,0 +1,42 @@
+"""The thresholds of gpufeed's judgements, from ``exporter/thresholds.yaml`` -- the file the shipped alert rules
+are generated from, so a finding the daemon raises and the alert that pages on it use one definition.
+
+Read once at import (package data, not a host source); the derived layer gets plain numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PATH = Path(str(resources.files("exporter") / "thresholds.yaml"))
+DEFAULTS: dict[str, Any] = yaml.safe_load(PATH.read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
+class NfsRetransmissions:
+    """``nfs_retransmissions``: a share of RPCs retransmitted, with a floor on the absolute rate."""
+
+    max_retrans_ratio: float
+    min_retrans_per_second: float
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPressure:
+    """``memory_pressure``: little MemAvailable, or tasks stalled on memory (PSI some)."""
+
+    max_available_ratio: float
+    max_memory_stall_ratio: float
+
+
+def _section(name: str, keys: tuple[str, ...]) -> dict[str, float]:
+    sec = DEFAULTS[name]
+    return {k: float(sec[k]) for k in keys}
+
+
+NFS = NfsRetransmissions(**_section("nfs_retransmissions", ("max_retrans_ratio", "min_retrans_per_second")))
+MEMORY = MemoryPressure(**_section("memory_pressure", ("max_available_ratio", "max_memory_stall_ratio")))
