@@ -9,6 +9,7 @@ from typing import Any
 from exporter.derived import findings as fnd
 from exporter.derived.gpuview import activity_points, gpu_view
 from exporter.derived.hostshape import io_signals
+from exporter.samples.derived import Finding
 from exporter.samples.host import CpufreqCpu, CpufreqSample, MemorySample
 from exporter.samples.topology import NumaSample, Placement
 from exporter.snapshot import Stamped
@@ -109,7 +110,7 @@ def test_plenty_of_memory_is_no_memory_pressure() -> None:
 
 def test_nfs_retransmissions_are_reported_exactly_where_the_alert_would_page() -> None:
     """The finding and GpufeedNFSRetransmissions share one definition: >= 0.05% of calls and >= 0.05/s."""
-    def retrans(ops: float, per_s: float) -> object:
+    def retrans(ops: float, per_s: float) -> Finding | None:
         return fnd.nfs_retransmissions(io_signals([], [], nfs_window({"read": ops}, per_s, 0.0, 15.0)), 15.0)
 
     f = retrans(1000.0, 20.0)
