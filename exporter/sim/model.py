@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from exporter.sim import signal
-from exporter.sim.scenario import (
+from exporter.sim.signal import At, Piecewise, Track
+from exporter.sim.spec import (
     CLOCK_EVENT_REASONS,
     CPU_MODES,
     DISK_KEYS,
@@ -35,7 +36,6 @@ from exporter.sim.scenario import (
     Scenario,
     Value,
 )
-from exporter.sim.signal import At, Piecewise, Track
 
 IDLE_SM_CLOCK_MHZ = 345.0  # SPEC: sm_clock_mhz default when gpu_util is 0
 

@@ -24,7 +24,7 @@ from exporter.samples.derived import DerivedState
 from exporter.sim.fakenvml import FakeNvml
 from exporter.sim.model import Model
 from exporter.sim.render import GROUPS, Renderer, nvml_state
-from exporter.sim.scenario import Scenario
+from exporter.sim.spec import Scenario
 
 _log = log.get_logger(component="sim")
 

@@ -25,7 +25,7 @@ from exporter import linkmath
 from exporter.cpulist import format_cpulist
 from exporter.gpu.constants import THROTTLE_TIME_FIELDS
 from exporter.sim.model import Model
-from exporter.sim.scenario import Gpu, Process
+from exporter.sim.spec import Gpu, Process
 from exporter.sources import SECTOR_BYTES, USER_HZ
 
 NVIDIA_VENDOR = "0x10de"

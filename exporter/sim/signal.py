@@ -19,7 +19,7 @@ import random
 from array import array
 from collections.abc import Callable, Sequence
 
-from exporter.sim.scenario import Noise, Square, Value
+from exporter.sim.spec import Noise, Square, Value
 
 NOISE_STEP = 0.1  # seconds between noise draws (the GPM / fast-path floor: finer would be invisible)
 _CHUNK = 512

@@ -1,0 +1,299 @@
+"""The scenario model, format versions 1 and 2 (``shared/scenarios/SPEC.md``): the validated, resolved values a
+loaded scenario is made of. Loading and validation are in :mod:`exporter.sim.scenario`; the meaning of a
+numeric :data:`Value` in time is in :mod:`exporter.sim.signal`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Union
+
+
+class ScenarioError(Exception):
+    """An invalid scenario; the message names the file and the key path."""
+
+
+@dataclass(frozen=True, slots=True)
+class Square:
+    """``high`` for the first ``duty`` x ``period_s`` seconds of each period (from the phase start), then ``low``."""
+
+    high: float
+    low: float
+    period_s: float
+    duty: float
+
+
+@dataclass(frozen=True, slots=True)
+class Noise:
+    """Gaussian ``mean`` +- ``sd``, clipped to the key's valid range, drawn from the scenario seed."""
+
+    mean: float
+    sd: float
+
+
+Value = Union[float, Square, Noise]  # noqa: UP007 - a runtime alias, kept 3.10-compatible
+
+CLOCK_EVENT_REASONS = (
+    "gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal",
+    "hw_thermal", "hw_power_brake", "display_clock",
+)
+THREAD_STATES = ("R", "S", "D")
+CPU_MODES = ("user", "system", "iowait", "irq", "softirq")
+DISK_KEYS = ("reads_per_s", "read_bytes_per_s", "writes_per_s", "write_bytes_per_s", "await_ms", "in_flight")
+NFS_OPS = ("read", "getattr", "open", "lookup")
+PSI_KEYS = ("cpu_some", "io_some", "io_full", "memory_some", "memory_full")
+
+# Valid range of each numeric GPU / process / host state key; noise is clipped to it.
+FRACTION = (0.0, 1.0)
+NONNEG = (0.0, math.inf)
+GPU_NUMERIC: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "gpu_util": FRACTION, "sm_active": FRACTION, "sm_occupancy": FRACTION, "tensor_active": FRACTION,
+    "dram_active": FRACTION, "pcie_tx_bytes_per_s": NONNEG, "pcie_rx_bytes_per_s": NONNEG,
+    "sm_clock_mhz": NONNEG, "power_w": NONNEG, "temperature_c": (-273.0, 1000.0),
+    "memory_used_bytes": NONNEG, "pcie_replays_per_s": NONNEG, "aer_correctable_per_s": NONNEG,
+})
+
+
+# ---- static parts -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Bridge:
+    """A PCIe bridge between the root complex and a GPU (root first)."""
+
+    bdf: str
+    max_gen: int
+    max_width: int
+
+
+@dataclass(frozen=True, slots=True)
+class PcieCaps:
+    """System-limited max link (sysfs ``max_link_*``) and the GPU's own capability."""
+
+    max_gen: int
+    max_width: int
+    gpu_max_gen: int
+    gpu_max_width: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """A GPU as the host sees it."""
+
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str  # sysfs form, lower case
+    numa_node: int
+    pcie: PcieCaps
+    upstream: tuple[Bridge, ...]
+    gpm: bool
+    max_sm_clock_mhz: float
+    power_limit_w: float
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    """A process using GPUs; its tids are ``pid .. pid+threads-1``."""
+
+    pid: int
+    comm: str
+    gpus: tuple[int, ...]
+    cpus_allowed: frozenset[int]
+    mems_allowed: frozenset[int]
+    threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """Static host description."""
+
+    cpus: int
+    numa_nodes: tuple[frozenset[int], ...]
+    governor: str
+    cpu_max_mhz: float
+    mem_total_bytes: int
+    disks: tuple[str, ...]
+    nfs: bool
+
+
+# ---- resolved state ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A negotiated link."""
+
+    gen: int
+    width: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """Resolved GPU state in a phase. ``None`` means "the spec's derived default" (it depends on gpu_util)."""
+
+    gpu_util: Value
+    sm_active: Value
+    sm_occupancy: Value
+    tensor_active: Value
+    dram_active: Value
+    pcie_tx_bytes_per_s: Value
+    pcie_rx_bytes_per_s: Value
+    link: Link
+    sm_clock_mhz: Value | None
+    power_w: Value | None
+    temperature_c: Value
+    clock_event_reasons: tuple[str, ...] | None
+    memory_used_bytes: Value
+    pcie_replays_per_s: Value
+    aer_correctable_per_s: Value
+    lost: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadGroup:
+    """``count`` threads, each at ``user`` and ``system`` core fractions, in ``state``."""
+
+    count: int
+    user: Value
+    system: Value
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessState:
+    """Resolved process state in a phase."""
+
+    threads_cpu: tuple[ThreadGroup, ...]
+    read_bytes_per_s: Value
+    read_syscalls_per_s: Value
+    cpus_allowed: frozenset[int]
+    mems_allowed: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class CpuModes:
+    """Core fractions per mode."""
+
+    user: Value
+    system: Value
+    iowait: Value
+    irq: Value
+    softirq: Value
+
+    def get(self, mode: str) -> Value:
+        """The value of ``mode`` (one of CPU_MODES)."""
+        v: Value = getattr(self, mode)
+        return v
+
+
+@dataclass(frozen=True, slots=True)
+class DiskState:
+    """Rates of one block device."""
+
+    reads_per_s: Value
+    read_bytes_per_s: Value
+    writes_per_s: Value
+    write_bytes_per_s: Value
+    await_ms: Value
+    in_flight: Value
+
+
+@dataclass(frozen=True, slots=True)
+class NfsState:
+    """NFS client op rates."""
+
+    ops_per_s: Mapping[str, Value]
+    retrans_per_s: Value
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryState:
+    """What /proc/meminfo shows."""
+
+    available_ratio: Value
+    dirty_bytes: Value
+    writeback_bytes: Value
+
+
+@dataclass(frozen=True, slots=True)
+class HostState:
+    """Resolved host state in a phase."""
+
+    cpu_background: CpuModes
+    cpu_cores: tuple[tuple[frozenset[int], CpuModes], ...]  # in file order; a later entry wins on overlap
+    disks: Mapping[str, DiskState]
+    nfs: NfsState
+    psi: Mapping[str, Value]
+    memory: MemoryState
+    oom_kills_per_s: Value
+    governor: str
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One phase: its resolved state for every GPU, process and the host, and where it sits in time."""
+
+    name: str
+    duration_s: float
+    start_s: float
+    index: int
+    gpus: Mapping[int, GpuState]
+    processes: Mapping[int, ProcessState]
+    host: HostState
+
+    @property
+    def end_s(self) -> float:
+        """Scenario time at the end of the phase."""
+        return self.start_s + self.duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    """One ``expect`` entry."""
+
+    phase: str
+    gpus: Mapping[int, str]
+    findings: tuple[tuple[str, int | None], ...]
+    no_findings: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A loaded, validated scenario."""
+
+    path: str
+    version: int
+    name: str
+    description: str
+    seed: int
+    host: Host
+    gpus: tuple[Gpu, ...]
+    processes: tuple[Process, ...]
+    phases: tuple[Phase, ...]
+    expect: tuple[Expectation, ...]
+
+    @property
+    def duration_s(self) -> float:
+        """Length of one pass of the timeline."""
+        return self.phases[-1].end_s
+
+    def gpu(self, index: int) -> Gpu:
+        """The GPU with NVML index ``index``."""
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(index)
+
+    def phase_at(self, t: float) -> Phase:
+        """The phase playing at scenario time ``t`` (0 <= t < duration; the last phase at or past the end)."""
+        for p in self.phases:
+            if t < p.end_s:
+                return p
+        return self.phases[-1]
+
+
