@@ -40,7 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from exporter.gpu.backend import CallStats, NvmlBackend, describe
+from exporter.gpu.backend import NvmlBackend
+from exporter.gpu.binding import CallStats, describe
 
 WORKLOADS: dict[str, str] = {
     "matmul": """

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter import names
 from exporter.collectors import register
+from exporter.gpu import fields
 from exporter.gpu.backend import PID_MAX_LIMIT, GpuInitError, GpuUnavailableError, NvmlBackend
 from exporter.gpu.constants import CLOCK_EVENT_REASONS
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuSample, GpuSlow
@@ -214,31 +215,22 @@ def _fast_families(sample: GpuSample) -> Iterator[Metric]:
                                "GPM any-tensor-pipe utilisation over the last >=100 ms pair.", labels=["gpu"])
     dram = GaugeMetricFamily("gpufeed_gpu_dram_active_ratio",
                              "GPM DRAM bandwidth utilisation over the last >=100 ms pair.", labels=["gpu"])
-    tx = CounterMetricFamily("gpufeed_gpu_pcie_tx_bytes", "Bytes the GPU sent over PCIe (device to host), NVML "
-                             "field 197 unwrapped.", labels=["gpu"])
-    rx = CounterMetricFamily("gpufeed_gpu_pcie_rx_bytes", "Bytes the GPU received over PCIe (host to device), NVML "
-                             "field 198 unwrapped.", labels=["gpu"])
-    replays = CounterMetricFamily("gpufeed_gpu_pcie_replays", "PCIe replays (link-level retransmissions) seen by "
-                                  "the GPU, NVML field 94.", labels=["gpu"])
     clock = GaugeMetricFamily("gpufeed_gpu_sm_clock_hertz", "Current SM clock.", labels=["gpu"])
-    power = GaugeMetricFamily("gpufeed_gpu_power_watts", "Power draw (instantaneous where the GPU reports it).",
-                              labels=["gpu"])
-    throttle = CounterMetricFamily(
-        "gpufeed_gpu_throttle_seconds", "Time the clocks were held down for the reason, from NVML's cumulative "
-        "clock-event counters.", labels=["gpu", "reason"])
+    # The NVML field table: one family per metric, its entries' constant labels after gpu.
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+    for f in fields.FIELDS:
+        if f.metric not in families:
+            kind = CounterMetricFamily if f.kind == fields.COUNTER else GaugeMetricFamily
+            families[f.metric] = kind(f.metric, f.help, labels=["gpu", *f.labels])
     for gpu, g in _per_gpu(sample, GpuFast):
         _add(sm_s, [gpu], g.sm_active_seconds)
         _add(occ, [gpu], g.sm_occupancy)
         _add(tensor, [gpu], g.tensor_active)
         _add(dram, [gpu], g.dram_active)
-        _add(tx, [gpu], g.pcie_tx_bytes_total)
-        _add(rx, [gpu], g.pcie_rx_bytes_total)
-        _add(replays, [gpu], g.pcie_replays_total)
         _add(clock, [gpu], g.sm_clock_hz)
-        _add(power, [gpu], g.power_w)
-        for reason, secs in sorted(g.throttle_seconds.items()):
-            throttle.add_metric([gpu, reason], secs)
-    yield from (sm_s, occ, tensor, dram, tx, rx, replays, clock, power, throttle)
+        for f in fields.FIELDS:
+            _add(families[f.metric], [gpu, *f.labels.values()], g.fields.get(f.key))
+    yield from (sm_s, occ, tensor, dram, clock, *families.values())
 
 
 def _buffered_families(sample: GpuSample) -> Iterator[Metric]:

@@ -26,9 +26,7 @@ never called: it blocks ~20 ms per call.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +37,26 @@ from typing import Any
 from exporter import linkmath, log
 from exporter import pci as pcimod
 from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
+from exporter.gpu import fields as F  # noqa: N812
+from exporter.gpu.binding import (
+    DISABLING,
+    ERR_DRIVER_NOT_LOADED,
+    ERR_GPU_IS_LOST,
+    ERR_NO_PERMISSION,
+    ERR_NOT_FOUND,
+    ERR_UNKNOWN,
+    M64,
+    MODULUS,
+    SUCCESS,
+    UNAVAILABLE,
+    CallStats,
+    code,
+    describe,
+    errname,
+    read_field_values,
+    read_gpm_metrics,
+    sample_value,
+)
 from exporter.gpu.counters import SampleIntegrator, WrappingCounter
 from exporter.samples.gpu import (
     GpuBuffered,
@@ -52,20 +70,6 @@ from exporter.samples.gpu import (
 
 NvmlProvider = Callable[[], Any]
 
-# Error codes (nvml.h nvmlReturn_t); compared by value so this module never imports pynvml itself.
-SUCCESS = 0
-ERR_UNINITIALIZED = 1
-ERR_NOT_SUPPORTED = 3
-ERR_NO_PERMISSION = 4
-ERR_NOT_FOUND = 6
-ERR_DRIVER_NOT_LOADED = 9
-ERR_LIBRARY_NOT_FOUND = 12
-ERR_FUNCTION_NOT_FOUND = 13
-ERR_GPU_IS_LOST = 15
-ERR_UNKNOWN = 999
-_DISABLING = {ERR_NOT_SUPPORTED: "not_supported", ERR_FUNCTION_NOT_FOUND: "function_not_found",
-              ERR_NO_PERMISSION: "no_permission"}
-_UNAVAILABLE = {ERR_LIBRARY_NOT_FOUND: "NVML library not found (no NVIDIA driver installed)"}
 # nvmlInit errors on a host that has the NVML library: a misconfiguration to report, with what to do about it.
 _INIT_HINTS = {
     ERR_NO_PERMISSION: "the daemon's user cannot open /dev/nvidiactl or /dev/nvidia*: add the daemon user to "
@@ -75,20 +79,6 @@ _INIT_HINTS = {
 }
 _INIT_HINT_OTHER = "check nvidia-smi and dmesg on this host"
 
-# NVML value types of nvmlFieldValue_t (pynvml NVML_VALUE_TYPE_*).
-_VT_DOUBLE, _VT_UINT, _VT_ULONG, _VT_ULL, _VT_SLL, _VT_SINT, _VT_USHORT = range(7)
-_M64 = 1 << 64
-_MODULUS = {_VT_UINT: 1 << 32, _VT_ULONG: _M64, _VT_ULL: _M64, _VT_USHORT: 1 << 16}
-
-# Plausibility bounds for the counter-reset check: above any PCIe link (Gen6 x16 ~ 121 GB/s per
-# direction), a replay storm, and real time for throttle nanoseconds.
-MAX_PCIE_BYTES_PER_S = 256e9
-MAX_REPLAYS_PER_S = 1e7
-MAX_THROTTLE_NS_PER_S = 1e9
-
-_FAST_FIELDS = (C.FI_PCIE_TX_BYTES, C.FI_PCIE_RX_BYTES, C.FI_PCIE_REPLAY_COUNTER, C.FI_POWER_INSTANT,
-                *C.THROTTLE_TIME_FIELDS.values())
-_THROTTLE_BY_FIELD = {f: r for r, f in C.THROTTLE_TIME_FIELDS.items()}
 _GPM_METRICS = (C.GPM_GRAPHICS_UTIL, C.GPM_SM_UTIL, C.GPM_SM_OCCUPANCY, C.GPM_ANY_TENSOR_UTIL,
                 C.GPM_DRAM_BW_UTIL, C.GPM_PCIE_TX_PER_SEC, C.GPM_PCIE_RX_PER_SEC)
 
@@ -132,17 +122,6 @@ def _bits(words: Iterable[int]) -> frozenset[int]:
 
 
 @dataclass
-class CallStats:
-    """What one NVML function returned and cost (bench/gpu_check.py reads these)."""
-
-    calls: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    total_us: float = 0.0
-    max_us: float = 0.0
-    last: str = ""
-
-
-@dataclass
 class _Gpu:
     """Runtime state of one GPU (only the backend, under its lock, touches it)."""
 
@@ -164,12 +143,10 @@ class _Gpu:
     # Time the GPM integrals above were integrated up to (the newer sample of the last pair; the first
     # sample before any pair): GpuFast.counter_t. A tick without a pair leaves it, like the integrals.
     gpm_t: float | None = None
-    tx: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_PCIE_BYTES_PER_S))
-    rx: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_PCIE_BYTES_PER_S))
-    replays: WrappingCounter = field(default_factory=lambda: WrappingCounter(MAX_REPLAYS_PER_S))
-    throttle: dict[str, WrappingCounter] = field(
-        default_factory=lambda: {r: WrappingCounter(MAX_THROTTLE_NS_PER_S) for r in C.THROTTLE_TIME_FIELDS})
-    field_counters: dict[int, WrappingCounter] = field(default_factory=dict)
+    # One unwrapping counter per counter field of the table (exporter/gpu/fields.py), by field id.
+    counters: dict[int, WrappingCounter] = field(default_factory=lambda: {
+        f.field_id: WrappingCounter(f.max_rate) for f in F.FIELDS if f.kind == F.COUNTER})
+    field_values: dict[str, float] = field(default_factory=dict)  # the newest value of every field, base units
     wrap_warned: bool = False
     # buffered path
     util: SampleIntegrator = field(default_factory=SampleIntegrator)
@@ -306,16 +283,16 @@ class NvmlBackend:
         try:
             self._timed("nvmlInit", nvml.nvmlInit)
         except nvml.NVMLError as e:
-            code = _code(e)
-            if code in _UNAVAILABLE:
-                raise GpuUnavailableError(_UNAVAILABLE[code]) from e
-            if code == ERR_DRIVER_NOT_LOADED and self._gpu_hardware is not None and not self._gpu_hardware():
+            rc = code(e)
+            if rc in UNAVAILABLE:
+                raise GpuUnavailableError(UNAVAILABLE[rc]) from e
+            if rc == ERR_DRIVER_NOT_LOADED and self._gpu_hardware is not None and not self._gpu_hardware():
                 # Images that ship the driver's user-space libraries run on CPU-only hosts too: with no NVIDIA
                 # GPU on the PCI bus, an unloaded kernel module is absence, not a fault.
                 raise GpuUnavailableError(
                     "NVML library installed but no NVIDIA GPU on the PCI bus (kernel module not loaded)") from e
-            hint = _INIT_HINTS.get(code, _INIT_HINT_OTHER)
-            raise GpuInitError(f"nvmlInit failed: {_errname(e)}: {hint}") from e
+            hint = _INIT_HINTS.get(rc, _INIT_HINT_OTHER)
+            raise GpuInitError(f"nvmlInit failed: {errname(e)}: {hint}") from e
         self._initialised = True
         try:
             try:
@@ -331,7 +308,7 @@ class NvmlBackend:
             raise
         except nvml.NVMLError as e:
             self._teardown()
-            raise GpuUnavailableError(f"NVML enumeration failed: {_errname(e)}") from e
+            raise GpuUnavailableError(f"NVML enumeration failed: {errname(e)}") from e
         self._log.info("nvml_initialised", driver=self.driver_version, gpus=len(self._gpus),
                        gpm=",".join(str(i) for i, g in sorted(self._gpus.items()) if g.gpm_ok) or "none")
 
@@ -343,7 +320,7 @@ class NvmlBackend:
             try:
                 self._timed("nvmlShutdown", nvml.nvmlShutdown)
             except nvml.NVMLError as e:
-                self._log.debug("nvml_shutdown_failed", error=_errname(e))
+                self._log.debug("nvml_shutdown_failed", error=errname(e))
         self._initialised = False
 
     def _enumerate(self, count: int, now: float, *, only_lost: bool = False) -> None:
@@ -361,7 +338,7 @@ class NvmlBackend:
                 handle = self._timed("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, idx)
                 uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
             except nvml.NVMLError as e:
-                if _code(e) not in (ERR_GPU_IS_LOST, ERR_UNKNOWN):
+                if code(e) not in (ERR_GPU_IS_LOST, ERR_UNKNOWN):
                     raise
                 old = self._gpus.get(idx)
                 g = old or _Gpu(idx, None, GpuIdentity(idx, "", "", "", False))
@@ -382,10 +359,7 @@ class NvmlBackend:
                 fresh[idx] = g
                 continue
             if was_lost:
-                g.tx.rebase()
-                g.rx.rebase()
-                g.replays.rebase()
-                for c in g.throttle.values():
+                for c in g.counters.values():
                     c.rebase()
                 self._log.info("gpu_recovered", gpu=idx, uuid=uuid)
                 log.forget(("gpu_lost", self._tag, str(idx)))
@@ -401,8 +375,6 @@ class NvmlBackend:
     def _setup(self, g: _Gpu) -> None:
         """Identity, GPM support and affinity of a freshly acquired handle."""
         nvml, h = self._nvml, g.handle
-        g.field_counters = {C.FI_PCIE_TX_BYTES: g.tx, C.FI_PCIE_RX_BYTES: g.rx, C.FI_PCIE_REPLAY_COUNTER: g.replays,
-                            **{f: g.throttle[r] for r, f in C.THROTTLE_TIME_FIELDS.items()}}
         name = self._opt(g, "nvmlDeviceGetName", nvml.nvmlDeviceGetName, h)
         info = self._opt(g, "nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, h)
         bdf = pcimod.from_nvml(info.busId, int(info.domain)) if info is not None else ""
@@ -444,7 +416,7 @@ class NvmlBackend:
             try:
                 self._timed("nvmlGpmSampleFree", self._nvml.nvmlGpmSampleFree, s)
             except self._nvml.NVMLError as e:
-                self._log.debug("gpm_sample_free_failed", gpu=g.index, error=_errname(e))
+                self._log.debug("gpm_sample_free_failed", gpu=g.index, error=errname(e))
         g.gpm_samples, g.gpm_mg, g.gpm_prev = [], None, None
 
     def _mark_lost(self, g: _Gpu, now: float) -> None:
@@ -472,7 +444,7 @@ class NvmlBackend:
             count = int(self._timed("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
             self._enumerate(count, now, only_lost=healthy)
         except nvml.NVMLError as e:
-            self._log.warning("nvml_reinit_failed", error=_errname(e), retry_in=self._backoff)
+            self._log.warning("nvml_reinit_failed", error=errname(e), retry_in=self._backoff)
             if not self._initialised:
                 # Keep the last enumeration; every GPU is unreachable until the next attempt.
                 for g in self._gpus.values():
@@ -494,7 +466,7 @@ class NvmlBackend:
         try:
             out = fn(*args)
         except Exception as e:
-            st.errors[_errname(e)] = st.errors.get(_errname(e), 0) + 1
+            st.errors[errname(e)] = st.errors.get(errname(e), 0) + 1
             raise
         finally:
             us = (time.perf_counter() - t0) * 1e6
@@ -516,20 +488,20 @@ class NvmlBackend:
         return out
 
     def _failed(self, g: _Gpu, name: str, e: BaseException) -> None:
-        code = _code(e)
-        if code == ERR_GPU_IS_LOST:
+        rc = code(e)
+        if rc == ERR_GPU_IS_LOST:
             raise _GpuLostError() from e
-        if code == ERR_UNKNOWN:
+        if rc == ERR_UNKNOWN:
             g.unknown_streak += 1
             if g.unknown_streak >= UNKNOWN_STREAK_LOST:
                 raise _GpuLostError() from e
-        if code in _DISABLING:
+        if rc in DISABLING:
             g.disabled.add(name)
             if log.once(("gpu_call_disabled", self._tag, str(g.index), name)):
-                self._log.info("gpu_call_disabled", gpu=g.index, call=name, reason=_DISABLING[code])
+                self._log.info("gpu_call_disabled", gpu=g.index, call=name, reason=DISABLING[rc])
             return None
-        if code != ERR_NOT_FOUND and log.once(("gpu_call_failed", self._tag, str(g.index), name, str(code))):
-            self._log.warning("gpu_call_failed", gpu=g.index, call=name, error=_errname(e))
+        if rc != ERR_NOT_FOUND and log.once(("gpu_call_failed", self._tag, str(g.index), name, str(rc))):
+            self._log.warning("gpu_call_failed", gpu=g.index, call=name, error=errname(e))
         return None
 
     # ---- fast path ---------------------------------------------------------------------------------------------
@@ -537,13 +509,14 @@ class NvmlBackend:
     def _fast_one(self, g: _Gpu, now: float) -> GpuFast:
         nvml, h = self._nvml, g.handle
         self._gpm(g, now)
-        fields = self._fields(g, now)
+        values = self._fields(g, now)
         clock = self._opt(g, "nvmlDeviceGetClockInfo", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
-        power_mw = fields.get(C.FI_POWER_INSTANT)
-        if power_mw is None and C.FI_POWER_INSTANT in g.disabled_fields:
+        power = F.BY_KEY["power"]
+        if "power" not in values and power.field_id in g.disabled_fields:
             # No instantaneous field (pre-Ampere boards): the getter's value, 1 s averaged on Ampere+.
             power_mw = self._opt(g, "nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, h)
-        throttle = {r: c.total / 1e9 for r, c in g.throttle.items() if c.total is not None}
+            if power_mw is not None:
+                values["power"] = float(power_mw) * power.scale
         last = g.gpm_last
         return GpuFast(
             sm_active=_scaled(last.get(C.GPM_SM_UTIL), 0.01),
@@ -552,12 +525,8 @@ class NvmlBackend:
             dram_active=_scaled(last.get(C.GPM_DRAM_BW_UTIL), 0.01),
             pcie_tx_bytes_per_s=_scaled(last.get(C.GPM_PCIE_TX_PER_SEC), C.MIB),
             pcie_rx_bytes_per_s=_scaled(last.get(C.GPM_PCIE_RX_PER_SEC), C.MIB),
-            pcie_tx_bytes_total=g.tx.total if C.FI_PCIE_TX_BYTES not in g.disabled_fields else None,
-            pcie_rx_bytes_total=g.rx.total if C.FI_PCIE_RX_BYTES not in g.disabled_fields else None,
-            pcie_replays_total=g.replays.total if C.FI_PCIE_REPLAY_COUNTER not in g.disabled_fields else None,
-            throttle_seconds=MappingProxyType(throttle),
+            fields=MappingProxyType(values),
             sm_clock_hz=float(clock) * 1e6 if clock is not None else None,
-            power_w=float(power_mw) / 1000.0 if power_mw is not None else None,
             sm_active_seconds=g.sm_active_seconds if g.gpm_ok else None,
             busy_seconds=g.graphics_seconds if g.gpm_ok else None,
             counter_t=g.gpm_t if g.gpm_ok else None,
@@ -612,39 +581,48 @@ class NvmlBackend:
             g.graphics_seconds += min(max(gr, 0.0), 100.0) / 100.0 * dt
             g.gpm_t = now
 
-    def _fields(self, g: _Gpu, now: float) -> dict[int, int]:
-        """One nvmlDeviceGetFieldValues call for every still-supported fast field; raw values by field id."""
+    def _fields(self, g: _Gpu, now: float) -> dict[str, float]:
+        """One nvmlDeviceGetFieldValues call for every still-supported field of the table; every field's
+        newest value in base units by key (counters unwrapped; a field that failed this once keeps its last)."""
         nvml = self._nvml
-        ids = [f for f in _FAST_FIELDS if f not in g.disabled_fields]
+        ids = [f.field_id for f in F.FIELDS if f.field_id not in g.disabled_fields]
         if not ids:
             return {}
         arr = self._opt(g, "nvmlDeviceGetFieldValues", nvml.nvmlDeviceGetFieldValues, g.handle, ids)
         if arr is None:
             if "nvmlDeviceGetFieldValues" in g.disabled:
-                g.disabled_fields.update(_FAST_FIELDS)
-            return {}
+                g.disabled_fields.update(f.field_id for f in F.FIELDS)
+            return {k: v for k, v in g.field_values.items() if F.BY_KEY[k].kind == F.COUNTER}
         spacing = None if g.fields_prev_t is None else now - g.fields_prev_t
         g.fields_prev_t = now
-        counters = g.field_counters
-        out: dict[int, int] = {}
+        out = g.field_values
         for fid, ret, vt, raw in read_field_values(arr):
+            f = F.BY_ID.get(fid)
+            if f is None:
+                continue
             if ret != SUCCESS:
-                if ret in _DISABLING or ret == ERR_NOT_FOUND:
+                if f.kind == F.GAUGE:
+                    out.pop(f.key, None)  # an instantaneous value not read now is unknown, not the last one
+                if ret in DISABLING or ret == ERR_NOT_FOUND:
                     g.disabled_fields.add(fid)
+                    out.pop(f.key, None)
                     if log.once(("gpu_field_disabled", self._tag, str(g.index), str(fid))):
-                        self._log.info("gpu_field_disabled", gpu=g.index, field=fid, reason=_DISABLING.get(ret, ret))
+                        self._log.info("gpu_field_disabled", gpu=g.index, field=fid, key=f.key,
+                                       reason=DISABLING.get(ret, ret))
                 elif ret == ERR_GPU_IS_LOST:
                     raise _GpuLostError()
                 continue
             if raw is None:
                 continue
-            out[fid] = raw
-            counter = counters.get(fid)
-            if counter is not None:
-                counter.update(raw, _MODULUS.get(vt, _M64), now)
-                if fid == C.FI_PCIE_TX_BYTES and not g.wrap_warned:
-                    self._check_wrap_window(g, _MODULUS.get(vt, _M64), spacing)
-        return out
+            if f.kind == F.COUNTER:
+                modulus = MODULUS.get(vt, M64)
+                total = g.counters[fid].update(raw, modulus, now)
+                out[f.key] = total * f.scale
+                if f.value_type == F.PCIE and not g.wrap_warned:
+                    self._check_wrap_window(g, modulus, spacing)
+            else:
+                out[f.key] = raw * f.scale
+        return dict(out)
 
     def _check_wrap_window(self, g: _Gpu, modulus: int, spacing: float | None) -> None:
         """Warn once if the link could move a whole counter period between two reads (wraps would be missed)."""
@@ -676,7 +654,7 @@ class NvmlBackend:
         try:
             _vt, raw = self._timed(name, nvml.nvmlDeviceGetSamples, g.handle, kind, integ.last_ts or 0)
         except nvml.NVMLError as e:
-            if _code(e) == ERR_NOT_FOUND:  # empty buffer: normal on an idle GPU
+            if code(e) == ERR_NOT_FOUND:  # empty buffer: normal on an idle GPU
                 g.unknown_streak = 0
                 return ()
             self._failed(g, key, e)
@@ -684,7 +662,7 @@ class NvmlBackend:
                 return self._rates_fallback(g, kind, integ, now)
             return None
         g.unknown_streak = 0
-        pts = [(int(s.timeStamp), float(_sample_value(s.sampleValue, _vt))) for s in raw]
+        pts = [(int(s.timeStamp), float(sample_value(s.sampleValue, _vt))) for s in raw]
         new = integ.add(pts)
         return tuple(UtilPoint(t=ts / 1e6, value=min(max(v, 0.0), 100.0) / 100.0) for ts, v in new)
 
@@ -777,7 +755,7 @@ class NvmlBackend:
         try:
             samples = self._timed(name, nvml.nvmlDeviceGetProcessUtilization, g.handle, g.proc_last_seen)
         except nvml.NVMLError as e:
-            if _code(e) == ERR_NOT_FOUND:  # no process had non-zero utilisation since lastSeen
+            if code(e) == ERR_NOT_FOUND:  # no process had non-zero utilisation since lastSeen
                 return {}
             self._failed(g, name, e)
             return None
@@ -795,29 +773,6 @@ class NvmlBackend:
 # ---- helpers ----------------------------------------------------------------------------------------------------
 
 
-def _code(e: BaseException) -> int:
-    v = getattr(e, "value", None)
-    return int(v) if isinstance(v, int) else -1
-
-
-def _errname(e: BaseException) -> str:
-    return f"{type(e).__name__}({_code(e)})" if hasattr(e, "value") else repr(e)
-
-
-def describe(v: Any, depth: int = 0) -> str:
-    """A short readable rendering of what an NVML call returned (ctypes structs, arrays, tuples)."""
-    if depth > 2:
-        return "..."
-    fields = getattr(type(v), "_fields_", None)
-    if fields is not None:
-        return "{" + ", ".join(f"{f[0]}={describe(getattr(v, f[0]), depth + 1)}" for f in fields[:8]) + "}"
-    if isinstance(v, list | tuple) or (hasattr(v, "__len__") and hasattr(v, "_length_")):
-        items = list(v)
-        body = ", ".join(describe(x, depth + 1) for x in items[:4])
-        return f"[{body}{', ...' if len(items) > 4 else ''}] (n={len(items)})"
-    return repr(v)[:120]
-
-
 def _scaled(v: float | None, k: float) -> float | None:
     return None if v is None else max(0.0, v) * k
 
@@ -831,70 +786,6 @@ def _valid_pid(v: object, pid_max: int) -> int | None:
     if not isinstance(v, int) or isinstance(v, bool):
         return None
     return v if 0 < v < pid_max else None
-
-
-# c_nvmlFieldValue_t: fieldId u32 @0, scopeId u32 @4, timestamp i64 @8, latencyUsec i64 @16, valueType i32 @24,
-# nvmlReturn u32 @28, value (8-byte union) @32 -- 40 bytes (nvml.h). c_nvmlGpmMetric_t: metricId u32 @0,
-# nvmlReturn u32 @4, value double @8, metricInfo (3 pointers) @16 -- 40 bytes. Unpacking the raw buffer in one
-# C call avoids pynvml's Python-level __getattribute__ on every field, the bulk of the fast path's cost.
-_FIELD_VALUE = struct.Struct("<IIqqiIQ")
-_GPM_METRIC = struct.Struct("<IId24x")
-
-
-def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None]]:
-    """``(fieldId, nvmlReturn, valueType, integer value)`` for each entry of an nvmlFieldValue_t array."""
-    try:
-        buf = memoryview(arr).cast("B")
-    except TypeError:
-        buf = None
-    if buf is not None and len(buf) == _FIELD_VALUE.size * len(arr):
-        return [(fid, ret, vt, _field_int(vt, raw))
-                for fid, _scope, _ts, _lat, vt, ret, raw in _FIELD_VALUE.iter_unpack(buf)]
-    out: list[tuple[int, int, int, int | None]] = []
-    for fv in arr:  # not a ctypes array: read the attributes
-        vt = int(fv.valueType)
-        v = fv.value
-        raw = {_VT_DOUBLE: None, _VT_UINT: v.uiVal, _VT_ULONG: v.ullVal, _VT_ULL: v.ullVal,
-               _VT_SLL: v.sllVal, _VT_SINT: v.siVal, _VT_USHORT: v.usVal}.get(vt)
-        if vt == _VT_DOUBLE:
-            raw = int(v.dVal)
-        out.append((int(fv.fieldId), int(fv.nvmlReturn), vt, None if raw is None else int(raw)))
-    return out
-
-
-def _field_int(vt: int, raw: int) -> int | None:
-    """The integer in an nvmlValue_t's 8 bytes (read as little-endian u64) for its value type."""
-    if vt == _VT_UINT:
-        return raw & 0xFFFFFFFF
-    if vt in (_VT_ULL, _VT_ULONG):
-        return raw
-    if vt == _VT_SLL:
-        return raw - (1 << 64) if raw >= 1 << 63 else raw
-    if vt == _VT_SINT:
-        low = raw & 0xFFFFFFFF
-        return low - (1 << 32) if low >= 1 << 31 else low
-    if vt == _VT_USHORT:
-        return raw & 0xFFFF
-    if vt == _VT_DOUBLE:
-        return int(struct.unpack("<d", raw.to_bytes(8, "little"))[0])
-    return None
-
-
-def read_gpm_metrics(mg: Any, n: int) -> list[tuple[int, int, float]]:
-    """``(metricId, nvmlReturn, value)`` of the first ``n`` metrics of a c_nvmlGpmMetricsGet_t."""
-    metrics = mg.metrics
-    if isinstance(metrics, ctypes.Array) and ctypes.sizeof(metrics._type_) == _GPM_METRIC.size:
-        raw = ctypes.string_at(ctypes.addressof(metrics), _GPM_METRIC.size * n)
-        return [(mid, ret, val) for mid, ret, val in _GPM_METRIC.iter_unpack(raw)]
-    return [(int(m.metricId), int(m.nvmlReturn), float(m.value)) for m in metrics[:n]]
-
-
-def _sample_value(v: Any, vt: int) -> float:
-    if vt == _VT_DOUBLE:
-        return float(v.dVal)
-    if vt in (_VT_ULL, _VT_ULONG):
-        return float(v.ullVal)
-    return float(v.uiVal)
 
 
 def _link_bytes_per_s(gen: int, width: int) -> float | None:

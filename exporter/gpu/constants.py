@@ -23,21 +23,7 @@ CLOCK_EVENT_REASONS = MappingProxyType({
     "display_clock": 0x100,
 })
 
-# nvmlDeviceGetFieldValues ids (pynvml NVML_FI_DEV_*).
-FI_PCIE_REPLAY_COUNTER = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
-FI_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT, milliwatts
-FI_PCIE_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES: "PCIe transmit bytes. Value can be wrapped."
-FI_PCIE_RX_BYTES = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
-
-# Cumulative time (nanoseconds) the clocks were held down for a reason: NVML_FI_DEV_CLOCKS_EVENT_REASON_*
-# (nvml.h L2853-2861; the DCGM equivalents are documented "in ns" since dcgm-exporter PR #589).
-THROTTLE_TIME_FIELDS = MappingProxyType({
-    "sw_power_cap": 74,  # = NVML_FI_DEV_PERF_POLICY_POWER
-    "sync_boost": 76,  # = NVML_FI_DEV_PERF_POLICY_SYNC_BOOST
-    "sw_thermal": 269,
-    "hw_thermal": 270,
-    "hw_power_brake": 271,
-})
+# The field values (NVML_FI_DEV_*) gpufeed reads are declared in exporter/gpu/fields.py.
 
 # GPM metric ids (nvml.h L13506-13520); utilisations are 0.0-100.0, PCIe rates MiB/s.
 GPM_GRAPHICS_UTIL = 1

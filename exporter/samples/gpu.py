@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from exporter.gpu.fields import THROTTLE_KEYS
+
 
 @dataclass(frozen=True, slots=True)
 class GpuIdentity:
@@ -29,7 +31,8 @@ class GpuFast:
     ``rate()`` of them equals the average over any range. Both come from GPM pairs (Hopper and newer:
     SM_UTIL and GRAPHICS_UTIL, "time any compute/graphics app was active") and are None without GPM; the
     driver-sample integral of utilisation, available on every GPU, is ``GpuBuffered.busy_seconds``.
-    ``throttle_seconds`` maps a clock-event reason to the cumulative seconds the driver reports for it.
+    ``fields`` holds every NVML field of the table in ``exporter/gpu/fields.py`` by key, in base units
+    (counters unwrapped and cumulative); the properties below name the ones the derived layer reads.
 
     ``counter_t`` is the time (the backend's clock: engine time) up to which the GPM integrals
     ``sm_active_seconds`` / ``busy_seconds`` were integrated -- the time of the newer GPM sample of the
@@ -46,15 +49,40 @@ class GpuFast:
     dram_active: float | None
     pcie_tx_bytes_per_s: float | None
     pcie_rx_bytes_per_s: float | None
-    pcie_tx_bytes_total: int | None
-    pcie_rx_bytes_total: int | None
-    pcie_replays_total: int | None
-    throttle_seconds: Mapping[str, float]
+    fields: Mapping[str, float]
     sm_clock_hz: float | None
-    power_w: float | None
     sm_active_seconds: float | None
     busy_seconds: float | None
     counter_t: float | None = None
+
+    def _int(self, key: str) -> int | None:
+        v = self.fields.get(key)
+        return None if v is None else int(v)
+
+    @property
+    def pcie_tx_bytes_total(self) -> int | None:
+        """Bytes sent device -> host (NVML field 197, unwrapped)."""
+        return self._int("pcie_tx_bytes")
+
+    @property
+    def pcie_rx_bytes_total(self) -> int | None:
+        """Bytes received host -> device (NVML field 198, unwrapped)."""
+        return self._int("pcie_rx_bytes")
+
+    @property
+    def pcie_replays_total(self) -> int | None:
+        """PCIe replays (NVML field 94)."""
+        return self._int("pcie_replays")
+
+    @property
+    def power_w(self) -> float | None:
+        """Power draw, watts."""
+        return self.fields.get("power")
+
+    @property
+    def throttle_seconds(self) -> Mapping[str, float]:
+        """Clock-event reason -> cumulative seconds the clocks were held down for it."""
+        return {r: v for r, key in THROTTLE_KEYS.items() if (v := self.fields.get(key)) is not None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,9 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
                   "util_acc": [start_s, gpu_integral, mem_integral]  advance_device's partial sample period
                   "process_util": [{"pid", "ts_us", "sm_pct", "mem_pct"}]  nvmlDeviceGetProcessUtilization,
                                                  the same lastSeen/NOT_FOUND rule
+                  "energy_mj": 0                 field 83 (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), millijoules
+                  Every field of exporter/gpu/fields.py is answered from its ``fake_key`` (the table says which);
+                  a field the table lacks is an AssertionError.
     instantaneous "sm_clock_mhz": 345, "max_sm_clock_mhz": 1980, "power_w": 70.0, "power_limit_w": 700.0,
                   "temperature_c": 40, "memory_used_bytes": 0, "memory_total_bytes": 85899345920,
                   "link": {"gen", "width", "max_gen", "max_width", "gpu_max_gen", "gpu_max_width"}
@@ -103,6 +106,7 @@ import pynvml
 
 from exporter.cpulist import parse_cpulist
 from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
+from exporter.gpu import fields
 
 TOP_KEYS = frozenset({"t", "driver_version", "init_error", "devices"})
 
@@ -133,6 +137,7 @@ DEVICE_DEFAULTS: Mapping[str, Any] = {
     "sm_clock_mhz": 345,
     "max_sm_clock_mhz": 1980,
     "power_w": 70.0,
+    "energy_mj": 0,
     "power_limit_w": 700.0,
     "temperature_c": 40,
     "memory_used_bytes": 0,
@@ -227,8 +232,8 @@ def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
             C.encode_reasons(dev["clock_event_reasons"])
         except ValueError as e:
             raise StateError(f"{where}: {e}") from e
-        if set(dev["throttle_ns"]) - set(C.THROTTLE_TIME_FIELDS):
-            raise StateError(f"{where}: throttle_ns keys must be from {sorted(C.THROTTLE_TIME_FIELDS)}")
+        if set(dev["throttle_ns"]) - set(fields.THROTTLE_KEYS):
+            raise StateError(f"{where}: throttle_ns keys must be from {sorted(fields.THROTTLE_KEYS)}")
         for fn, err in dict(dev["errors"]).items():
             _check_error_name(err, f"{where}.errors[{fn!r}]")
         _check_error_name(dev["lost_error"], f"{where}.lost_error")
@@ -283,9 +288,11 @@ def advance_device(
     for key, rate in (("pcie_tx_bytes", pcie_tx_bytes_per_s), ("pcie_rx_bytes", pcie_rx_bytes_per_s),
                       ("pcie_replays", pcie_replays_per_s)):
         dev[key] = round(int(dev.get(key, 0)) + rate * dt)
+    # The energy counter (field 83) integrates the power the state shows over the step.
+    dev["energy_mj"] = round(int(dev.get("energy_mj", 0)) + float(dev.get("power_w", 0.0)) * dt * 1e3)
     th = dict(dev.get("throttle_ns", {}))
     for reason, frac in (throttle or {}).items():
-        if reason not in C.THROTTLE_TIME_FIELDS:
+        if reason not in fields.THROTTLE_KEYS:
             raise ValueError(f"unknown throttle reason {reason!r}")
         th[reason] = round(int(th.get(reason, 0)) + frac * dt * 1e9)
     dev["throttle_ns"] = th
@@ -321,6 +328,13 @@ def advance_state(state: dict[str, Any], dt: float, rates: Mapping[int, Mapping[
     for dev_index, kw in rates.items():
         advance_device(state["devices"][dev_index], t0, t1, **kw)
     state["t"] = t1
+
+
+def _state_value(dev: Mapping[str, Any], key: str) -> Any:
+    """A device-state value by key; ``a.b`` is key ``b`` of mapping ``a`` (0 when that key is absent)."""
+    head, _, rest = key.partition(".")
+    value = dev[head]
+    return value.get(rest, 0) if rest else value
 
 
 # ---- the fake module -------------------------------------------------------------------------------------------
@@ -572,24 +586,17 @@ class FakeNvml:
             if f"field:{fid}" in dev["unsupported"]:
                 fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 continue
-            fv.nvmlReturn = pynvml.NVML_SUCCESS
-            if fid in (C.FI_PCIE_TX_BYTES, C.FI_PCIE_RX_BYTES):
-                total = int(dev["pcie_tx_bytes" if fid == C.FI_PCIE_TX_BYTES else "pcie_rx_bytes"])
-                bits = dev["pcie_counter_bits"]
-                if bits == 32:
-                    fv.valueType, fv.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, total % (1 << 32)
-                else:
-                    fv.valueType, fv.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, total % (1 << 64)
-            elif fid == C.FI_PCIE_REPLAY_COUNTER:
-                fv.valueType, fv.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, int(dev["pcie_replays"]) % (1 << 32)
-            elif fid == C.FI_POWER_INSTANT:
-                fv.valueType, fv.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, round(float(dev["power_w"]) * 1000)
-            elif fid in C.THROTTLE_TIME_FIELDS.values():
-                reason = next(r for r, f in C.THROTTLE_TIME_FIELDS.items() if f == fid)
-                fv.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                fv.value.ullVal = int(dev["throttle_ns"].get(reason, 0))
-            else:
+            f = fields.BY_ID.get(fid)
+            if f is None:
                 raise AssertionError(f"FakeNvml: nvmlDeviceGetFieldValues asked for unmodelled field id {fid}")
+            fv.nvmlReturn = pynvml.NVML_SUCCESS
+            raw = _state_value(dev, f.state_key)
+            value = round(float(raw) * f.fake_scale) if f.fake_scale != 1.0 else int(raw)
+            bits = {fields.PCIE: dev["pcie_counter_bits"], fields.UINT: 32}.get(f.value_type, 64)
+            if bits == 32:
+                fv.valueType, fv.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, value % (1 << 32)
+            else:
+                fv.valueType, fv.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, value % (1 << 64)
         return arr
 
     @_api

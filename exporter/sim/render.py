@@ -23,7 +23,7 @@ from typing import Any
 
 from exporter import linkmath
 from exporter.cpulist import format_cpulist
-from exporter.gpu.constants import THROTTLE_TIME_FIELDS
+from exporter.gpu.fields import THROTTLE_KEYS
 from exporter.sim.model import Model
 from exporter.sim.spec import Gpu, Process
 from exporter.sources import SECTOR_BYTES, USER_HZ
@@ -36,7 +36,7 @@ GPU_DEVICE_IDS = {"H100": "0x2330", "H200": "0x2335", "A100": "0x20b5", "L40S": 
 GROUPS = ("stat", "procs", "threads", "disk", "pressure", "memory", "nfs", "pcie", "cpufreq")
 BOOT_OFFSET_S = 1000.0  # the simulated host booted this long before the scenario starts
 KIB = 1024  # /proc/meminfo "kB" is KiB
-THROTTLE_REASONS = tuple(THROTTLE_TIME_FIELDS)
+THROTTLE_REASONS = tuple(THROTTLE_KEYS)
 
 
 def _dev_id(gpu: Gpu) -> str:
@@ -426,6 +426,7 @@ def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool 
             ],
             "sm_clock_mhz": round(tr["sm_clock_mhz"].at(t)), "max_sm_clock_mhz": round(g.max_sm_clock_mhz),
             "power_w": tr["power_w"].at(t), "power_limit_w": g.power_limit_w,
+            "energy_mj": int(tr["power_w"].integral(t) * 1e3),
             "temperature_c": round(tr["temperature_c"].at(t)),
             "memory_used_bytes": mem_used, "memory_total_bytes": g.memory_total_bytes,
             "link": {"gen": link.gen, "width": link.width, "max_gen": g.pcie.max_gen, "max_width": g.pcie.max_width,

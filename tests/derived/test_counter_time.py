@@ -49,9 +49,9 @@ def jittered_fast(g: GpuSpec, t1: float, spacing: Sequence[float] = JITTER) -> l
             busy, smsec, ratio = busy + b, smsec + s, s / (t - gpm_t)
             gpm_t = t
         f = GpuFast(sm_active=ratio, sm_occupancy=None, tensor_active=None, dram_active=None,
-                    pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None, pcie_tx_bytes_total=0,
-                    pcie_rx_bytes_total=0, pcie_replays_total=0, throttle_seconds={},
-                    sm_clock_hz=g.max_clock_hz, power_w=None, sm_active_seconds=smsec, busy_seconds=busy,
+                    pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None,
+                    fields=MappingProxyType({"pcie_tx_bytes": 0.0, "pcie_rx_bytes": 0.0, "pcie_replays": 0.0}),
+                    sm_clock_hz=g.max_clock_hz, sm_active_seconds=smsec, busy_seconds=busy,
                     counter_t=gpm_t)
         out.append(Stamped(t, GpuSample(ids, MappingProxyType({g.index: f}), frozenset())))
         t += spacing[k % len(spacing)]

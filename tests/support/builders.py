@@ -87,9 +87,10 @@ def gpu_windows(
             per[g.index] = GpuFast(
                 sm_active=sm, sm_occupancy=None, tensor_active=None, dram_active=None,
                 pcie_tx_bytes_per_s=g.tx(t), pcie_rx_bytes_per_s=g.rx(t),
-                pcie_tx_bytes_total=int(txt[g.index]), pcie_rx_bytes_total=int(rxt[g.index]),
-                pcie_replays_total=0, throttle_seconds={}, sm_clock_hz=g.clock_ratio(t) * g.max_clock_hz,
-                power_w=None, sm_active_seconds=smsec[g.index] if g.gpm else None,
+                fields=MappingProxyType({"pcie_tx_bytes": float(int(txt[g.index])),
+                                         "pcie_rx_bytes": float(int(rxt[g.index])), "pcie_replays": 0.0}),
+                sm_clock_hz=g.clock_ratio(t) * g.max_clock_hz,
+                sm_active_seconds=smsec[g.index] if g.gpm else None,
                 busy_seconds=busy[g.index] if g.gpm else None,
             )
             if i:
