@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="process to capture (repeatable; default: pid 1 and this process)")
     args = ap.parse_args(argv)
     pids = args.pid or [1, os.getpid()]
-    if args.out.exists():
-        shutil.rmtree(args.out)
+    for tree in ("proc", "sys"):  # only what is captured: a host's nvml/, host.yaml and golden stay
+        if (args.out / tree).exists():
+            shutil.rmtree(args.out / tree)
     capture_proc(args.procfs, args.out / "proc", pids)
     capture_sys(args.sysfs, args.out / "sys")
     print(f"captured into {args.out} (pids {', '.join(map(str, pids))})")

@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.force:
             print(f"capture_sysfs: {args.out} exists (use --force to replace it)", file=sys.stderr)
             return 1
-        shutil.rmtree(args.out)
+        for tree in ("sys", "proc"):  # only what is captured: a host's nvml/, host.yaml and golden stay
+            if (args.out / tree).exists():
+                shutil.rmtree(args.out / tree)
     n = capture(args.sysfs, args.procfs, args.out, args.pid, args.all)
     print(f"captured {n} PCI devices into {args.out}")
     return 0

@@ -186,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rng = random.Random(20261130)
     root: Path = args.out
-    if root.exists():
-        shutil.rmtree(root)
+    for tree in ("proc", "sys"):  # only what this script writes: the host's nvml/, host.yaml and golden stay
+        if (root / tree).exists():
+            shutil.rmtree(root / tree)
     write(root, "proc/stat", proc_stat(rng))
     write(root, "proc/meminfo", meminfo())
     write(root, "proc/vmstat", "nr_free_pages 150308640\nnr_dirty 131072\nnr_writeback 512\npgfault 987654321\n"

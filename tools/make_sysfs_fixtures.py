@@ -127,8 +127,9 @@ def write_proc(proc_root: Path, pid: int, comm: str, cpus: str, mems: str) -> No
 def build(box: str, devs: Iterable[Dev], nodes: dict[int, str], extra: Iterable[tuple[str, str]] = ()) -> Path:
     """Write one box from scratch; ``extra`` adds raw (path, symlink-target) entries for broken links."""
     top = ROOT / box
-    if top.exists():
-        shutil.rmtree(top)
+    for tree in ("sys", "proc"):  # only what this script writes: the host's nvml/, host.yaml and golden stay
+        if (top / tree).exists():
+            shutil.rmtree(top / tree)
     sys_root = top / "sys"
     for d in devs:
         write_dev(sys_root, d)
