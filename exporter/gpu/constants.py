@@ -1,4 +1,4 @@
-"""NVML facts shared by the backend and the fake NVML: reason names, field ids, units.
+"""NVML facts shared by the backend and the fake NVML: clock-event reasons, GPM metric ids, sampling types.
 
 Values are the ones in nvml.h (API v13) and nvidia-ml-py's ``pynvml.py``; see
 shared/reference/anchors-gpu-nvml.md sections 4.3-4.4. Kept as plain ints here so the fake and the
