@@ -1,7 +1,8 @@
 """Exposition: metric families from the newest snapshot, rendered off the scrape path and cached.
 
-A scrape only writes bytes that were rendered before it arrived; rendering happens at most once per
-``min_interval`` and only when the snapshot changed, so a slow collector never delays a scrape.
+A scrape only writes bytes that were rendered before it arrived; rendering happens when the snapshot changed
+(at most once per ``--web.render-interval``), and only the stages whose samples changed are formatted again,
+so a slow collector never delays a scrape and a render costs what changed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
 from prometheus_client import generate_latest as generate_text
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -76,24 +76,6 @@ def self_metrics(snap: Snapshot) -> Iterator[Metric]:
     yield from (success, available, duration, overruns, restarts, build)
 
 
-class SnapshotCollector:
-    """A client_python custom collector over the current snapshot; ``collect`` does no I/O."""
-
-    def __init__(self, stages: Sequence[Stage]) -> None:
-        self.stages = list(stages)
-        self.snapshot = Snapshot(version=0, t=0.0)
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot
-        yield from self_metrics(snap)
-        for c in self.stages:
-            try:
-                yield from c.metrics(snap)
-            except Exception as e:
-                if log.once(("metrics_failed", c.name)):
-                    _log.error("collector_metrics_failed", collector=c.name, error=repr(e), exc_info=e)
-
-
 @dataclass(frozen=True, slots=True)
 class Payload:
     """One rendered exposition, with its gzip form."""
@@ -108,13 +90,36 @@ def _payload(body: bytes, content_type: str) -> Payload:
 
 
 class _Families:
-    """A collector that yields an already-built list of families: collect once, format twice."""
+    """A collector that yields an already-built list of families, for the client library's formatters."""
 
-    def __init__(self) -> None:
-        self.families: list[Metric] = []
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
 
     def collect(self) -> list[Metric]:
         return self.families
+
+
+def _text(families: list[Metric]) -> bytes:
+    return generate_text(_Families(families))
+
+
+def _om(families: list[Metric]) -> bytes:
+    body: bytes = generate_openmetrics(_Families(families))  # type: ignore[no-untyped-call]
+    return body.removesuffix(OM_EOF)
+
+
+OM_EOF = b"# EOF\n"
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """One stage's part of the payload, and the samples it was rendered from (kept alive, compared by identity:
+    a stage whose samplers published nothing new renders the same bytes, so they are reused)."""
+
+    inputs: tuple[object, ...]
+    families: list[Metric]
+    text: bytes
+    om: bytes | None = None
 
 
 # A format asked for within this long is re-rendered in the background with every new snapshot; one not
@@ -125,19 +130,19 @@ WARM_SECONDS = 300.0
 class Renderer:
     """Renders the snapshot into cached payloads, in the background, in the formats scrapers ask for.
 
-    The metric families are collected once per snapshot and formatted into text and/or OpenMetrics --
-    each format that was asked for in the last ``WARM_SECONDS`` -- so that a scrape, whatever it
-    negotiates, only copies bytes. A format nobody asked for recently is formatted on its first request
-    (from the families already collected) and kept warm from then on.
+    The payload is the self metrics followed by every stage's families, in stage order. A stage's families
+    depend only on its own samplers' newest samples (the ``Stage.metrics`` contract), so a stage whose samples
+    did not change since the last render reuses its bytes: a render costs what changed, not the whole payload
+    (most samplers run every few seconds, the fastest every 100 ms). Each format asked for in the last
+    ``WARM_SECONDS`` is formatted with every new snapshot, so that a scrape, whatever it negotiates, only copies
+    bytes; a format nobody asked for recently is formatted on its first request and kept warm from then on.
     """
 
     def __init__(self, stages: Sequence[Stage]) -> None:
-        self.source = SnapshotCollector(stages)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self.source)
-        self._families = _Families()
-        self._formatted = CollectorRegistry(auto_describe=False)
-        self._formatted.register(self._families)
+        self.stages = list(stages)
+        self._inputs = [tuple(sorted({spec.name for spec in st.samplers()})) for st in self.stages]
+        self._chunks: list[_Chunk | None] = [None] * len(self.stages)
+        self._self: list[Metric] = []
         self._lock = threading.Lock()
         self._version = -1  # the snapshot whose families were collected last (set once its warm formats are done)
         # (snapshot version, payload): replaced as one reference, so a reader on another thread (the HTTP
@@ -152,13 +157,29 @@ class Renderer:
         """Version of the snapshot the cached payload was rendered from."""
         return self._version
 
+    def _families_of(self, i: int, snap: Snapshot) -> list[Metric]:
+        st = self.stages[i]
+        try:
+            return list(st.metrics(snap))
+        except Exception as e:
+            if log.once(("metrics_failed", st.name)):
+                _log.error("collector_metrics_failed", collector=st.name, error=repr(e), exc_info=e)
+            return []
+
     def render(self, snap: Snapshot) -> None:
         """Collect ``snap``'s families and format the warm formats (background, never on the scrape path)."""
         with self._lock:
             if snap.version == self._version:
                 return
-            self.source.snapshot = snap
-            self._families.families = list(self.registry.collect())
+            self._self = list(self_metrics(snap))
+            for i, names in enumerate(self._inputs):
+                inputs = tuple(snap.latest.get(n) for n in names)
+                old = self._chunks[i]
+                if old is not None and len(old.inputs) == len(inputs) and all(
+                        a is b for a, b in zip(old.inputs, inputs, strict=True)):
+                    continue
+                fams = self._families_of(i, snap)
+                self._chunks[i] = _Chunk(inputs, fams, _text(fams))
             now = time.monotonic()
             om_warm = now - self._om_asked < WARM_SECONDS
             if now - self._text_asked < WARM_SECONDS or not om_warm:
@@ -168,12 +189,20 @@ class Renderer:
             self._version = snap.version
 
     def _format_text(self, version: int) -> Payload:
-        payload = _payload(generate_text(self._formatted), TEXT_CONTENT_TYPE)
+        body = b"".join([_text(self._self), *(c.text for c in self._chunks if c is not None)])
+        payload = _payload(body, TEXT_CONTENT_TYPE)
         self._text = (version, payload)
         return payload
 
     def _format_om(self, version: int) -> Payload:
-        payload = _payload(generate_openmetrics(self._formatted), OPENMETRICS_CONTENT_TYPE)  # type: ignore[no-untyped-call]
+        parts = [_om(self._self)]
+        for c in self._chunks:
+            if c is None:
+                continue
+            if c.om is None:
+                c.om = _om(c.families)
+            parts.append(c.om)
+        payload = _payload(b"".join([*parts, OM_EOF]), OPENMETRICS_CONTENT_TYPE)
         self._om = (version, payload)
         return payload
 
