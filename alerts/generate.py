@@ -385,13 +385,15 @@ def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
 def workload_join(label: str) -> str:
     """1 per (job, instance, gpu, <label>): the GPU's workload, one per GPU, for a group_left join.
 
-    A GPU can carry several gpufeed_workload_info series at once (two containers sharing it; or, right after
-    the workload changed, the old series still inside the 5 m lookback when no staleness marker ended it),
-    and a plain ``* on (job, instance, gpu) group_left`` join fails on the duplicate. The freshest sample
-    wins (``timestamp``): after a change the new workload gets the GPU at once.
+    A GPU can carry several gpufeed_workload_info series at once (two containers of different namespaces
+    sharing it; or, after the workload changed, the old series still inside the 5 m lookback where no
+    staleness marker ended it, as in backfilled data), and a plain ``* on (job, instance, gpu) group_left``
+    join then fails on the duplicate. ``topk by (job, instance, gpu) (1, ...)`` keeps one of them, so the
+    GPU's time is counted once. (Not ``timestamp()`` to prefer the freshest: over a range query or a rule
+    backfill Prometheus 2 evaluates it in time quadratic in the steps.)
     """
     return (f"group by (job, instance, gpu, {label}) (\n"
-            f"  topk by (job, instance, gpu) (1, timestamp(gpufeed_workload_info{{{label}!=\"\"}}))\n)")
+            f"  topk by (job, instance, gpu) (1, gpufeed_workload_info{{{label}!=\"\"}})\n)")
 
 
 def workload_rollups(state_rate: str, cause_rate: str, rw: str) -> list[Rule]:
