@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import re
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -31,6 +32,9 @@ _RC: dict[str, Any] = {"svg.fonttype": "path", "font.size": 9, "font.family": "D
        "axes.spines.right": False, "axes.titlesize": 9, "legend.frameon": False}
 
 
+_METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.S)
+
+
 def _style(**extra: Any) -> AbstractContextManager[None]:
     """The report's matplotlib settings (plus ``extra``, e.g. the SVG hash salt) for a ``with`` block."""
     settings: Any = {**_RC, **{k.replace("__", "."): v for k, v in extra.items()}}
@@ -44,7 +48,8 @@ def _svg(fig: Figure, key: str) -> str:
     with _style(svg__hashsalt=f"gpufeed-{key}"):
         fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    # Inline in HTML: no XML prolog, no DOCTYPE, no RDF metadata block.
+    return _METADATA.sub("", text[text.index("<svg"):])
 
 
 def _figure(width: float, height: float) -> Figure:
