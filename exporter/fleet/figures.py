@@ -418,6 +418,7 @@ def _groups(data: FleetData, hosts: Sequence[HostRow]) -> tuple[list[GroupRow], 
 # ------------------------------------------------------------------------------------------------ summary
 
 _BY_NOUN = {"namespace": "namespace", "job": "Slurm job", "host": "host"}
+_SUMMARY_FINDINGS = 3  # the longest-lasting findings named in the summary; the rest are in their section
 
 
 def summary(fleet: FleetTotals, window: Window, by: str, *, groups: Sequence[GroupRow],
@@ -429,7 +430,7 @@ def summary(fleet: FleetTotals, window: Window, by: str, *, groups: Sequence[Gro
     out = [f"Over {span} ({iso(window.start)} to {iso(window.end)}), {fleet.gpus} GPUs on {fleet.hosts} hosts "
            f"reported {hours_text(b.gpu_hours)} GPU-hours ({pct(fleet.observed_share)} of "
            f"{hours_text(fleet.possible_gpu_hours)} possible)."]
-    out.append(f"{pct(b.waiting_share)} of GPU-hours waited ({hours_text(b.state_hours['waiting'])}), "
+    out.append(f"{pct(b.waiting_share)} of GPU-hours waited ({hours_text(b.state_hours['waiting'])} GPU-hours), "
                f"{pct(b.working_share)} worked and {pct(b.idle_share)} were idle.")
     waited = sum(b.cause_hours.values())
     if waited > 0:
@@ -446,7 +447,8 @@ def summary(fleet: FleetTotals, window: Window, by: str, *, groups: Sequence[Gro
     for f in findings:
         by_check[f.check].append(f)
     sentences = []
-    for check, fs in sorted(by_check.items(), key=lambda kv: -sum(f.hours for f in kv[1])):
+    ranked_checks = sorted(by_check.items(), key=lambda kv: -sum(f.hours for f in kv[1]))
+    for check, fs in ranked_checks[:_SUMMARY_FINDINGS]:
         n = len({(f.job, f.instance) for f in fs})
         hosts = f"{_count_word(n)} host{'s' if n != 1 else ''}"
         total = sum(f.hours for f in fs)
@@ -457,6 +459,9 @@ def summary(fleet: FleetTotals, window: Window, by: str, *, groups: Sequence[Gro
             sentences.append(f"{hosts} had a link{at} while busy ({check}, {hours_text(total)} h in all)")
         else:
             sentences.append(f"{hosts} had {FINDING_LABELS.get(check, check)} ({check}, {hours_text(total)} h)")
+    if len(ranked_checks) > _SUMMARY_FINDINGS:
+        more = len(ranked_checks) - _SUMMARY_FINDINGS
+        sentences.append(f"{_count_word(more)} more finding{'s' if more != 1 else ''} below")
     if sentences:
         s = "; ".join(sentences)
         out.append(s[0].upper() + s[1:] + ".")

@@ -42,6 +42,7 @@ th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line
 th { background: var(--tile); font-weight: 600; }
 td.num, th.num { text-align: right; white-space: nowrap; }
 td.fix { color: var(--muted); font-size: 12px; max-width: 420px; }
+td:first-child, td.host { white-space: nowrap; }
 code { font-size: 12px; background: var(--tile); padding: 1px 4px; border-radius: 3px; }
 .swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 5px; }
 .note { background: #fff8e1; border-left: 4px solid #f9a825; padding: 8px 12px; margin: 8px 0; }
@@ -65,7 +66,7 @@ def _cause_cell(b: Breakdown) -> str:
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = (),
-           fix_col: int | None = None) -> str:
+           fix_col: int | None = None, host_col: int | None = None) -> str:
     out = ["<table><thead><tr>"]
     out += [f'<th class="num">{escape(h)}</th>' if i in numeric else f"<th>{escape(h)}</th>"
             for i, h in enumerate(head)]
@@ -73,7 +74,8 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence
     for r in rows:
         out.append("<tr>")
         for i, c in enumerate(r):
-            cls = ' class="num"' if i in numeric else (' class="fix"' if i == fix_col else "")
+            cls = (' class="num"' if i in numeric else ' class="fix"' if i == fix_col
+                   else ' class="host"' if i == host_col else "")
             out.append(f"<td{cls}>{c}</td>")
         out.append("</tr>\n")
     out.append("</tbody></table>\n")
@@ -173,7 +175,7 @@ def _models(r: Report, plots: Mapping[str, str]) -> str:
                   pct(h.breakdown.busy_efficiency), _cause_cell(h.breakdown), escape(", ".join(h.findings)) or "—"]
                  for h in m.per_host]
     out.append(_table(["model", "host", "GPUs", "worked", "waited", "waiting GPU-h", "idle", "busy efficiency",
-                       "dominant cause", "findings"], rows, numeric=(2, 3, 4, 5, 6, 7)))
+                       "dominant cause", "findings"], rows, numeric=(2, 3, 4, 5, 6, 7), host_col=1))
     out.append("</section>\n")
     return "".join(out)
 

@@ -145,6 +145,20 @@ def hosts(report: Report) -> str:
     return _stacked_rows([h.instance for h in rows], [h.breakdown for h in rows], "hosts")
 
 
+def _shaded_runs(active_hours: Sequence[float], step_s: float) -> list[tuple[int, int, float]]:
+    """(first step, steps, share of each step raised, to a tenth) for each run of steps with equal shading."""
+    runs: list[tuple[int, int, float]] = []
+    for i, h in enumerate(active_hours):
+        share = round(min(1.0, h * 3600 / step_s), 1)
+        if share <= 0:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == i and runs[-1][2] == share:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, share)
+        else:
+            runs.append((i, 1, share))
+    return runs
+
+
 def findings(report: Report) -> str:
     """When each host had each finding raised: one row per (host, check), shaded by the share of each step."""
     rows: Sequence[HostFinding] = report.findings[:max(report.top, 12)]
@@ -154,11 +168,9 @@ def findings(report: Report) -> str:
         ax = fig.add_subplot()
         step = report.timeline.step_seconds / 86400
         for y, f in enumerate(reversed(rows)):
-            for t, h in zip(times, f.active_hours, strict=True):
-                share = min(1.0, h * 3600 / report.timeline.step_seconds)
-                if share > 0:
-                    ax.barh(y, step, left=t - step, height=0.7, color=FINDING_COLOR, alpha=0.25 + 0.75 * share,
-                            linewidth=0)
+            for first, n, share in _shaded_runs(f.active_hours, report.timeline.step_seconds):
+                ax.broken_barh([(times[first] - step, n * step)], (y - 0.35, 0.7), facecolors=FINDING_COLOR,
+                               alpha=0.25 + 0.75 * share, linewidth=0)
         ax.set_yticks(range(len(rows)), [f"{f.instance} {f.check}" for f in reversed(rows)])
         if times:
             ax.set_xlim(times[0] - step, times[-1])
