@@ -246,7 +246,7 @@ class Fleet:
 
     def offset(self, plan: HostPlan) -> int:
         """Seconds after each minute at which Prometheus scrapes this host (never on a step boundary)."""
-        return (7 + 13 * self.plans.index(plan)) % self.scrape_s or 1
+        return (7 + zlib.crc32(plan.name.encode())) % self.scrape_s or 1
 
     # ---- rates
 

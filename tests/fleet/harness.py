@@ -25,6 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,27 @@ def backfill_rules(promtool: str, server: PromServer, rules: Sequence[dict[str, 
     return out
 
 
+@dataclass(frozen=True)
+class _Part:
+    plans: tuple[HostPlan, ...]
+    start: float
+    end: float
+    scrape_s: int
+    om: Path
+    blocks: Path
+    promtool: str
+
+
+def _backfill_part(job: _Part) -> int:
+    """Write the OpenMetrics of some hosts and turn it into one TSDB block; returns the number of samples."""
+    n = write_file(Fleet(job.plans, job.start, job.end, scrape_s=job.scrape_s), job.om)
+    # One block for the whole history: promtool reads the file once per block (2 h blocks: 84 passes a week).
+    _run([job.promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=1000h", "--quiet", job.om,
+          job.blocks], timeout=300)
+    job.om.unlink()
+    return n
+
+
 @dataclass
 class Backfilled:
     fleet: Fleet
@@ -228,20 +250,19 @@ def backfilled_fleet(plans: Sequence[HostPlan], start: float, end: float, workdi
         raise HarnessError("prometheus and promtool are needed: Debian package prometheus (tools/ensure-test-deps.sh)")
     timings: dict[str, float] = {}
     t = time.monotonic()
-    fleet = Fleet(plans, start, end, scrape_s=scrape_s)
-    om = workdir / "fleet.om"
-    samples = write_file(fleet, om)
-    timings["generate"] = time.monotonic() - t
-    t = time.monotonic()
     raw_data, rules_data = workdir / "raw-data", workdir / "rules-data"
-    blocks = workdir / "raw-blocks"
-    # One block for the whole history: promtool reads the file once per block (2 h blocks: 84 passes a week).
-    _run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=1000h", "--quiet", om, blocks],
-         timeout=300)
-    om.unlink()
     raw_data.mkdir()
-    shutil.copytree(blocks, rules_data)
-    move_blocks(blocks, raw_data)
+    rules_data.mkdir()
+    # The hosts in two halves, each written and converted by its own process (two cores: half the time).
+    jobs = [_Part(tuple(plans[i::2]), start, end, scrape_s, workdir / f"part{i}.om", workdir / f"part{i}-blocks",
+                  promtool) for i in range(2) if plans[i::2]]
+    with ProcessPoolExecutor(max_workers=len(jobs)) as pool:
+        pending = [pool.submit(_backfill_part, job) for job in jobs]
+        fleet = Fleet(plans, start, end, scrape_s=scrape_s)  # the truth, meanwhile
+        samples = sum(f.result() for f in pending)
+    for job in jobs:
+        shutil.copytree(job.blocks, rules_data, dirs_exist_ok=True)
+        move_blocks(job.blocks, raw_data)
     timings["backfill_raw"] = time.monotonic() - t
     servers: list[PromServer] = []
     try:
