@@ -36,7 +36,15 @@ from exporter.fleet.model import (
     Window,
     iso,
 )
-from exporter.fleet.promapi import PrometheusClient, RuleInfo, Sample, Series
+from exporter.fleet.promapi import (
+    AuthRefusedError,
+    PromError,
+    PrometheusClient,
+    RuleInfo,
+    Sample,
+    Series,
+    UnreachableError,
+)
 from exporter.samples.derived import STATES, WAITING_CAUSES
 
 EXIT_NO_DATA = 5
@@ -250,8 +258,19 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
     """Query everything the review needs; NoDataError when the range holds no gpufeed series, MissingRulesError when
     ``opts.source == "rules"`` and a rule the report needs is unusable."""
     w, by = opts.window, opts.by
-    rules = {r.name: r for r in client.rules()} if opts.source != "raw" else {}
     families = ["gpu_state", "gpu_cause"] + (["group_state", "group_cause"] if by != "host" else [])
+    rules: dict[str, RuleInfo] = {}
+    rules_api = ""
+    if opts.source != "raw":
+        try:
+            rules = {r.name: r for r in client.rules()}
+        except (UnreachableError, AuthRefusedError):
+            raise
+        except PromError as e:
+            if opts.source == "rules":
+                raise
+            # Not every Prometheus-compatible API serves /api/v1/rules: raw series answer all the same.
+            rules_api = f"the recording rules could not be listed ({e})"
 
     def rule_of(family: str) -> str:
         if family.startswith("gpu_"):
@@ -264,7 +283,8 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
             return gpu_family_query(family, kind, w, interval)
         return group_family_query(family, kind, by, w, interval)
 
-    problems = {f: _rule_problem(rules, rule_of(f)) if opts.source != "raw" else "--source raw" for f in families}
+    problems = {f: rules_api or _rule_problem(rules, rule_of(f)) if opts.source != "raw" else "--source raw"
+                for f in families}
     if opts.source == "rules" and any(problems.values()):
         raise MissingRulesError("; ".join(p for p in problems.values() if p)
                            + ": load alerts/gpufeed-recording.yml (python3 alerts/generate.py), or use --source auto")

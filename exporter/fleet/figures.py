@@ -388,7 +388,7 @@ def _gaps(data: FleetData, top_gpus: int) -> list[GapRow]:
     rows: list[GapRow] = []
     for g in ranked:
         h = data.gaps.get(g)
-        if h is None or len(rows) >= top_gpus:
+        if h is None or len(rows) >= top_gpus or sum(data.state_s[g].get("waiting", ())) <= 0:
             continue
         b = _gpu_breakdown(data, [g])
         cum = [max(0.0, c) for c in h.cumulative]

@@ -186,7 +186,13 @@ class PrometheusClient:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise HttpConfigError(f"--prometheus: {url!r} is not an http:// or https:// URL")
-        self.url = url.rstrip("/")
+        if parsed.username is not None:
+            # http://user:pass@host: basic auth (unless configured otherwise), and never printed in the report.
+            if opts.username is None and opts.authorization is None:
+                opts = replace(opts, username=urllib.parse.unquote(parsed.username),
+                               password=urllib.parse.unquote(parsed.password or ""))
+            parsed = parsed._replace(netloc=parsed.netloc.rsplit("@", 1)[1])
+        self.url = urllib.parse.urlunsplit(parsed).rstrip("/")
         self.opts = opts
         handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
         if parsed.scheme == "https":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import shutil
 import ssl
 import subprocess
@@ -217,7 +218,8 @@ def test_basic_auth_from_the_http_config_file_reaches_an_empty_prometheus(stub: 
 def test_an_answer_that_is_not_prometheus_json_is_exit_7(stub: Stub, capsys: pytest.CaptureFixture[str]) -> None:
     stub.mode = "html"
     rc, err = run(capsys, "--prometheus", stub.url)
-    assert rc == 7 and "did not answer /api/v1/rules with JSON: is this a Prometheus server?" in err
+    assert rc == 7 and re.search(r"did not answer /api/v1/\S+ with JSON: is this a Prometheus server\?", err), err
+    assert err.count("\n") == 1
 
 
 def test_a_rejected_query_is_exit_7_with_prometheus_message(stub: Stub, capsys: pytest.CaptureFixture[str]) -> None:
@@ -280,3 +282,30 @@ def test_tls_with_the_ca_file_or_skip_verify_gets_through(tls_stub: Stub, pki: P
     for flags in (["--ca-file", str(pki / "ca.crt")], ["--insecure-skip-verify"]):
         rc, err = run(capsys, "--prometheus", tls_stub.url, *flags)
         assert rc == 5 and "no gpufeed data" in err, (flags, err)
+
+
+def test_credentials_in_the_url_are_basic_auth_and_stay_out_of_the_report(stub: Stub) -> None:
+    stub.password = "s3cret"
+    client = PrometheusClient(stub.url.replace("http://", "http://admin:s3cret@"), HttpOptions())
+    assert client.url == stub.url and client.rules() == []
+    assert stub.requests[-1]["auth"] == "Basic " + base64.b64encode(b"admin:s3cret").decode()
+
+
+def test_a_server_without_the_rules_api_falls_back_to_raw_series(stub: Stub, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter.fleet import collect as collect_mod
+    from exporter.fleet.collect import CollectOptions, NoDataError
+    from exporter.fleet.model import Window
+
+    def no_rules(self: PrometheusClient) -> list[Any]:
+        raise PromError("Prometheus at stub answered 404 Not Found")
+
+    monkeypatch.setattr(PrometheusClient, "rules", no_rules)
+    client = PrometheusClient(stub.url, HttpOptions())
+    window = Window(0, 3600, 3600)
+    # auto: carries on with raw series (here: finds no data); rules: the error is the answer.
+    with pytest.raises(NoDataError):
+        collect_mod.collect(client, CollectOptions(window=window, by="host", source="auto"))
+    assert any("query_range" in r["path"] for r in stub.requests)
+    with pytest.raises(PromError, match="404"):
+        collect_mod.collect(client, CollectOptions(window=window, by="host", source="rules"))
