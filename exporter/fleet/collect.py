@@ -60,6 +60,7 @@ SUBSTEP = "5m"
 SUBSTEP_S = 300
 # A rule is trusted when it has data for at least this share of the GPU-steps the raw series cover.
 MIN_COVERAGE = 0.99
+RAW_ASKED = "raw series asked for (--source raw)"
 
 _log = log.get_logger(component="report")
 Progress = Callable[[int, int, str], None]
@@ -283,7 +284,8 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
             return gpu_family_query(family, kind, w, interval)
         return group_family_query(family, kind, by, w, interval)
 
-    problems = {f: rules_api or _rule_problem(rules, rule_of(f)) if opts.source != "raw" else "--source raw"
+    # Why each family cannot use its rule ("" where it can): decided here, then by the rule's coverage below.
+    problems = {f: RAW_ASKED if opts.source == "raw" else rules_api or _rule_problem(rules, rule_of(f))
                 for f in families}
     if opts.source == "rules" and any(problems.values()):
         raise MissingRulesError("; ".join(p for p in problems.values() if p)
@@ -327,7 +329,7 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
         kind = "raw" if problems[f] else "rules"
         metric = (STATE_METRIC if f.endswith("state") else CAUSE_METRIC) + "_total"
         sources.append(Source(family=f, kind=kind, series=rule_of(f) if kind == "rules" else metric,
-                              note=problems[f] if problems[f] != "--source raw" else "raw series asked for"))
+                              note=problems[f]))
         _log.info("report_source", family=f, kind=kind, note=problems[f])
     fam = {f: _series(res, f"{f}:{'raw' if problems[f] else 'rules'}") for f in families}
 

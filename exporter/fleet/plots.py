@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -64,34 +64,30 @@ def _times(ends: Sequence[str]) -> list[float]:
     return [dt.datetime.fromisoformat(e.replace("Z", "+00:00")).timestamp() / 86400 for e in ends]
 
 
-def state_timeline(report: Report) -> str:
-    """Fleet GPU-hours per step, stacked by state."""
+def _stacked_timeline(report: Report, series: Mapping[str, Sequence[float]], colors: Mapping[str, str],
+                      ylabel: str, key: str) -> str:
     tl = report.timeline
     with _style():
         fig = _figure(10, 2.8)
         ax = fig.add_subplot()
-        ax.stackplot(_times(tl.ends), *[tl.state_hours[s] for s in STATES], labels=list(STATES),
-                     colors=[STATE_COLORS[s] for s in STATES], step="pre", linewidth=0)
-        ax.set_ylabel(f"GPU-hours per {_step_word(tl.step_seconds)}")
-        ax.legend(loc="upper left", ncols=3, bbox_to_anchor=(0, 1.18))
+        ax.stackplot(_times(tl.ends), *[series[k] for k in colors], labels=list(colors), colors=list(colors.values()),
+                     step="pre", linewidth=0)
+        ax.set_ylabel(f"{ylabel} per {_step_word(tl.step_seconds)}")
+        ax.legend(loc="upper left", ncols=len(colors), bbox_to_anchor=(0, 1.18))
         ax.margins(x=0)
         ax.xaxis_date()
-        return _svg(fig, "state-timeline")
+        return _svg(fig, key)
+
+
+def state_timeline(report: Report) -> str:
+    """Fleet GPU-hours per step, stacked by state."""
+    return _stacked_timeline(report, report.timeline.state_hours, STATE_COLORS, "GPU-hours", "state-timeline")
 
 
 def cause_timeline(report: Report) -> str:
     """Waiting GPU-hours per step, stacked by cause."""
-    tl = report.timeline
-    with _style():
-        fig = _figure(10, 2.8)
-        ax = fig.add_subplot()
-        ax.stackplot(_times(tl.ends), *[tl.cause_hours[c] for c in WAITING_CAUSES], labels=list(WAITING_CAUSES),
-                     colors=[CAUSE_COLORS[c] for c in WAITING_CAUSES], step="pre", linewidth=0)
-        ax.set_ylabel(f"waiting GPU-hours per {_step_word(tl.step_seconds)}")
-        ax.legend(loc="upper left", ncols=5, bbox_to_anchor=(0, 1.18))
-        ax.margins(x=0)
-        ax.xaxis_date()
-        return _svg(fig, "cause-timeline")
+    return _stacked_timeline(report, report.timeline.cause_hours, CAUSE_COLORS, "waiting GPU-hours",
+                             "cause-timeline")
 
 
 def _step_word(step: float) -> str:

@@ -289,20 +289,15 @@ class Fleet:
                       **extra}
             return ",".join(f'{k}="{v}"' for k, v in labels.items())
 
-        out.write("# TYPE gpufeed_gpu_state_seconds counter\n")
-        for g in self.gpus:
-            for s in STATES:
-                ls = lab(g, state=s)
-                for t, v in self._counter(g, lambda m, g=g, s=s: self._rate(g.profiles[m], s)):
-                    out.write(f"gpufeed_gpu_state_seconds_total{{{ls}}} {v:.4f} {t}\n")
-                    n += 1
-        out.write("# TYPE gpufeed_gpu_waiting_seconds counter\n")
-        for g in self.gpus:
-            for c in WAITING_CAUSES:
-                ls = lab(g, cause=c)
-                for t, v in self._counter(g, lambda m, g=g, c=c: self._rate(g.profiles[m], c)):
-                    out.write(f"gpufeed_gpu_waiting_seconds_total{{{ls}}} {v:.4f} {t}\n")
-                    n += 1
+        for family, label, keys in (("gpufeed_gpu_state_seconds", "state", STATES),
+                                    ("gpufeed_gpu_waiting_seconds", "cause", WAITING_CAUSES)):
+            out.write(f"# TYPE {family} counter\n")
+            for g in self.gpus:
+                for key in keys:
+                    ls = lab(g, **{label: key})
+                    for t, v in self._counter(g, lambda m, g=g, key=key: self._rate(g.profiles[m], key)):
+                        out.write(f"{family}_total{{{ls}}} {v:.4f} {t}\n")
+                        n += 1
         out.write("# TYPE gpufeed_gpu_idle_gap_seconds histogram\n")
         for g in self.gpus:
             for k, le in enumerate((*GAP_BUCKETS, math.inf)):
