@@ -289,7 +289,8 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
                 for f in families}
     if opts.source == "rules" and any(problems.values()):
         raise MissingRulesError("; ".join(p for p in problems.values() if p)
-                           + ": load alerts/gpufeed-recording.yml (python3 alerts/generate.py), or use --source auto")
+                                + ": load alerts/gpufeed-recording.yml (python3 alerts/generate.py), "
+                                "or use --source auto")
     runner = _Runner(client, w, progress)
     first = base_queries(w, by) + [family_query(f, "rules") for f in families if not problems[f]]
     res = runner.run(first)
@@ -297,8 +298,8 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
     presence = {_gpu(s.labels): _per_step(w, s.points) for s in _series(res, "presence")}
     if not presence:
         raise NoDataError(f"no gpufeed data between {iso(w.start)} and {iso(w.end)} on {client.url}: no "
-                     f"{STATE_METRIC}_total series in that range (is this Prometheus scraping gpufeed? "
-                     "are --end and --range right?)")
+                          f"{STATE_METRIC}_total series in that range (is this Prometheus scraping gpufeed? "
+                          "are --end and --range right?)")
     present_steps = {(g, i) for g, counts in presence.items() for i, n in enumerate(counts) if n >= 2}
     workload_steps = {i for s in _series(res, "workloads") for t, v in s.points
                       if v > 0 and (i := w.index(t)) is not None}

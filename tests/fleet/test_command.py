@@ -15,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ import pytest
 
 from exporter.cli import main
 from exporter.fleet.command import _Progress, parse_duration
+from exporter.fleet.model import GpuId, Window
 from exporter.fleet.promapi import HttpConfigError, HttpOptions, PromError, PrometheusClient, load_http_config
 from tests.fleet.harness import free_port
 
@@ -295,7 +297,6 @@ def test_a_server_without_the_rules_api_falls_back_to_raw_series(stub: Stub, cap
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from exporter.fleet import collect as collect_mod
     from exporter.fleet.collect import CollectOptions, NoDataError
-    from exporter.fleet.model import Window
 
     def no_rules(self: PrometheusClient) -> list[Any]:
         raise PromError("Prometheus at stub answered 404 Not Found")
@@ -309,3 +310,68 @@ def test_a_server_without_the_rules_api_falls_back_to_raw_series(stub: Stub, cap
     assert any("query_range" in r["path"] for r in stub.requests)
     with pytest.raises(PromError, match="404"):
         collect_mod.collect(client, CollectOptions(window=window, by="host", source="rules"))
+
+
+class _Canned(BaseHTTPRequestHandler):
+    """Prometheus with both GPU rules loaded, one GPU scraped every minute for 4 hours, and the state rule's
+    history only for the last 2 of them (as when the rules were loaded mid-range)."""
+
+    seen: list[str] = []
+
+    def do_POST(self) -> None:
+        form = urllib.parse.parse_qs(self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode())
+        q = form["query"][0]
+        self.seen.append(q)
+        start, end, step = (float(form[k][0]) for k in ("start", "end", "step")) if "step" in form else (0, 0, 1)
+        times = [start + i * step for i in range(int((end - start) / step) + 1)]
+        gpu = {"job": "gpufeed", "instance": "a:9842", "gpu": "0"}
+        result: list[dict[str, Any]] = []
+        if "count_over_time(gpufeed_gpu_state_seconds_total" in q:
+            result = [{"metric": gpu, "values": [[t, "60"] for t in times]}]
+        elif "instance_gpu_state:" in q:
+            result = [{"metric": {**gpu, "state": "working"}, "values": [[t, "3600"] for t in times[2:]]}]
+        elif "instance_gpu_cause:" in q or "gpufeed_gpu_waiting_seconds_total" in q:
+            result = [{"metric": {**gpu, "cause": "io_bound"}, "values": [[t, "0"] for t in times]}]
+        elif "increase(gpufeed_gpu_state_seconds_total" in q:
+            result = [{"metric": {**gpu, "state": "working"}, "values": [[t, "3600"] for t in times]}]
+        kind = "matrix" if "query_range" in self.path else "vector"
+        self._send({"resultType": kind, "result": result if kind == "matrix" else []})
+
+    def do_GET(self) -> None:
+        rules = [{"name": n, "type": "recording", "health": "ok", "query": "..."}
+                 for n in ("instance_gpu_state:gpufeed_gpu_state_seconds:rate5m",
+                           "instance_gpu_cause:gpufeed_gpu_waiting_seconds:rate5m")]
+        self._send({"groups": [{"name": "gpufeed-gpu-time", "interval": 60, "rules": rules}]})
+
+    def _send(self, data: Any) -> None:
+        body = json.dumps({"status": "success", "data": data}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        return
+
+
+def test_a_rule_loaded_in_the_middle_of_the_range_gives_way_to_raw_series() -> None:
+    from exporter.fleet.collect import CollectOptions, MissingRulesError, collect
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Canned)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = PrometheusClient(f"http://127.0.0.1:{server.server_address[1]}", HttpOptions())
+        window = Window(0, 4 * 3600, 3600)
+        data = collect(client, CollectOptions(window=window, by="host", source="auto"))
+        src = {s.family: s for s in data.sources}
+        assert src["gpu_state"].kind == "raw" and "has data for only 50% of the range" in src["gpu_state"].note
+        assert src["gpu_cause"].kind == "rules" and src["gpu_cause"].note == ""
+        assert any(q.startswith("sum by (job, instance, gpu, state) (increase(") for q in _Canned.seen)
+        # Four full hours of work, from the raw counters, not two from the rule.
+        assert sum(data.state_s[GpuId("gpufeed", "a:9842", "0")]["working"]) == 4 * 3600
+        with pytest.raises(MissingRulesError, match="has data for only 50%"):
+            collect(client, CollectOptions(window=window, by="host", source="rules"))
+    finally:
+        server.shutdown()
+        server.server_close()
