@@ -397,6 +397,34 @@ def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------------- recording
 
 
+def workload_join(label: str) -> str:
+    """1 per (job, instance, gpu, <label>): the GPU's workload, one per GPU, for a group_left join.
+
+    A GPU can carry several gpufeed_workload_info series at once (two containers of different namespaces
+    sharing it; or, after the workload changed, the old series still inside the 5 m lookback where no
+    staleness marker ended it, as in backfilled data), and a plain ``* on (job, instance, gpu) group_left``
+    join then fails on the duplicate. ``topk by (job, instance, gpu) (1, ...)`` keeps one of them, so the
+    GPU's time is counted once. (Not ``timestamp()`` to prefer the freshest: over a range query or a rule
+    backfill Prometheus 2 evaluates it in time quadratic in the steps.)
+    """
+    return (f"group by (job, instance, gpu, {label}) (\n"
+            f"  topk by (job, instance, gpu) (1, gpufeed_workload_info{{{label}!=\"\"}})\n)")
+
+
+def workload_rollups(state_rate: str, cause_rate: str, rw: str) -> list[Rule]:
+    """GPU-time by state and waiting cause per Kubernetes namespace and per Slurm job (capacity reviews)."""
+    rules: list[Rule] = []
+    for prefix, label in (("namespace", "namespace"), ("slurm_job", "slurm_job_id")):
+        for kind, rate, series in (("state", state_rate, "gpufeed_gpu_state_seconds"),
+                                   ("cause", cause_rate, "gpufeed_gpu_waiting_seconds")):
+            rules.append({
+                "record": f"{prefix}_{kind}:{series}:{rw}",
+                "expr": f"sum by ({label}, {kind}) (\n  {rate}\n* on (job, instance, gpu) group_left ({label})\n"
+                        + "\n".join("  " + line for line in workload_join(label).splitlines()) + "\n)\n",
+            })
+    return rules
+
+
 def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
     w = cfg["recording_window"]
     rw = f"rate{w}"
@@ -424,6 +452,7 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
                  f"sum by (job) ({state_rate})\n"},
         {"record": f"job_cause:gpufeed_gpu_waiting_time:ratio_{rw}",
          "expr": f"sum by (job, cause) ({cause_rate})\n/ on (job) group_left\nsum by (job) ({state_rate})\n"},
+        *workload_rollups(state_rate, cause_rate, rw),
     ]
     daily: list[Rule] = [
         {"record": "instance_state:gpufeed_gpu_hours:increase1d",

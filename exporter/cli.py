@@ -1,4 +1,5 @@
-"""Command line: ``gpufeed serve`` (the daemon) and ``gpufeed diagnose`` (a one-shot report)."""
+"""Command line: ``gpufeed serve`` (the daemon), ``gpufeed diagnose`` (a one-shot report) and ``gpufeed report``
+(the fleet capacity review from Prometheus)."""
 
 from __future__ import annotations
 
@@ -67,9 +68,12 @@ def build_parser(collectors: Mapping[str, type[Stage]]) -> argparse.ArgumentPars
     """The full argument parser (flags are generated from the collector registry)."""
     parser = argparse.ArgumentParser(prog="gpufeed", allow_abbrev=False, description=__doc__)
     parser.add_argument("--version", action="version", version=f"gpufeed {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{serve,diagnose}")
+    sub = parser.add_subparsers(dest="command", metavar="{serve,diagnose,report}")
     _serve_parser(sub, collectors)
     _diagnose_parser(sub)
+    from exporter.fleet.command import add_parser as report_parser
+
+    report_parser(sub)
     return parser
 
 
@@ -89,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if ns.command == "report":
+        from exporter.fleet.command import run_report
+
+        return run_report(ns)
     if ns.command == "diagnose":
         from exporter.diagnose import run_diagnose
 

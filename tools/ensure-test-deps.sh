@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Install the Debian packages the integration tests use (promtool, prometheus, alertmanager) when missing.
+# Install the Debian packages the integration tests use (promtool, prometheus, alertmanager, and chromium for
+# gpufeed report's rendering test) when missing.
 set -euo pipefail
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     echo "missing Debian packages: ${need[*]} -- run as root or: sudo apt-get install -y ${need[*]}" >&2

@@ -1,0 +1,426 @@
+"""Read the review's numbers out of Prometheus: the shipped recording rules where loaded, raw series otherwise.
+
+Every GPU-hour comes from a counter (``gpufeed_gpu_state_seconds_total``, ``gpufeed_gpu_waiting_seconds_total``)
+or from a recording rule of its rate, summed step by step over the range ``(start, end]``:
+
+- raw: ``increase(counter[step])`` evaluated at the end of each step. Adjacent windows share their boundary
+  sample, so the increases telescope to the counter's growth over the range; ``increase`` handles resets
+  and extrapolates the sub-scrape gaps at the window edges.
+- rules: ``sum_over_time(rule[step - 1ms]) * interval``: each sample of a ``rate5m`` rule stands for one
+  evaluation interval of the rule's group (read from /api/v1/rules). The window is one millisecond short so
+  a sample exactly on a step boundary is counted in one step only (Prometheus 2 ranges are closed).
+
+A rule is used only where it is loaded, healthy and covers the range as well as the raw series do; otherwise
+the raw series are used and the report says why (``model.Source``). Queries run four at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+
+from exporter import log
+from exporter.fleet.model import (
+    BY_LABEL,
+    BY_RULE_PREFIX,
+    FindingTrack,
+    FleetData,
+    GapHistogram,
+    GpuId,
+    LinkState,
+    Source,
+    Window,
+    iso,
+)
+from exporter.fleet.promapi import (
+    AuthRefusedError,
+    PromError,
+    PrometheusClient,
+    RuleInfo,
+    Sample,
+    Series,
+    UnreachableError,
+)
+from exporter.samples.derived import STATES, WAITING_CAUSES
+
+EXIT_NO_DATA = 5
+EXIT_MISSING_RULES = 6
+
+STATE_METRIC = "gpufeed_gpu_state_seconds"
+CAUSE_METRIC = "gpufeed_gpu_waiting_seconds"
+GPU_STATE_RULE = f"instance_gpu_state:{STATE_METRIC}:rate5m"
+GPU_CAUSE_RULE = f"instance_gpu_cause:{CAUSE_METRIC}:rate5m"
+# Raw fallback for the per-workload rollups: the same join the rules use (alerts/generate.py, workload_join),
+# on 5-minute increases tiled over each step.
+SUBSTEP = "5m"
+SUBSTEP_S = 300
+# A rule is trusted when it has data for at least this share of the GPU-steps the raw series cover.
+MIN_COVERAGE = 0.99
+RAW_ASKED = "raw series asked for (--source raw)"
+
+_log = log.get_logger(component="report")
+Progress = Callable[[int, int, str], None]
+
+
+class NoDataError(Exception):
+    exit_code = EXIT_NO_DATA
+
+
+class MissingRulesError(Exception):
+    exit_code = EXIT_MISSING_RULES
+
+
+@dataclass(frozen=True, slots=True)
+class CollectOptions:
+    window: Window
+    by: str  # a key of model.BY_LABEL
+    source: str  # "auto", "rules" or "raw"
+
+
+def workload_join(label: str) -> str:
+    """1 per (job, instance, gpu, label): one workload with that label per GPU, as the rules join it."""
+    return (f"group by (job, instance, gpu, {label}) (topk by (job, instance, gpu) "
+            f"(1, gpufeed_workload_info{{{label}!=\"\"}}))")
+
+
+def group_rule(by: str, kind: str) -> str:
+    """The recording rule of --by namespace|job for kind "state" or "cause"."""
+    metric = STATE_METRIC if kind == "state" else CAUSE_METRIC
+    return f"{BY_RULE_PREFIX[by]}_{kind}:{metric}:rate5m"
+
+
+def _ms(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
+
+
+def left_open(step: float) -> str:
+    """A range selector one millisecond short of ``step``: a boundary sample falls in one step only."""
+    return f"{round(step * 1000) - 1}ms"
+
+
+# ------------------------------------------------------------------------------------------------ queries
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One PromQL query of the review: over the range's steps (``ranged``) or at its end."""
+
+    key: str
+    expr: str
+    ranged: bool
+    what: str  # for the progress line
+
+
+def gpu_family_query(family: str, kind: str, window: Window, interval_s: float = 0.0) -> Query:
+    """Per-GPU GPU-seconds per step by state (family gpu_state) or cause (gpu_cause), from rules or raw."""
+    label = "state" if family == "gpu_state" else "cause"
+    if kind == "rules":
+        rule = GPU_STATE_RULE if family == "gpu_state" else GPU_CAUSE_RULE
+        expr = (f"sum by (job, instance, gpu, {label}) (sum_over_time({rule}[{left_open(window.step)}]))"
+                f" * {interval_s:g}")
+    else:
+        metric = STATE_METRIC if family == "gpu_state" else CAUSE_METRIC
+        expr = f"sum by (job, instance, gpu, {label}) (increase({metric}_total[{_ms(window.step)}]))"
+    return Query(f"{family}:{kind}", expr, True, f"GPU time by {label} ({kind})")
+
+
+def group_family_query(family: str, kind: str, by: str, window: Window, interval_s: float = 0.0) -> Query:
+    """GPU-seconds per step per namespace / Slurm job by state (group_state) or cause (group_cause)."""
+    label, part = BY_LABEL[by], ("state" if family == "group_state" else "cause")
+    if kind == "rules":
+        expr = (f"sum by ({label}, {part}) (sum_over_time({group_rule(by, part)}[{left_open(window.step)}]))"
+                f" * {interval_s:g}")
+    else:
+        metric = STATE_METRIC if part == "state" else CAUSE_METRIC
+        expr = (f"sum_over_time((sum by ({label}, {part}) (increase({metric}_total[{SUBSTEP}]) "
+                f"* on (job, instance, gpu) group_left ({label}) {workload_join(label)}))"
+                f"[{left_open(window.step)}:{SUBSTEP}])")
+    return Query(f"{family}:{kind}", expr, True, f"GPU time by {by} and {part} ({kind})")
+
+
+def base_queries(window: Window, by: str) -> list[Query]:
+    """The queries every report runs on raw series (no recording rule exists for them)."""
+    win, rng = left_open(window.step), _ms(window.seconds)
+    qs = [
+        Query("presence", f'max by (job, instance, gpu) (count_over_time({STATE_METRIC}_total{{state="idle"}}[{win}]))',
+              True, "GPUs and scrapes per step"),
+        Query("models", f"max by (job, instance, gpu, name) (last_over_time(gpufeed_gpu_info[{rng}]))",
+              False, "GPU models"),
+        Query("findings", f"max by (job, instance, gpu, check) (count_over_time(gpufeed_finding[{win}]))",
+              True, "platform findings"),
+        Query("hops", f"max by (job, instance, gpu, bdf) (max_over_time(gpufeed_pcie_link_downgraded[{rng}])) == 1",
+              False, "downgraded PCIe hops"),
+        Query("gaps", f"sum by (job, instance, gpu, le) (increase(gpufeed_gpu_idle_gap_seconds_bucket[{rng}]))",
+              False, "idle-gap histograms"),
+        Query("gap_sum", f"sum by (job, instance, gpu) (increase(gpufeed_gpu_idle_gap_seconds_sum[{rng}]))",
+              False, "idle-gap sums"),
+    ]
+    for q, metric in (("link_gen", "gpufeed_gpu_pcie_link_generation"), ("link_width", "gpufeed_gpu_pcie_link_width")):
+        # The best link seen while the finding was raised (idle GPUs drop to Gen1 by design: take the max).
+        qs.append(Query(q, f"max by (job, instance, gpu, kind) (max_over_time(({metric} and on (job, instance, gpu) "
+                           f'gpufeed_finding{{check="pcie_link_downgraded"}})[{rng}:1m]))', False, "link states"))
+    if by != "host":
+        label = BY_LABEL[by]
+        qs.append(Query("workloads", f"count(max by (job, instance, gpu) "
+                                     f"(count_over_time(gpufeed_workload_info{{{label}!=\"\"}}[{win}])))",
+                        True, f"GPUs with a {by}"))
+    return qs
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _gpu(labels: Mapping[str, str]) -> GpuId:
+    return GpuId(labels.get("job", ""), labels.get("instance", ""), labels.get("gpu", ""))
+
+
+def _per_step(window: Window, points: Sequence[tuple[float, float]]) -> list[float]:
+    out = [0.0] * window.steps
+    for t, v in points:
+        i = window.index(t)
+        if i is not None and math.isfinite(v):
+            out[i] += v
+    return out
+
+
+def _split(window: Window, series: Sequence[Series], key: str) -> dict[GpuId, dict[str, tuple[float, ...]]]:
+    out: dict[GpuId, dict[str, tuple[float, ...]]] = defaultdict(dict)
+    for s in series:
+        out[_gpu(s.labels)][s.labels.get(key, "")] = tuple(_per_step(window, s.points))
+    return dict(out)
+
+
+def _steps_with_data(window: Window, series: Sequence[Series]) -> set[int]:
+    return {i for s in series for t, _ in s.points if (i := window.index(t)) is not None}
+
+
+def _rule_problem(rules: Mapping[str, RuleInfo], name: str) -> str:
+    """Why ``name`` cannot be used ("" when it can)."""
+    r = rules.get(name)
+    if r is None:
+        return f"recording rule {name} is not loaded on this Prometheus"
+    if r.health == "err":
+        return f"recording rule {name} fails to evaluate ({r.last_error})"
+    if r.interval_s <= 0:
+        return f"recording rule {name} has no evaluation interval in /api/v1/rules"
+    return ""
+
+
+class _Runner:
+    """Runs queries four at a time, counting them for the progress line."""
+
+    def __init__(self, client: PrometheusClient, window: Window, progress: Progress | None) -> None:
+        self.client, self.window, self.progress = client, window, progress
+        self.done, self.total = 0, 0
+
+    def run(self, queries: Sequence[Query]) -> dict[str, list[Series] | list[Sample]]:
+        w = self.window
+        self.total += len(queries)
+        out: dict[str, list[Series] | list[Sample]] = {}
+
+        def one(q: Query) -> tuple[str, list[Series] | list[Sample]]:
+            t0 = time.monotonic()
+            res: list[Series] | list[Sample]
+            if q.ranged:
+                res = self.client.query_range(q.expr, w.start + w.step, w.end, w.step)
+            else:
+                res = self.client.query(q.expr, w.end)
+            _log.debug("report_query", key=q.key, seconds=round(time.monotonic() - t0, 3), results=len(res),
+                       expr=q.expr)
+            return q.key, res
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            futures = {pool.submit(one, q): q for q in queries}
+            for f in as_completed(futures):
+                key, res = f.result()
+                out[key] = res
+                self.done += 1
+                if self.progress is not None:
+                    self.progress(self.done, self.total, futures[f].what)
+        return out
+
+
+def _series(res: Mapping[str, list[Series] | list[Sample]], key: str) -> list[Series]:
+    return [s for s in res.get(key, []) if isinstance(s, Series)]
+
+
+def _samples(res: Mapping[str, list[Series] | list[Sample]], key: str) -> list[Sample]:
+    return [s for s in res.get(key, []) if isinstance(s, Sample)]
+
+
+# --------------------------------------------------------------------------------------------------- entry
+
+
+def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress | None = None) -> FleetData:
+    """Query everything the review needs; NoDataError when the range holds no gpufeed series, MissingRulesError when
+    ``opts.source == "rules"`` and a rule the report needs is unusable."""
+    w, by = opts.window, opts.by
+    families = ["gpu_state", "gpu_cause"] + (["group_state", "group_cause"] if by != "host" else [])
+    rules: dict[str, RuleInfo] = {}
+    rules_api = ""
+    if opts.source != "raw":
+        try:
+            rules = {r.name: r for r in client.rules()}
+        except (UnreachableError, AuthRefusedError):
+            raise
+        except PromError as e:
+            if opts.source == "rules":
+                raise
+            # Not every Prometheus-compatible API serves /api/v1/rules: raw series answer all the same.
+            rules_api = f"the recording rules could not be listed ({e})"
+
+    def rule_of(family: str) -> str:
+        if family.startswith("gpu_"):
+            return GPU_STATE_RULE if family == "gpu_state" else GPU_CAUSE_RULE
+        return group_rule(by, "state" if family == "group_state" else "cause")
+
+    def family_query(family: str, kind: str) -> Query:
+        interval = rules[rule_of(family)].interval_s if kind == "rules" else 0.0
+        if family.startswith("gpu_"):
+            return gpu_family_query(family, kind, w, interval)
+        return group_family_query(family, kind, by, w, interval)
+
+    # Why each family cannot use its rule ("" where it can): decided here, then by the rule's coverage below.
+    problems = {f: RAW_ASKED if opts.source == "raw" else rules_api or _rule_problem(rules, rule_of(f))
+                for f in families}
+    if opts.source == "rules" and any(problems.values()):
+        raise MissingRulesError("; ".join(p for p in problems.values() if p)
+                                + ": load alerts/gpufeed-recording.yml (python3 alerts/generate.py), "
+                                "or use --source auto")
+    runner = _Runner(client, w, progress)
+    first = base_queries(w, by) + [family_query(f, "rules") for f in families if not problems[f]]
+    res = runner.run(first)
+
+    presence = {_gpu(s.labels): _per_step(w, s.points) for s in _series(res, "presence")}
+    if not presence:
+        raise NoDataError(f"no gpufeed data between {iso(w.start)} and {iso(w.end)} on {client.url}: no "
+                          f"{STATE_METRIC}_total series in that range (is this Prometheus scraping gpufeed? "
+                          "are --end and --range right?)")
+    present_steps = {(g, i) for g, counts in presence.items() for i, n in enumerate(counts) if n >= 2}
+    workload_steps = {i for s in _series(res, "workloads") for t, v in s.points
+                      if v > 0 and (i := w.index(t)) is not None}
+
+    # Which families keep their rule: data for (nearly) every GPU-step the raw series cover.
+    for f in families:
+        if problems[f]:
+            continue
+        got = _series(res, f"{f}:rules")
+        if f.startswith("gpu_"):
+            have = {(_gpu(s.labels), i) for s in got for t, _ in s.points if (i := w.index(t)) is not None}
+            need = present_steps
+            covered = len(need & have) / len(need) if need else 1.0
+        else:
+            have_steps = _steps_with_data(w, got)
+            covered = len(workload_steps & have_steps) / len(workload_steps) if workload_steps else 1.0
+        if covered < MIN_COVERAGE:
+            problems[f] = (f"recording rule {rule_of(f)} has data for only {covered:.0%} of the range "
+                           "(loaded after the range began?)")
+    if opts.source == "rules" and any(problems.values()):
+        raise MissingRulesError("; ".join(p for p in problems.values() if p) + ": use --source auto to fall back")
+    fallback = [family_query(f, "raw") for f in families if problems[f]]
+    if fallback:
+        res.update(runner.run(fallback))
+
+    sources = []
+    for f in families:
+        kind = "raw" if problems[f] else "rules"
+        metric = (STATE_METRIC if f.endswith("state") else CAUSE_METRIC) + "_total"
+        sources.append(Source(family=f, kind=kind, series=rule_of(f) if kind == "rules" else metric,
+                              note=problems[f]))
+        _log.info("report_source", family=f, kind=kind, note=problems[f])
+    fam = {f: _series(res, f"{f}:{'raw' if problems[f] else 'rules'}") for f in families}
+
+    state = _split(w, fam["gpu_state"], "state")
+    cause = _split(w, fam["gpu_cause"], "cause")
+    for g in presence:
+        state.setdefault(g, {})
+        cause.setdefault(g, {})
+    n = w.steps
+    state_s = {g: {s: per.get(s, (0.0,) * n) for s in STATES} for g, per in state.items()}
+    cause_s = {g: {c: per.get(c, (0.0,) * n) for c in WAITING_CAUSES} for g, per in cause.items()}
+
+    group_state: dict[str, dict[str, float]] = {}
+    group_cause: dict[str, dict[str, float]] = {}
+    notes: list[str] = []
+    if by != "host":
+        label = BY_LABEL[by]
+        for fname, target, part in (("group_state", group_state, "state"), ("group_cause", group_cause, "cause")):
+            for s in fam[fname]:
+                target.setdefault(s.labels.get(label, ""), {})[s.labels.get(part, "")] = sum(_per_step(w, s.points))
+        if not workload_steps:
+            notes.append(f"No gpufeed_workload_info series with a {label} label in the range: GPU time cannot be "
+                         f"split by {by} (is the workload identity of gpufeed enabled on these hosts?).")
+
+    observed = {g: [sum(per[s][i] for s in STATES) for i in range(n)] for g, per in state_s.items()}
+    findings = _findings(w, _series(res, "findings"), presence, observed)
+    models: dict[GpuId, str] = {}
+    for smp in sorted(_samples(res, "models"), key=lambda x: x.labels.get("name", "")):
+        models.setdefault(_gpu(smp.labels), smp.labels.get("name", ""))
+    links = _links(res, {tr.gpu for tr in findings if tr.check == "pcie_link_downgraded"})
+    gaps = _gaps(res)
+    return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, models=models, group_state_s=group_state,
+                     group_cause_s=group_cause, findings=tuple(findings), links=links, gaps=gaps,
+                     sources=tuple(sources), notes=tuple(notes))
+
+
+def _findings(window: Window, series: Sequence[Series], presence: Mapping[GpuId, Sequence[float]],
+              covered: Mapping[GpuId, Sequence[float]]) -> list[FindingTrack]:
+    """Seconds raised per step: the share of the step's scrapes that carried the finding, times the seconds
+    the GPU (or, host-wide, the host's longest-reporting GPU) was observed in that step."""
+    host_gpus: dict[tuple[str, str], list[GpuId]] = defaultdict(list)
+    for g in presence:
+        host_gpus[(g.job, g.instance)].append(g)
+    out = []
+    for s in series:
+        g = _gpu(s.labels)
+        gpus = [g] if g in presence else host_gpus.get((g.job, g.instance), [])
+        if not gpus:
+            continue
+        counts = _per_step(window, s.points)
+        active = []
+        for i, nf in enumerate(counts):
+            nt = max(presence[x][i] for x in gpus)
+            seen = max(covered.get(x, [0.0] * window.steps)[i] for x in gpus)
+            active.append(min(1.0, nf / nt) * seen if nt > 0 else 0.0)
+        out.append(FindingTrack(gpu=g, check=s.labels.get("check", ""), active_s=tuple(active)))
+    return out
+
+
+def _links(res: Mapping[str, list[Series] | list[Sample]], gpus: set[GpuId]) -> dict[GpuId, LinkState]:
+    hops: dict[GpuId, list[str]] = defaultdict(list)
+    for smp in _samples(res, "hops"):
+        hops[_gpu(smp.labels)].append(smp.labels.get("bdf", ""))
+    vals: dict[tuple[GpuId, str, str], int] = {}
+    for key in ("link_gen", "link_width"):
+        for smp in _samples(res, key):
+            if math.isfinite(smp.value):
+                vals[(_gpu(smp.labels), key, smp.labels.get("kind", ""))] = round(smp.value)
+    out = {}
+    for g in sorted(gpus | set(hops)):
+        out[g] = LinkState(gpu=g, bdfs=tuple(sorted(hops.get(g, []))),
+                           gen=vals.get((g, "link_gen", "current")), width=vals.get((g, "link_width", "current")),
+                           max_gen=vals.get((g, "link_gen", "max")), max_width=vals.get((g, "link_width", "max")))
+    return out
+
+
+def _gaps(res: Mapping[str, list[Series] | list[Sample]]) -> dict[GpuId, GapHistogram]:
+    buckets: dict[GpuId, dict[float, float]] = defaultdict(dict)
+    for smp in _samples(res, "gaps"):
+        try:
+            le = float(smp.labels.get("le", ""))
+        except ValueError:
+            continue
+        buckets[_gpu(smp.labels)][le] = smp.value
+    sums = {_gpu(smp.labels): smp.value for smp in _samples(res, "gap_sum")}
+    out = {}
+    for g, per in buckets.items():
+        les = sorted(per)
+        if not les or not math.isinf(les[-1]):
+            continue
+        out[g] = GapHistogram(gpu=g, bounds=tuple(les[:-1]), cumulative=tuple(per[le] for le in les),
+                              sum_s=sums.get(g, 0.0))
+    return out

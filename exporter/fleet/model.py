@@ -1,0 +1,112 @@
+"""What ``collect`` reads out of Prometheus, as plain numbers: the input of the pure ``figures`` layer."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Grouping dimensions of ``gpufeed report --by``: the workload label of gpufeed_workload_info for each, and the
+# prefix of its recording rules (alerts/generate.py, workload_rollups). ``host`` is the Prometheus instance.
+BY_LABEL = {"namespace": "namespace", "job": "slurm_job_id", "host": "instance"}
+BY_RULE_PREFIX = {"namespace": "namespace", "job": "slurm_job"}
+SOURCE_KINDS = ("rules", "raw")
+
+
+def iso(t: float) -> str:
+    """Unix seconds as RFC 3339 UTC, to the second."""
+    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GpuId:
+    """One GPU of the fleet: the scrape job and instance of its exporter, and its NVML index."""
+
+    job: str
+    instance: str
+    gpu: str
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The reviewed range ``(start, end]`` cut into ``steps`` steps of ``step`` seconds (unix seconds)."""
+
+    start: float
+    end: float
+    step: float
+
+    @property
+    def steps(self) -> int:
+        return round((self.end - self.start) / self.step)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    def step_end(self, i: int) -> float:
+        """Unix time at the end of step ``i`` (a range query's i-th evaluation time)."""
+        return self.start + (i + 1) * self.step
+
+    def index(self, t: float) -> int | None:
+        """The step a range query's evaluation time ``t`` belongs to, or None outside the window."""
+        i = round((t - self.start) / self.step) - 1
+        return i if 0 <= i < self.steps else None
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where one family of figures came from: a recording rule, or the raw series (and why)."""
+
+    family: str  # "gpu_state", "gpu_cause", "group_state", "group_cause"
+    kind: str  # one of SOURCE_KINDS
+    series: str  # the rule or metric name queried
+    note: str  # why this source: "" when the rule was used as intended
+
+
+@dataclass(frozen=True, slots=True)
+class FindingTrack:
+    """Seconds a platform finding was raised in each step, for one GPU (``gpu=""``: host-wide)."""
+
+    gpu: GpuId
+    check: str
+    active_s: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkState:
+    """The PCIe link of a GPU while pcie_link_downgraded was raised: the best seen, against its maximum."""
+
+    gpu: GpuId
+    bdfs: tuple[str, ...]  # the downgraded hops (gpufeed_pcie_link_downgraded{bdf})
+    gen: int | None
+    width: int | None
+    max_gen: int | None
+    max_width: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GapHistogram:
+    """Idle gaps completed in the range: cumulative counts per upper bound (the last is +Inf) and their sum."""
+
+    gpu: GpuId
+    bounds: tuple[float, ...]  # finite upper bounds, ascending
+    cumulative: tuple[float, ...]  # len(bounds) + 1 values
+    sum_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FleetData:
+    """Everything the figures are computed from. Seconds are GPU-seconds per step of ``window``."""
+
+    window: Window
+    by: str  # a key of BY_LABEL
+    state_s: Mapping[GpuId, Mapping[str, tuple[float, ...]]]
+    cause_s: Mapping[GpuId, Mapping[str, tuple[float, ...]]]
+    models: Mapping[GpuId, str]
+    group_state_s: Mapping[str, Mapping[str, float]]  # empty for --by host
+    group_cause_s: Mapping[str, Mapping[str, float]]
+    findings: tuple[FindingTrack, ...]
+    links: Mapping[GpuId, LinkState]
+    gaps: Mapping[GpuId, GapHistogram]
+    sources: tuple[Source, ...]
+    notes: tuple[str, ...] = ()

@@ -1,0 +1,230 @@
+"""The report as one self-contained HTML page: inline CSS, inline SVG plots, no script, no network."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+
+from exporter.fleet.figures import Breakdown, Report, hours_text, pct
+from exporter.fleet.playbook import CAUSE_LABELS, FINDING_FIXES, fix_for
+
+BY_TITLE = {"namespace": "namespaces", "job": "Slurm jobs", "host": "hosts"}
+SECTIONS = ("summary", "time", "groups", "hosts", "findings", "models", "gaps", "sources")
+PLOT_CAPTIONS = {
+    "totals": "Where the GPU-hours went: working, waiting by cause, idle.",
+    "state-timeline": "Fleet GPU-hours per step, by state.",
+    "cause-timeline": "Waiting GPU-hours per step, by cause.",
+    "groups": "The top waiting {by}, GPU-hours by state and waiting cause.",
+    "hosts": "The top waiting hosts, GPU-hours by state and waiting cause.",
+    "findings": "When each finding was raised (darker: more of the step).",
+    "models": "Each host's share of GPU-hours working / waiting / idle, grouped by GPU model.",
+    "gaps": "Idle gaps between bursts of the GPUs that waited most (count per length, symlog scale).",
+}
+
+_CSS = """
+:root { --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --bg: #ffffff; --tile: #f6f8fa; }
+* { box-sizing: border-box; }
+body { margin: 0 auto; max-width: 1180px; padding: 24px 32px 48px; color: var(--fg); background: var(--bg);
+       font: 14px/1.45 -apple-system, "Segoe UI", "DejaVu Sans", "Liberation Sans", Arial, sans-serif; }
+h1 { font-size: 26px; margin: 0 0 4px; }
+h2 { font-size: 19px; margin: 36px 0 10px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
+.meta { color: var(--muted); margin: 0 0 16px; }
+.summary { font-size: 16px; background: var(--tile); border-left: 4px solid #ef6c00; padding: 12px 16px; }
+.tiles { display: flex; flex-wrap: wrap; gap: 12px; margin: 16px 0; }
+.tile { background: var(--tile); border-radius: 6px; padding: 10px 16px; min-width: 130px; }
+.tile b { display: block; font-size: 22px; }
+.tile span { color: var(--muted); font-size: 12px; }
+figure.plot { margin: 12px 0 20px; }
+figure.plot svg { width: 100%; height: auto; display: block; }
+figcaption { color: var(--muted); font-size: 12px; margin-top: 4px; }
+table { border-collapse: collapse; width: 100%; margin: 8px 0 16px; font-size: 13px; }
+th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
+th { background: var(--tile); font-weight: 600; }
+td.num, th.num { text-align: right; white-space: nowrap; }
+td.fix { color: var(--muted); font-size: 12px; max-width: 420px; }
+td:first-child, td.host { white-space: nowrap; }
+code { font-size: 12px; background: var(--tile); padding: 1px 4px; border-radius: 3px; }
+.swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 5px; }
+.note { background: #fff8e1; border-left: 4px solid #f9a825; padding: 8px 12px; margin: 8px 0; }
+.empty { color: var(--muted); font-style: italic; }
+"""
+
+
+def _plot(plots: Mapping[str, str], key: str, by: str) -> str:
+    svg = plots.get(key)
+    if svg is None:
+        return ""
+    caption = PLOT_CAPTIONS[key].format(by=BY_TITLE.get(by, by))
+    return f'<figure class="plot" data-plot="{key}">{svg}<figcaption>{escape(caption)}</figcaption></figure>\n'
+
+
+def _cause_cell(b: Breakdown) -> str:
+    if b.dominant_cause is None:
+        return "—"
+    return (f"<code>{escape(b.dominant_cause)}</code> {pct(b.dominant_cause_share)}"
+            f"<br><span class=\"empty\">{escape(CAUSE_LABELS.get(b.dominant_cause, ''))}</span>")
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = (),
+           fix_col: int | None = None, host_col: int | None = None) -> str:
+    out = ["<table><thead><tr>"]
+    out += [f'<th class="num">{escape(h)}</th>' if i in numeric else f"<th>{escape(h)}</th>"
+            for i, h in enumerate(head)]
+    out.append("</tr></thead><tbody>\n")
+    for r in rows:
+        out.append("<tr>")
+        for i, c in enumerate(r):
+            cls = (' class="num"' if i in numeric else ' class="fix"' if i == fix_col
+                   else ' class="host"' if i == host_col else "")
+            out.append(f"<td{cls}>{c}</td>")
+        out.append("</tr>\n")
+    out.append("</tbody></table>\n")
+    return "".join(out)
+
+
+def _breakdown_cells(b: Breakdown) -> list[str]:
+    return [hours_text(b.gpu_hours), pct(b.working_share), pct(b.waiting_share),
+            hours_text(b.state_hours["waiting"]), pct(b.idle_share)]
+
+
+def _summary(r: Report, plots: Mapping[str, str]) -> str:
+    b = r.fleet.breakdown
+    tiles = [(str(r.fleet.gpus), "GPUs"), (str(r.fleet.hosts), "hosts"),
+             (hours_text(b.gpu_hours), "GPU-hours observed"),
+             (pct(b.working_share), "working"), (pct(b.waiting_share), "waiting"), (pct(b.idle_share), "idle"),
+             (pct(b.busy_efficiency), "busy efficiency")]
+    out = ['<section id="summary"><h2>Summary</h2>\n', f'<p class="summary">{escape(r.summary)}</p>\n',
+           '<div class="tiles">']
+    out += [f'<div class="tile"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for v, k in tiles]
+    out.append("</div>\n")
+    out.append(_plot(plots, "totals", r.by))
+    waited = sum(b.cause_hours.values())
+    rows = [[f"<code>{c}</code>", escape(CAUSE_LABELS[c]), hours_text(b.cause_hours[c]),
+             pct(b.cause_hours[c] / waited if waited else 0.0), escape(fix_for(c))]
+            for c in sorted(b.cause_hours, key=lambda c: -b.cause_hours[c]) if b.cause_hours[c] > 0]
+    if rows:
+        out.append(_table(["cause", "waiting on", "GPU-hours", "share of waiting", "the playbook's fix"], rows,
+                          numeric=(2, 3), fix_col=4))
+    out.append("</section>\n")
+    return "".join(out)
+
+
+def _time(r: Report, plots: Mapping[str, str]) -> str:
+    return ('<section id="time"><h2>GPU-hours over time</h2>\n' + _plot(plots, "state-timeline", r.by)
+            + _plot(plots, "cause-timeline", r.by) + "</section>\n")
+
+
+def _groups(r: Report, plots: Mapping[str, str]) -> str:
+    if r.by == "host":
+        return ""
+    title = BY_TITLE[r.by]
+    out = [f'<section id="groups"><h2>Top waiting {escape(title)}</h2>\n']
+    if not r.groups:
+        out.append(f'<p class="empty">No GPU time was attributed to any {escape(title[:-1])} in the range.</p>\n')
+    out += [f'<p class="note">{escape(n)}</p>\n' for n in r.notes]
+    out.append(_plot(plots, "groups", r.by))
+    rows = [[escape(g.name), *_breakdown_cells(g.breakdown), _cause_cell(g.breakdown), escape(g.breakdown.fix)]
+            for g in r.groups[:r.top]]
+    if r.unattributed is not None and r.unattributed.gpu_hours > 0.01:
+        u = r.unattributed
+        rows.append([f"<i>no {escape(title[:-1])}</i>", *_breakdown_cells(u), _cause_cell(u), ""])
+    if rows:
+        out.append(_table([r.by, "GPU-hours", "worked", "waited", "waiting GPU-h", "idle", "dominant cause",
+                           "the playbook's fix"], rows, numeric=(1, 2, 3, 4, 5), fix_col=7))
+    out.append("</section>\n")
+    return "".join(out)
+
+
+def _hosts(r: Report, plots: Mapping[str, str]) -> str:
+    out = ['<section id="hosts"><h2>Top waiting hosts</h2>\n', _plot(plots, "hosts", r.by)]
+    rows = [[escape(h.instance), str(h.gpus), escape(", ".join(h.models)), *_breakdown_cells(h.breakdown),
+             _cause_cell(h.breakdown), escape(", ".join(h.findings)) or "—", escape(h.breakdown.fix)]
+            for h in r.hosts[:r.top]]
+    out.append(_table(["host", "GPUs", "model", "GPU-hours", "worked", "waited", "waiting GPU-h", "idle",
+                       "dominant cause", "findings", "the playbook's fix"], rows, numeric=(1, 3, 4, 5, 6, 7),
+                      fix_col=10))
+    out.append("</section>\n")
+    return "".join(out)
+
+
+def _findings(r: Report, plots: Mapping[str, str]) -> str:
+    out = ['<section id="findings"><h2>Hosts with platform findings</h2>\n']
+    if not r.findings:
+        out.append('<p class="empty">No platform finding was raised in the range.</p>\n</section>\n')
+        return "".join(out)
+    out.append(_plot(plots, "findings", r.by))
+    rows = [[escape(f.instance), f"<code>{escape(f.check)}</code><br>{escape(f.detail)}",
+             escape(", ".join(g or "host" for g in f.gpus)), hours_text(f.hours), str(f.episodes),
+             hours_text(f.longest_hours), escape(f.first_seen.replace("T", " ")), escape(f.last_seen.replace("T", " ")),
+             escape(f.fix or FINDING_FIXES.get(f.check, ""))] for f in r.findings]
+    out.append(_table(["host", "finding", "GPUs", "hours", "episodes", "longest (h)", "first seen", "last seen",
+                       "the playbook's fix"], rows, numeric=(3, 4, 5), fix_col=8))
+    out.append("</section>\n")
+    return "".join(out)
+
+
+def _models(r: Report, plots: Mapping[str, str]) -> str:
+    out = ['<section id="models"><h2>GPU models compared: identical servers, different results</h2>\n']
+    out += [f'<p class="note">{escape(m.note)}</p>\n' for m in r.models if m.note]
+    out.append(_plot(plots, "models", r.by))
+    rows = []
+    for m in r.models:
+        rows.append([f"<b>{escape(m.name)}</b>", "all", str(m.gpus), *_breakdown_cells(m.breakdown)[1:],
+                     pct(m.breakdown.busy_efficiency), _cause_cell(m.breakdown), ""])
+        rows += [["", escape(h.instance), str(h.gpus), *_breakdown_cells(h.breakdown)[1:],
+                  pct(h.breakdown.busy_efficiency), _cause_cell(h.breakdown), escape(", ".join(h.findings)) or "—"]
+                 for h in m.per_host]
+    out.append(_table(["model", "host", "GPUs", "worked", "waited", "waiting GPU-h", "idle", "busy efficiency",
+                       "dominant cause", "findings"], rows, numeric=(2, 3, 4, 5, 6, 7), host_col=1))
+    out.append("</section>\n")
+    return "".join(out)
+
+
+def _gaps(r: Report, plots: Mapping[str, str]) -> str:
+    out = ['<section id="gaps"><h2>Idle gaps of the GPUs that waited most</h2>\n']
+    if not r.idle_gaps:
+        out.append('<p class="empty">No idle-gap histogram (gpufeed_gpu_idle_gap_seconds) in the range.</p>\n')
+        out.append("</section>\n")
+        return "".join(out)
+    out.append(_plot(plots, "gaps", r.by))
+    rows = []
+    for g in r.idle_gaps:
+        labels = [f"≤ {b:g} s" for b in g.bounds] + [f"> {g.bounds[-1]:g} s" if g.bounds else "all"]
+        top = max(range(len(g.counts)), key=lambda i: g.counts[i]) if g.counts else 0
+        rows.append([escape(f"{g.instance} GPU {g.gpu}"), escape(g.model), pct(g.waiting_share),
+                     f"{g.gaps:,.0f}", f"{g.mean_gap_s:.2f} s" if g.mean_gap_s is not None else "—",
+                     escape(labels[top]) if g.counts else "—"])
+    out.append(_table(["GPU", "model", "waited", "idle gaps", "mean gap", "most gaps"], rows, numeric=(2, 3, 4)))
+    out.append("</section>\n")
+    return "".join(out)
+
+
+def _sources(r: Report) -> str:
+    names = {"gpu_state": "GPU time by state", "gpu_cause": "waiting time by cause",
+             "group_state": f"{r.by} rollup by state", "group_cause": f"{r.by} rollup by cause"}
+    items = []
+    for s in r.sources:
+        what = "recording rule" if s.kind == "rules" else "raw series"
+        note = f" — {escape(s.note)}" if s.note else ""
+        items.append(f"<li>{escape(names.get(s.family, s.family))}: {what} <code>{escape(s.series)}</code>{note}</li>")
+    return ('<section id="sources"><h2>Sources and method</h2>\n<ul>' + "".join(items) + "</ul>\n"
+            f"<p>Prometheus <code>{escape(r.prometheus)}</code>, range {escape(r.range.start)} to "
+            f"{escape(r.range.end)} in steps of {r.range.step_seconds:g} s. GPU-hours are sums of "
+            "<code>increase()</code> of gpufeed's counters per step (or of its recording rules' rates); findings "
+            "are the share of scrapes that carried them. Each figure and its query: docs/report.md in the "
+            "gpufeed repository.</p>\n</section>\n")
+
+
+def render(report: Report, plots: Mapping[str, str]) -> str:
+    """The whole page."""
+    r = report
+    title = f"gpufeed capacity review, {r.range.start[:10]} to {r.range.end[:10]}"
+    head = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{escape(title)}</title>\n'
+            f"<style>{_CSS}</style></head>\n<body>\n")
+    meta = (f'<header><h1>GPU capacity review</h1><p class="meta">{escape(r.range.start)} to {escape(r.range.end)} '
+            f"· Prometheus {escape(r.prometheus)} · by {escape(r.by)} · generated {escape(r.generated_at)}</p>"
+            "</header>\n")
+    body = (_summary(r, plots) + _time(r, plots) + _groups(r, plots) + _hosts(r, plots) + _findings(r, plots)
+            + _models(r, plots) + _gaps(r, plots) + _sources(r))
+    return head + meta + body + "</body></html>\n"
