@@ -45,7 +45,7 @@ from exporter.fleet.promapi import (
     Series,
     UnreachableError,
 )
-from exporter.samples.derived import STATES, WAITING_CAUSES
+from exporter.names import STATES, WAITING_CAUSES
 
 EXIT_NO_DATA = 5
 EXIT_MISSING_RULES = 6

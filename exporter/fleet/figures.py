@@ -15,7 +15,7 @@ from typing import Any
 
 from exporter.fleet.model import FindingTrack, FleetData, GpuId, LinkState, Source, Window, iso
 from exporter.fleet.playbook import CAUSE_LABELS, FINDING_LABELS, finding_fix, fix_for
-from exporter.samples.derived import STATES, WAITING_CAUSES
+from exporter.names import STATES, WAITING_CAUSES
 
 SCHEMA_VERSION = 1
 # A step counts as "finding raised" from this many seconds on (a single scrape at 15 s is still a sighting).

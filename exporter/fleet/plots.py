@@ -19,7 +19,7 @@ from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 
 from exporter.fleet.figures import Breakdown, GapRow, HostFinding, Report
-from exporter.samples.derived import STATES, WAITING_CAUSES
+from exporter.names import STATES, WAITING_CAUSES
 
 STATE_COLORS = {"working": "#2e7d32", "waiting": "#ef6c00", "idle": "#b0b0b0"}
 CAUSE_COLORS = {

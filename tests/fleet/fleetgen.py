@@ -25,7 +25,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from exporter.samples.derived import GAP_BUCKETS, STATES, WAITING_CAUSES
+from exporter.names import STATES, WAITING_CAUSES
+from exporter.samples.derived import GAP_BUCKETS
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 JOB = "gpufeed"

@@ -19,7 +19,8 @@ from exporter.fleet.collect import (
 from exporter.fleet.figures import breakdown, build_report, pct, to_json
 from exporter.fleet.model import FindingTrack, FleetData, GapHistogram, GpuId, LinkState, Source, Window
 from exporter.fleet.playbook import CAUSE_LABELS, FINDING_FIXES, FINDING_LABELS, FIXES
-from exporter.samples.derived import FINDINGS, GAP_BUCKETS, STATES, VERDICTS, WAITING_CAUSES
+from exporter.names import FINDINGS, STATES, VERDICTS, WAITING_CAUSES
+from exporter.samples.derived import GAP_BUCKETS
 from tests.fleet.harness import RECORDING, REPO
 
 H = 3600.0

@@ -27,7 +27,7 @@ import pytest
 from exporter.cli import main
 from exporter.fleet.page import SECTIONS
 from exporter.fleet.plots import CAUSE_COLORS, PLOTS, STATE_COLORS
-from exporter.samples.derived import STATES, WAITING_CAUSES
+from exporter.names import STATES, WAITING_CAUSES
 from tests.fleet.fleetgen import Fleet, default_plans
 from tests.fleet.harness import REPO, Backfilled, HarnessError, backfilled_fleet, chromium, chromium_binary
 
