@@ -16,6 +16,7 @@ import argparse
 import copy
 import re
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ HEADER = (
 )
 
 Rule = dict[str, Any]
+PLACEHOLDER_HOST = "gpufeed.invalid"  # the default runbook_base_url's host (exporter/thresholds.yaml)
 _DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$")
 
 
@@ -73,14 +75,59 @@ def load_thresholds(override: Path | None = None) -> dict[str, Any]:
     """The defaults, with ``override`` (a YAML file of changed keys) merged over them."""
     base: dict[str, Any] = yaml.safe_load(DEFAULTS.read_text())
     if override is None:
-        return base
+        return validated(base)
     data = yaml.safe_load(override.read_text()) or {}
     if not isinstance(data, dict):
         raise ThresholdError(f"{override}: top level must be a mapping")
     try:
-        return merge(base, data)
+        return validated(merge(base, data))
     except ThresholdError as e:
         raise ThresholdError(f"{override}: {e}") from e
+
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Labels the rules already aggregate by or match on: an aggregation label cannot be one of them.
+RULE_LABELS = ("job", "instance", "gpu", "state", "cause", "severity")
+
+
+def check_runbook_base_url(value: object, key: str = "runbook_base_url") -> str:
+    """An absolute http(s) URL with a host and no fragment (the rules append ``#<alertname>``)."""
+    if not isinstance(value, str) or any(c.isspace() for c in value):
+        raise ThresholdError(f"{key!r} must be a URL without spaces, got {value!r}")
+    u = urllib.parse.urlsplit(value)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ThresholdError(f"{key!r} must be an absolute http(s) URL with a host (where your copy of "
+                             f"docs/runbooks.md is rendered), got {value!r}")
+    if u.fragment or value.endswith("#"):
+        raise ThresholdError(f"{key!r} must not have a #fragment (each alert appends its own), got {value!r}")
+    return value
+
+
+def check_aggregation_labels(value: object, key: str = "aggregation_labels") -> list[str]:
+    """Prometheus label names, none of them a label the rules already use, no duplicates."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ThresholdError(f"{key!r} must be a list of label names, got {value!r}")
+    for name in value:
+        if not _LABEL_NAME.match(name) or name.startswith("__"):
+            raise ThresholdError(f"{key!r}: {name!r} is not a label name")
+        if name in RULE_LABELS:
+            raise ThresholdError(f"{key!r}: {name!r} is already kept by every rule that needs it")
+    if len(set(value)) != len(value):
+        raise ThresholdError(f"{key!r}: duplicate label in {value!r}")
+    return list(value)
+
+
+def validated(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` after the checks a key-by-key merge cannot make (URL form, label names)."""
+    check_runbook_base_url(cfg["runbook_base_url"])
+    check_aggregation_labels(cfg["aggregation_labels"])
+    return cfg
+
+
+def by(cfg: dict[str, Any], *labels: str) -> str:
+    """A ``by (...)`` / ``on (...)`` label list: the configured aggregation labels (e.g. ``cluster``), then
+    ``labels``. Summing by a label a series does not have is harmless, so the default suits one cluster too."""
+    return ", ".join((*cfg["aggregation_labels"], *labels))
 
 
 # ------------------------------------------------------------------------------------------- templates
@@ -163,7 +210,7 @@ def pcie_alerts(cfg: dict[str, Any]) -> list[Rule]:
         cfg, "GpufeedPCIeLinkDowngraded", "pcie_link_downgraded",
         f"""
 gpufeed_pcie_link_downgraded == 1
-and on (instance, gpu)
+and on ({by(cfg, "instance", "gpu")})
 (
     sum without (state) (rate(gpufeed_gpu_state_seconds_total{{state!="idle"}}[{w}]))
   / sum without (state) (rate(gpufeed_gpu_state_seconds_total[{w}]))
@@ -295,7 +342,7 @@ rate(gpufeed_gpu_busy_seconds_total[{w}]) > {_num(t["min_busy_ratio"])}
 
 def host_alerts(cfg: dict[str, Any]) -> list[Rule]:
     m, n = cfg["memory_pressure"], cfg["nfs_retransmissions"]
-    gpu_host = "and on (instance) count by (instance) (gpufeed_gpu_info)"
+    gpu_host = f"and on ({by(cfg, 'instance')}) count by ({by(cfg, 'instance')}) (gpufeed_gpu_info)"
     total_cpus = evidence("sum(gpufeed_cpufreq_governor_cpus{instance=%q})", "$labels.instance",
                           "{{ . | first | value }}")
     governor = alert(
@@ -400,45 +447,49 @@ def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
 def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
     w = cfg["recording_window"]
     rw = f"rate{w}"
+
+    def b(labels: str) -> str:
+        return by(cfg, *labels.split(", "))
+
     state_rate = f"instance_gpu_state:gpufeed_gpu_state_seconds:{rw}"
     cause_rate = f"instance_gpu_cause:gpufeed_gpu_waiting_seconds:{rw}"
     fast: list[Rule] = [
-        {"record": "instance:gpufeed_gpus:count", "expr": "count by (job, instance) (gpufeed_gpu_info)"},
+        {"record": "instance:gpufeed_gpus:count", "expr": f"count by ({b('job, instance')}) (gpufeed_gpu_info)"},
         {"record": state_rate,
-         "expr": f"sum by (job, instance, gpu, state) (rate(gpufeed_gpu_state_seconds_total[{w}]))"},
+         "expr": f"sum by ({b('job, instance, gpu, state')}) (rate(gpufeed_gpu_state_seconds_total[{w}]))"},
         {"record": cause_rate,
-         "expr": f"sum by (job, instance, gpu, cause) (rate(gpufeed_gpu_waiting_seconds_total[{w}]))"},
+         "expr": f"sum by ({b('job, instance, gpu, cause')}) (rate(gpufeed_gpu_waiting_seconds_total[{w}]))"},
         {"record": f"instance_gpu_state:gpufeed_gpu_time:ratio_{rw}",
-         "expr": f"{state_rate}\n/ ignoring (state) group_left\nsum by (job, instance, gpu) ({state_rate})\n"},
+         "expr": f"{state_rate}\n/ ignoring (state) group_left\nsum by ({b('job, instance, gpu')}) ({state_rate})\n"},
         {"record": f"instance_gpu_cause:gpufeed_gpu_waiting_time:ratio_{rw}",
-         "expr": f"{cause_rate}\n/ on (job, instance, gpu) group_left\n"
-                 f"sum by (job, instance, gpu) ({state_rate})\n"},
+         "expr": f"{cause_rate}\n/ on ({b('job, instance, gpu')}) group_left\n"
+                 f"sum by ({b('job, instance, gpu')}) ({state_rate})\n"},
         {"record": f"instance_state:gpufeed_gpu_time:ratio_{rw}",
-         "expr": f"sum by (job, instance, state) ({state_rate})\n/ ignoring (state) group_left\n"
-                 f"sum by (job, instance) ({state_rate})\n"},
+         "expr": f"sum by ({b('job, instance, state')}) ({state_rate})\n/ ignoring (state) group_left\n"
+                 f"sum by ({b('job, instance')}) ({state_rate})\n"},
         {"record": f"instance_cause:gpufeed_gpu_waiting_time:ratio_{rw}",
-         "expr": f"sum by (job, instance, cause) ({cause_rate})\n/ on (job, instance) group_left\n"
-                 f"sum by (job, instance) ({state_rate})\n"},
+         "expr": f"sum by ({b('job, instance, cause')}) ({cause_rate})\n/ on ({b('job, instance')}) group_left\n"
+                 f"sum by ({b('job, instance')}) ({state_rate})\n"},
         {"record": f"job_state:gpufeed_gpu_time:ratio_{rw}",
-         "expr": f"sum by (job, state) ({state_rate})\n/ ignoring (state) group_left\n"
-                 f"sum by (job) ({state_rate})\n"},
+         "expr": f"sum by ({b('job, state')}) ({state_rate})\n/ ignoring (state) group_left\n"
+                 f"sum by ({b('job')}) ({state_rate})\n"},
         {"record": f"job_cause:gpufeed_gpu_waiting_time:ratio_{rw}",
-         "expr": f"sum by (job, cause) ({cause_rate})\n/ on (job) group_left\nsum by (job) ({state_rate})\n"},
+         "expr": f"sum by ({b('job, cause')}) ({cause_rate})\n/ on ({b('job')}) group_left\nsum by ({b('job')}) ({state_rate})\n"},
     ]
     daily: list[Rule] = [
         {"record": "instance_state:gpufeed_gpu_hours:increase1d",
-         "expr": "sum by (job, instance, state) (increase(gpufeed_gpu_state_seconds_total[1d])) / 3600"},
+         "expr": f"sum by ({b('job, instance, state')}) (increase(gpufeed_gpu_state_seconds_total[1d])) / 3600"},
         {"record": "instance_cause:gpufeed_gpu_waiting_hours:increase1d",
-         "expr": "sum by (job, instance, cause) (increase(gpufeed_gpu_waiting_seconds_total[1d])) / 3600"},
+         "expr": f"sum by ({b('job, instance, cause')}) (increase(gpufeed_gpu_waiting_seconds_total[1d])) / 3600"},
         {"record": "instance:gpufeed_gpu_waiting_hours:increase1d",
-         "expr": "sum by (job, instance) (instance_cause:gpufeed_gpu_waiting_hours:increase1d)"},
+         "expr": f"sum by ({b('job, instance')}) (instance_cause:gpufeed_gpu_waiting_hours:increase1d)"},
         {"record": "job_state:gpufeed_gpu_hours:increase1d",
-         "expr": "sum by (job, state) (instance_state:gpufeed_gpu_hours:increase1d)"},
+         "expr": f"sum by ({b('job, state')}) (instance_state:gpufeed_gpu_hours:increase1d)"},
         {"record": "job_cause:gpufeed_gpu_waiting_hours:increase1d",
-         "expr": "sum by (job, cause) (instance_cause:gpufeed_gpu_waiting_hours:increase1d)"},
+         "expr": f"sum by ({b('job, cause')}) (instance_cause:gpufeed_gpu_waiting_hours:increase1d)"},
         {"record": "instance:gpufeed_gpu_waiting_hours:fleet_ratio1d",
-         "expr": "instance:gpufeed_gpu_waiting_hours:increase1d\n/ on (job) group_left\n"
-                 "sum by (job) (instance:gpufeed_gpu_waiting_hours:increase1d)\n"},
+         "expr": f"instance:gpufeed_gpu_waiting_hours:increase1d\n/ on ({b('job')}) group_left\n"
+                 f"sum by ({b('job')}) (instance:gpufeed_gpu_waiting_hours:increase1d)\n"},
     ]
     return {"groups": [
         {"name": "gpufeed-gpu-time", "rules": fast},
@@ -487,14 +538,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k8s-out", type=Path, default=None,
                    help=f"where to write the PrometheusRule (default with the default --out: {K8S_RULE})")
     p.add_argument("--check", action="store_true", help="do not write; exit 1 if the files in --out differ")
+    p.add_argument("--runbook-base-url", metavar="URL",
+                   help="where your copy of docs/runbooks.md is rendered (overrides runbook_base_url)")
     ns = p.parse_args(argv)
     if ns.k8s_out is None and ns.out.resolve() == HERE:
         ns.k8s_out = K8S_RULE
     try:
         cfg = load_thresholds(ns.thresholds)
+        if ns.runbook_base_url is not None:
+            cfg["runbook_base_url"] = check_runbook_base_url(ns.runbook_base_url, "--runbook-base-url")
     except (ThresholdError, OSError, yaml.YAMLError) as e:
         print(f"generate.py: {e}", file=sys.stderr)
         return 2
+    if ns.out.resolve() != HERE and urllib.parse.urlsplit(cfg["runbook_base_url"]).hostname == PLACEHOLDER_HOST:
+        print(f"generate.py: note: runbook_url links point at the placeholder {cfg['runbook_base_url']}; set "
+              "runbook_base_url (or --runbook-base-url) to where your docs/runbooks.md is rendered", file=sys.stderr)
     drift = []
     files = {ns.out / name: text for name, text in outputs(cfg).items()}
     if ns.k8s_out is not None:
