@@ -478,7 +478,8 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
          "expr": f"sum by ({b('job, state')}) ({state_rate})\n/ ignoring (state) group_left\n"
                  f"sum by ({b('job')}) ({state_rate})\n"},
         {"record": f"job_cause:gpufeed_gpu_waiting_time:ratio_{rw}",
-         "expr": f"sum by ({b('job, cause')}) ({cause_rate})\n/ on ({b('job')}) group_left\nsum by ({b('job')}) ({state_rate})\n"},
+         "expr": f"sum by ({b('job, cause')}) ({cause_rate})\n/ on ({b('job')}) group_left\n"
+                 f"sum by ({b('job')}) ({state_rate})\n"},
     ]
     daily: list[Rule] = [
         {"record": "instance_state:gpufeed_gpu_hours:increase1d",

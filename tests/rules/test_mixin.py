@@ -48,7 +48,8 @@ def test_mixin_config_changes_the_rules_as_the_generator_settings_do(tmp_path: P
     m = _evaluate("runbookBaseUrl: 'https://wiki.example.com/gpufeed/runbooks', "
                   "aggregationLabels: ['region', 'cluster'], gpufeedSelector: 'job=\"gpu-exporter\"'")
     alerts, rules = _generated(tmp_path, "runbook_base_url: https://wiki.example.com/gpufeed/runbooks\n"
-                                         "aggregation_labels: [region, cluster]\njob_selector: 'job=\"gpu-exporter\"'\n")
+                                         "aggregation_labels: [region, cluster]\n"
+                                         "job_selector: 'job=\"gpu-exporter\"'\n")
     assert m["alerts"] == alerts and m["rules"] == rules
     m = _evaluate("aggregationLabels: []")
     alerts, rules = _generated(tmp_path, "aggregation_labels: []\n")

@@ -134,7 +134,7 @@ def _generate(tmp_path: Path, *args: str, thresholds: str | None = None) -> subp
 
 
 def _generated(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for name in ("gpufeed-alerts.yml", "gpufeed-recording.yml"):
         for group in yaml.safe_load((tmp_path / "rules" / name).read_text())["groups"]:
             out.extend(r for r in group["rules"] if kind in r)
