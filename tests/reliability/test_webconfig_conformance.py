@@ -164,6 +164,7 @@ def _load(config_dir: Path, body: str) -> WebConfig:
     return load(path)
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1:DeprecationWarning")  # the toolkit still offers TLS10/11
 @pytest.mark.parametrize("row", ROWS, ids=[r.source.split(" ")[0] for r in ROWS])
 def test_exporter_toolkit_example_is_read_as_the_toolkit_reads_it_or_refused_with_the_reason(
     config_dir: Path, row: Row
