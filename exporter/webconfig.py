@@ -40,6 +40,7 @@ import bcrypt
 import yaml
 
 from exporter import log
+from exporter.durations import parse_duration
 
 _log = log.get_logger(component="webconfig")
 
@@ -61,7 +62,7 @@ CLIENT_AUTH = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
 
 # Go cipher suite names (crypto/tls cipher_suites.go) -> OpenSSL names. TLS 1.3 suites are not configurable
 # in Go either; they are accepted and ignored.
@@ -96,7 +97,6 @@ ALLOWED_HEADERS: Mapping[str, tuple[str, ...]] = {
 }
 
 _BCRYPT = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
 _TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
 _TLS_KEYS = (
     "cert_file", "key_file", "cert", "key", "client_auth_type", "client_ca_file", "client_ca",
@@ -157,21 +157,6 @@ def _str_list(value: object, key: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise WebConfigError(f"{key}: must be a list of strings")
     return tuple(value)
-
-
-def _duration(value: object, key: str) -> float:
-    if isinstance(value, bool) or value is None:
-        raise WebConfigError(f"{key}: not a duration: {value!r} (use e.g. 1s, 500ms)")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        m = _DURATION.match(str(value).strip())
-        if not m:
-            raise WebConfigError(f"{key}: not a duration: {value!r} (use e.g. 1s, 500ms)")
-        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
-    if not 0 < seconds < 1e9:
-        raise WebConfigError(f"{key}: must be positive: {value!r}")
-    return seconds
 
 
 def _pem_file(inline: str, key: str) -> tuple[str, Callable[[], None]]:
@@ -288,7 +273,10 @@ def _tls(section: Mapping[str, Any], base: Path) -> tuple[ssl.SSLContext, tuple[
     prefer = opts["prefer_server_cipher_suites"]
     if prefer is not None and not isinstance(prefer, bool):
         raise WebConfigError(f"{k}.prefer_server_cipher_suites: must be true or false")
-    if prefer is not False:
+    # Python's server contexts start with the server's preference on: false has to clear it.
+    if prefer is False:
+        ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
         ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     curves = _str_list(opts["curve_preferences"], f"{k}.curve_preferences")
     for curve in curves:
@@ -298,6 +286,44 @@ def _tls(section: Mapping[str, Any], base: Path) -> tuple[ssl.SSLContext, tuple[
         # Python's ssl module sets one ECDH curve: the first preference.
         ctx.set_ecdh_curve(CURVES[curves[0]])
     return ctx, sans, tuple(watched)
+
+
+def _rate_limit(section: Mapping[str, Any]) -> RateLimit | None:
+    """``rate_limit`` as exporter-toolkit reads it: ``interval`` is a Go duration (``1m30s``), and 0 -- or no
+    interval at all, Go's zero value -- turns the limiter off, whatever ``burst`` says.
+
+    Two deliberate differences, both refusals with a message rather than silent surprises: a bare non-zero
+    number (Go's YAML decoder reads ``interval: 1`` as one *nanosecond*, so a limit that never limits; a
+    reader of the file would expect a second), and ``burst`` below 1 with the limiter on (a token bucket
+    that never holds a token answers 429 to every request).
+    """
+    burst = section.get("burst", 0)
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
+        raise WebConfigError(f"rate_limit.burst: must be a non-negative integer, not {burst!r}")
+    value = section.get("interval", 0)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value != 0:
+        raise WebConfigError(
+            f"rate_limit.interval: {value!r} has no unit (exporter-toolkit would read it as nanoseconds); "
+            f"write one, e.g. {value}s or 500ms"
+        )
+    try:
+        interval = parse_duration(value, allow_zero=True)
+    except ValueError as e:
+        raise WebConfigError(f"rate_limit.interval: {e}") from None
+    if interval == 0:
+        return None
+    if burst < 1:
+        raise WebConfigError(f"rate_limit.burst: must be at least 1 while the limiter is on, not {burst!r} "
+                             "(a burst of 0 refuses every request; interval: 0 turns the limiter off)")
+    return RateLimit(interval=interval, burst=burst)
+
+
+def _header_value(value: object, key: str) -> str:
+    """A header value as Go's YAML decoder gives it to a string field: a number is its text
+    (exporter-toolkit's own example sets ``X-XSS-Protection: 1``)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return _str(value, key)
 
 
 def _users(section: Mapping[str, Any]) -> Mapping[str, bytes]:
@@ -335,7 +361,9 @@ def parse(data: object, base: Path) -> WebConfig:
                 f"http_server_config.headers.{name}: header cannot be configured "
                 f"(allowed: {', '.join(ALLOWED_HEADERS)})"
             )
-        v = _str(value, f"http_server_config.headers.{name}")
+        v = _header_value(value, f"http_server_config.headers.{name}")
+        if not v:
+            continue  # "Unset if blank" (exporter-toolkit docs/web-configuration.md, for each of the five)
         if ALLOWED_HEADERS[name] and v not in ALLOWED_HEADERS[name]:
             raise WebConfigError(
                 f"http_server_config.headers.{name}: invalid value {v!r} (one of: {', '.join(ALLOWED_HEADERS[name])})"
@@ -344,13 +372,7 @@ def parse(data: object, base: Path) -> WebConfig:
             raise WebConfigError(f"http_server_config.headers.{name}: value contains a line break")
         headers[name] = v
     users = _users(_mapping(top.get("basic_auth_users"), "basic_auth_users"))
-    rate: RateLimit | None = None
-    rl = _mapping(top.get("rate_limit"), "rate_limit", ("interval", "burst"))
-    if rl:
-        burst = rl.get("burst", 0)
-        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-            raise WebConfigError(f"rate_limit.burst: must be a positive integer, not {burst!r}")
-        rate = RateLimit(interval=_duration(rl.get("interval"), "rate_limit.interval"), burst=burst)
+    rate = _rate_limit(_mapping(top.get("rate_limit"), "rate_limit", ("interval", "burst")))
     dummy = b""
     if users:
         cost = max(int(h.split(b"$")[2]) for h in users.values())

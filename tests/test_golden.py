@@ -8,6 +8,8 @@ regenerate with ``pytest tests/test_golden.py --update-golden`` and read ``git d
 from __future__ import annotations
 
 import difflib
+import shutil
+import subprocess
 
 import pytest
 
@@ -30,3 +32,15 @@ def test_whole_daemon_metrics_of_the_fixture_host_match_its_golden(name: str, up
 
 def test_the_run_is_deterministic() -> None:
     assert run("riser") == run("riser")
+
+
+@pytest.mark.parametrize("name", hosts())
+def test_whole_daemon_metrics_pass_promtool_check_metrics(name: str) -> None:
+    """The full payload, GPU identity labels included, is lint-clean (no camelCase label names, units, types)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found: install Debian's prometheus package (tools/ensure-test-deps.sh)")
+    payload = golden_path(name).read_text().replace(" <machine>\n", " 0\n")
+    r = subprocess.run([promtool, "check", "metrics"], input=payload, capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert (r.returncode, r.stdout + r.stderr) == (0, ""), r.stdout + r.stderr

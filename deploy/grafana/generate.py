@@ -24,6 +24,9 @@ sys.path.insert(0, str(HERE.parents[1]))
 from exporter.names import VERDICTS  # noqa: E402 -- the repo root is put on sys.path above
 
 OUT = HERE / "dashboards"
+# The repository's other copies, written with the default --out: Helm reads files inside the chart only, and
+# jsonnet-bundler vendors only the mixin's directory.
+COPIES = (HERE.parent / "helm" / "gpufeed" / "files" / "dashboards", HERE.parent.parent / "mixin" / "dashboards")
 DS = {"type": "prometheus", "uid": "${datasource}"}
 H = 'instance=~"$host"'
 HG = 'instance=~"$host", gpu=~"$gpu"'
@@ -388,8 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 if the JSON in --out differs from the generator")
     ns = p.parse_args(argv)
     drift = []
-    for name, text in outputs().items():
-        path = ns.out / name
+    dirs = (ns.out, *COPIES) if ns.out.resolve() == OUT else (ns.out,)
+    for path, text in ((d / name, text) for name, text in outputs().items() for d in dirs):
         if ns.check:
             if not path.exists() or path.read_text() != text:
                 drift.append(str(path))

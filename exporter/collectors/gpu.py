@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
@@ -22,7 +24,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter import names
+from exporter import names, pci
 from exporter.collectors import register
 from exporter.gpu import fields
 from exporter.gpu.backend import PID_MAX_LIMIT, GpuInitError, GpuUnavailableError, NvmlBackend
@@ -48,6 +50,9 @@ class GpuCollector(Collector):
                "Interval of the driver's buffered utilisation samples (sampler gpu_samples)."),
         Option("slow-interval", "duration", 5.0,
                "Interval of link state, clock-event reasons, temperature, memory and processes (sampler gpu_slow)."),
+        Option("hostname", "str", "",
+               "Value of gpufeed_gpu_info's Hostname label, for joins with dcgm-exporter (default: $NODE_NAME, "
+               "else the host name)."),
     )
 
     def __init__(self, ctx: CollectorContext) -> None:
@@ -55,6 +60,7 @@ class GpuCollector(Collector):
         self._lock = threading.Lock()
         self._backend: NvmlBackend | None = None
         self._pid_max = self._read_pid_max()
+        self._hostname = identity_hostname(str(ctx.options.get("hostname", "") or ""))
 
     # ---- sampling --------------------------------------------------------------------------------------------
 
@@ -174,7 +180,7 @@ class GpuCollector(Collector):
             return
         identities: Mapping[int, GpuIdentity] = max((s.identities for s in samples), key=len)
         lost = samples[0].lost
-        yield from _identity_families(identities, lost)
+        yield from _identity_families(identities, lost, self._hostname)
         if fast is not None:
             yield from _fast_families(fast)
         if buffered is not None:
@@ -189,16 +195,34 @@ def _per_gpu(sample: GpuSample, kind: type[Any]) -> Iterator[tuple[str, Any]]:
             yield str(idx), g
 
 
-def _identity_families(identities: Mapping[int, GpuIdentity], lost: frozenset[int]) -> Iterator[Metric]:
+def identity_hostname(configured: str) -> str:
+    """The Hostname label: the configured value, else ``$NODE_NAME`` (the node's name, as dcgm-exporter's
+    DaemonSet passes it through the downward API; a pod's own hostname is the pod name), else this host's."""
+    return configured or os.environ.get("NODE_NAME", "") or socket.gethostname()
+
+
+# The join keys dcgm-exporter puts on every per-GPU series (internal/pkg/rendermetrics/render_metrics.go):
+# UUID, pci_bus_id in NVML's form and Hostname. gpufeed carries them on its info series, beside its own uuid,
+# name and gpu_bdf (the sysfs form of the address, as on gpufeed_pcie_device_info), so both exporters'
+# series join as they are (docs/dcgm-exporter.md). Not modelName: promtool's lint refuses camelCase label
+# names, and the model comes along with a UUID join (group_left (modelName)); gpufeed's name is the same string.
+INFO_LABELS = ["gpu", "uuid", "name", "pci_bus_id", "gpu_bdf", "numa_node", "UUID", "Hostname"]
+
+
+def _identity_families(
+    identities: Mapping[int, GpuIdentity], lost: frozenset[int], hostname: str
+) -> Iterator[Metric]:
     info = GaugeMetricFamily(
-        "gpufeed_gpu_info", "GPU identity from NVML (value 1); pci_bus_id in sysfs form, numa_node from sysfs "
-        "(or NVML memory affinity), '' when unknown.", labels=["gpu", "uuid", "name", "pci_bus_id", "numa_node"])
+        "gpufeed_gpu_info", "GPU identity from NVML (value 1): pci_bus_id in NVML's form, UUID and Hostname as "
+        "dcgm-exporter writes them; gpu_bdf in sysfs form; numa_node from sysfs (or NVML memory affinity), '' "
+        "when unknown.", labels=INFO_LABELS)
     lost_f = GaugeMetricFamily(
         "gpufeed_gpu_lost", "1 while the GPU answers NVML with GPU_IS_LOST (fell off the bus); gpufeed retries "
         "with backoff.", labels=["gpu"])
     for idx, ident in sorted(identities.items()):
         numa = "" if ident.numa_node is None else str(ident.numa_node)
-        info.add_metric([str(idx), ident.uuid, ident.name, ident.pci_bus_id, numa], 1.0)
+        bus_id = pci.to_nvml(ident.pci_bus_id) if pci.normalize(ident.pci_bus_id) else ident.pci_bus_id
+        info.add_metric([str(idx), ident.uuid, ident.name, bus_id, ident.pci_bus_id, numa, ident.uuid, hostname], 1.0)
         lost_f.add_metric([str(idx)], 1.0 if idx in lost else 0.0)
     yield info
     yield lost_f

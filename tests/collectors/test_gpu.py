@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from exporter.collectors.gpu import identity_hostname
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuSample, GpuSlow
 from tests.support.gpurig import Rig, device
 
@@ -20,6 +21,13 @@ MakeRig = Callable[..., Rig]
 
 def square(high: float, low: float, period: float, duty: float) -> Callable[[float], float]:
     return lambda t: high if (t % period) < duty * period - 1e-9 else low
+
+
+def info_labels(uuid: str, name: str, bdf: str, *, gpu: str = "0", numa: str = "0", host: str = "") -> dict[str, str]:
+    """gpufeed_gpu_info's labels for a GPU: gpufeed's own, and dcgm-exporter's (NVML bus id form)."""
+    nvml_bus = "0000" + bdf.upper()
+    return {"gpu": gpu, "uuid": uuid, "name": name, "pci_bus_id": nvml_bus, "gpu_bdf": bdf, "numa_node": numa,
+            "UUID": uuid, "Hostname": host or identity_hostname("")}
 
 
 def fast_at(r: Rig, index: int) -> list[tuple[float, GpuFast]]:
@@ -34,6 +42,30 @@ def total_at(points: list[tuple[float, GpuFast]], t: float, field: str) -> float
             assert v is not None
             return float(v)
     raise AssertionError(f"no fast sample at t={t}")
+
+
+# ---- identity ------------------------------------------------------------------------------------------------
+
+
+def test_info_series_carries_dcgm_exporter_identity_labels_beside_gpufeeds_own(rig: MakeRig) -> None:
+    r = rig([device(0, name="NVIDIA H100 80GB HBM3", pci_bus_id="0000:8a:00.0")],
+            options={"hostname": "gpu-node-01"})
+    r.run_until(6.0)
+    # dcgm-exporter's join keys: UUID, NVML's 8-digit upper-case bus id, Hostname; gpufeed's: uuid, gpu_bdf.
+    want = info_labels("GPU-test-0", "NVIDIA H100 80GB HBM3", "0000:8a:00.0", host="gpu-node-01")
+    assert want["pci_bus_id"] == "00000000:8A:00.0"
+    assert r.value("gpufeed_gpu_info", **want) == 1.0
+
+
+def test_hostname_label_is_the_flag_else_the_kubernetes_node_name_else_the_host_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NODE_NAME", "gpu-node-07")
+    assert identity_hostname("configured") == "configured"
+    assert identity_hostname("") == "gpu-node-07"
+    monkeypatch.delenv("NODE_NAME")
+    monkeypatch.setattr("socket.gethostname", lambda: "dgx-a")
+    assert identity_hostname("") == "dgx-a"
 
 
 # ---- device kinds ------------------------------------------------------------------------------------------
@@ -57,8 +89,7 @@ def test_hopper_with_gpm_sm_active_counter_rate_equals_average_over_any_range(ri
     assert last.dram_active == pytest.approx(0.3)
     assert r.fake.gpm_short_pairs == 0
     assert r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0") == pytest.approx(last.sm_active_seconds)
-    assert r.value("gpufeed_gpu_info", gpu="0", uuid="GPU-test-0", name="NVIDIA H100 80GB HBM3",
-                   pci_bus_id="0000:82:00.0", numa_node="0") == 1.0
+    assert r.value("gpufeed_gpu_info", **info_labels("GPU-test-0", "NVIDIA H100 80GB HBM3", "0000:82:00.0")) == 1.0
     assert r.value("gpufeed_gpu_lost", gpu="0") == 0.0
 
 
@@ -92,8 +123,7 @@ def test_ampere_without_gpm_reports_no_sm_activity_and_never_calls_gpm(rig: Make
     names = {k[0] for k in r.metrics()}
     assert "gpufeed_gpu_sm_active_seconds_total" not in names
     assert "gpufeed_gpu_pcie_rx_bytes_total" in names
-    assert r.value("gpufeed_gpu_info", gpu="0", uuid="GPU-test-0", name="NVIDIA A100-SXM4-80GB",
-                   pci_bus_id="0000:82:00.0", numa_node="0") == 1.0
+    assert r.value("gpufeed_gpu_info", **info_labels("GPU-test-0", "NVIDIA A100-SXM4-80GB", "0000:82:00.0")) == 1.0
 
 
 CONSUMER_UNSUPPORTED = [

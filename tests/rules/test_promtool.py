@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ def test_every_alert_has_for_severity_summary_description_and_a_runbook_section(
         assert ann["summary"] and "{{ $labels.instance }}" in ann["description"], name
         url = ann["runbook_url"]
         assert url.endswith("#" + name.lower()), name
+        parts = urllib.parse.urlsplit(url)
+        assert parts.scheme == "https" and parts.hostname, f"{name}: runbook_url {url!r} is not an absolute link"
         assert name.lower() in anchors, f"docs/runbooks.md has no section '## {name}'"
 
 
@@ -120,3 +123,62 @@ def test_unknown_or_malformed_threshold_override_is_rejected_naming_the_key(tmp_
         r = subprocess.run([sys.executable, str(ALERTS / "generate.py"), "--thresholds", str(f), "--check"],
                            capture_output=True, text=True, timeout=60, check=False)
         assert r.returncode == 2 and needle in r.stderr, (text, r.stderr)
+
+
+def _generate(tmp_path: Path, *args: str, thresholds: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(ALERTS / "generate.py"), "--out", str(tmp_path / "rules"), *args]
+    if thresholds is not None:
+        (tmp_path / "mine.yaml").write_text(thresholds)
+        cmd += ["--thresholds", str(tmp_path / "mine.yaml")]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+
+
+def _generated(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for name in ("gpufeed-alerts.yml", "gpufeed-recording.yml"):
+        for group in yaml.safe_load((tmp_path / "rules" / name).read_text())["groups"]:
+            out.extend(r for r in group["rules"] if kind in r)
+    return out
+
+
+def test_runbook_base_url_is_configurable_and_every_alert_links_below_it(tmp_path: Path) -> None:
+    base = "https://wiki.example.com/gpufeed/runbooks"
+    r = _generate(tmp_path, "--runbook-base-url", base)
+    assert r.returncode == 0 and "placeholder" not in r.stderr, r.stderr
+    urls = {a["alert"]: a["annotations"]["runbook_url"] for a in _generated(tmp_path, "alert")}
+    assert urls and all(u == f"{base}#{name.lower()}" for name, u in urls.items()), urls
+
+
+def test_generating_for_your_prometheus_with_the_placeholder_runbook_url_says_so(tmp_path: Path) -> None:
+    r = _generate(tmp_path)
+    assert r.returncode == 0 and "runbook_base_url" in r.stderr and "placeholder" in r.stderr, r.stderr
+
+
+def test_relative_or_malformed_runbook_base_url_is_refused_naming_the_key(tmp_path: Path) -> None:
+    for value, needle in (("docs/runbooks.md", "absolute"), ("ftp://host/runbooks", "absolute"),
+                          ("https:///runbooks", "absolute"), ("https://wiki/runbooks#top", "fragment"),
+                          ("https://wiki/run books", "spaces")):
+        r = _generate(tmp_path, thresholds=f"runbook_base_url: '{value}'\n")
+        assert r.returncode == 2 and "runbook_base_url" in r.stderr and needle in r.stderr, (value, r.stderr)
+    r = _generate(tmp_path, "--runbook-base-url", "runbooks.md")
+    assert r.returncode == 2 and "--runbook-base-url" in r.stderr, r.stderr
+
+
+def test_aggregation_labels_go_into_every_recording_rule_and_keep_every_rule_name(tmp_path: Path) -> None:
+    r = _generate(tmp_path, thresholds="aggregation_labels: [cluster, region]\n")
+    assert r.returncode == 0, r.stderr
+    records = _generated(tmp_path, "record")
+    assert [x["record"] for x in records] == [x["record"] for x in _rules("record")]
+    for rule in records:
+        clauses = re.findall(r"\b(?:by|on) \(([^)]*)\)", rule["expr"])
+        assert clauses and all(c.startswith("cluster, region, ") for c in clauses), rule
+    r = _generate(tmp_path, thresholds="aggregation_labels: []\n")
+    assert r.returncode == 0, r.stderr
+    assert all("cluster" not in x["expr"] for x in _generated(tmp_path, "record"))
+
+
+def test_bad_aggregation_labels_are_refused_naming_the_key(tmp_path: Path) -> None:
+    for value, needle in (("[job]", "already kept"), ("[1cluster]", "not a label name"), ("cluster", "list"),
+                          ("[__name__]", "not a label name"), ("[cluster, cluster]", "duplicate")):
+        r = _generate(tmp_path, thresholds=f"aggregation_labels: {value}\n")
+        assert r.returncode == 2 and "aggregation_labels" in r.stderr and needle in r.stderr, (value, r.stderr)

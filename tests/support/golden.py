@@ -41,8 +41,10 @@ def run(name: str) -> str:
     state = json.loads((root / "nvml" / "state.json").read_text())
     fake = FakeNvml(state)
     rates = {int(k): v for k, v in (spec.get("nvml_rates") or {}).items()}
+    # The Hostname label would otherwise be the machine's running the test ($NODE_NAME, gethostname()).
     settings = resolve(pipeline.registry(), {}, {
-        "path.procfs": str(root / "proc"), "path.sysfs": str(root / "sys"), **(spec.get("flags") or {})})
+        "path.procfs": str(root / "proc"), "path.sysfs": str(root / "sys"), "collector.gpu.hostname": name,
+        **(spec.get("flags") or {})})
     clock = VirtualClock(0.0)
     pipe = pipeline.build(settings, clock=clock, nvml=fake, inline=True)
     engine = pipe.engine

@@ -1,0 +1,78 @@
+"""The monitoring mixin (mixin/): evaluated with jsonnet, it is the shipped rules and dashboards, and its
+_config changes them exactly as the generator's own settings do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.rules.conftest import ALERTS, GRAFANA, REPO
+
+jsonnet = pytest.importorskip("_jsonnet", reason="pip install jsonnet (the test extra has it)")
+
+MIXIN = REPO / "mixin"
+
+
+def _evaluate(config: str = "") -> dict[str, Any]:
+    snippet = (f"local m = (import 'mixin.libsonnet') + {{ _config+:: {{ {config} }} }};\n"
+               "{alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards}")
+    out: dict[str, Any] = json.loads(jsonnet.evaluate_snippet("test", snippet, jpathdir=[str(MIXIN)]))
+    return out
+
+
+def _generated(tmp_path: Path, thresholds: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    (tmp_path / "mine.yaml").write_text(thresholds)
+    out = tmp_path / "rules"
+    r = subprocess.run([sys.executable, str(ALERTS / "generate.py"), "--thresholds", str(tmp_path / "mine.yaml"),
+                        "--out", str(out)], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    return (yaml.safe_load((out / "gpufeed-alerts.yml").read_text()),
+            yaml.safe_load((out / "gpufeed-recording.yml").read_text()))
+
+
+def test_mixin_evaluates_to_the_shipped_alerts_rules_and_dashboards() -> None:
+    m = _evaluate()
+    assert m["alerts"] == yaml.safe_load((ALERTS / "gpufeed-alerts.yml").read_text())
+    assert m["rules"] == yaml.safe_load((ALERTS / "gpufeed-recording.yml").read_text())
+    shipped = {p.name: json.loads(p.read_text()) for p in sorted((GRAFANA / "dashboards").glob("*.json"))}
+    assert m["dashboards"] == shipped
+
+
+def test_mixin_config_changes_the_rules_as_the_generator_settings_do(tmp_path: Path) -> None:
+    m = _evaluate("runbookBaseUrl: 'https://wiki.example.com/gpufeed/runbooks', "
+                  "aggregationLabels: ['region', 'cluster'], gpufeedSelector: 'job=\"gpu-exporter\"'")
+    alerts, rules = _generated(tmp_path, "runbook_base_url: https://wiki.example.com/gpufeed/runbooks\n"
+                                         "aggregation_labels: [region, cluster]\n"
+                                         "job_selector: 'job=\"gpu-exporter\"'\n")
+    assert m["alerts"] == alerts and m["rules"] == rules
+    m = _evaluate("aggregationLabels: []")
+    alerts, rules = _generated(tmp_path, "aggregation_labels: []\n")
+    assert m["alerts"] == alerts and m["rules"] == rules
+
+
+def test_mixin_output_passes_promtool_check_rules(promtool: str, tmp_path: Path) -> None:
+    m = _evaluate("aggregationLabels: ['region']")
+    for name in ("alerts", "rules"):
+        (tmp_path / f"{name}.yml").write_text(yaml.safe_dump(m[name]))
+    r = subprocess.run([promtool, "check", "rules", str(tmp_path / "alerts.yml"), str(tmp_path / "rules.yml")],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("url", ["docs/runbooks.md", "ftp://host/x", "https:///x", "https://wiki/x#top"])
+def test_mixin_refuses_a_runbook_base_url_that_is_not_an_absolute_link(url: str) -> None:
+    with pytest.raises(RuntimeError, match="runbookBaseUrl must be an absolute"):
+        _evaluate(f"runbookBaseUrl: '{url}'")
+
+
+def test_mixin_is_self_contained_for_jsonnet_bundler() -> None:
+    """jb vendors only mixin/: nothing may import from outside it."""
+    for f in MIXIN.rglob("*.libsonnet"):
+        assert "import '../" not in f.read_text() and 'import "../' not in f.read_text(), f
+    assert json.loads((MIXIN / "jsonnetfile.json").read_text())["dependencies"] == []
