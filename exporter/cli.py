@@ -111,4 +111,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SimulationError as e:
         log.get_logger(component="daemon").error("simulation_failed", error=str(e))
         return 2
-    return run_daemon(sim.settings, nvml=sim.nvml, cleanup=sim.stop)
+    return run_daemon(sim.settings, nvml=sim.nvml, cleanup=sim.stop, clock=sim.clock)

@@ -120,9 +120,10 @@ class Daemon:
         await self.engine.stop(timeout=0.5)
 
 
-async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type[Stage]] | None = None) -> int:
+async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type[Stage]] | None = None,
+                 clock: Clock | None = None) -> int:
     try:
-        daemon = Daemon(settings, nvml=nvml, stages=stages)
+        daemon = Daemon(settings, nvml=nvml, stages=stages, clock=clock)
     except WebConfigError as e:
         _log.error("web_config_invalid", error=str(e))
         return 2
@@ -156,17 +157,17 @@ async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type
 
 def run_daemon(
     settings: Settings, *, nvml: Any = None, cleanup: Callable[[], None] | None = None,
-    stages: Mapping[str, type[Stage]] | None = None,
+    stages: Mapping[str, type[Stage]] | None = None, clock: Clock | None = None,
 ) -> int:
     """Run ``gpufeed serve`` until SIGTERM/SIGINT; returns the exit code.
 
     ``nvml``: the NVML module to use instead of ``pynvml`` (``serve --simulate`` passes the simulation's strict
     fake); ``cleanup`` runs once the daemon has stopped, before the process may exit hard (below); ``stages``
-    replaces the registry (tests).
+    replaces the registry (tests); ``clock`` is the engine's (``serve --simulate``: the scenario's time).
     """
     log.configure(settings["log.level"], settings["log.format"])
     try:
-        code = asyncio.run(_amain(settings, nvml, stages))
+        code = asyncio.run(_amain(settings, nvml, stages, clock))
     finally:
         if cleanup is not None:
             cleanup()
