@@ -99,7 +99,7 @@ def test_flags_override_the_config_file(tmp_path: Path) -> None:
     assert s.collector["cpu"]["per-core"] is False
     assert s.enabled["nfs"] is True
     assert s.collector["disk"]["device-exclude"] == "^sd"  # from the file, no flag given
-    assert s["web.listen-address"] == "127.0.0.1:29999"
+    assert s["web.listen-address"] == ("127.0.0.1:29999",)
 
 
 def test_host_collector_defaults() -> None:
