@@ -8,6 +8,7 @@ and nothing started; no input produces a Python traceback.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import sys
 import traceback
@@ -143,6 +144,8 @@ def settings_from_args(ns: argparse.Namespace, collectors: Mapping[str, type[Sta
     flags = {k: v for k, v in vars(ns).items()
              if v is not _UNSET and v is not None and k not in ("command", "config.file")}
     cfg = getattr(ns, "config.file", None)
+    if cfg and "\x00" in cfg:
+        raise ConfigError("--config.file: a file name cannot contain a NUL character")
     file_values = load_file(Path(cfg)) if cfg else {}
     return resolve(collectors, file_values, flags, source=f"config file {cfg}" if cfg else "config file")
 
@@ -214,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as e:  # a bug: one line that can be reported, never a traceback for an operator to parse
         args = sys.argv[1:] if argv is None else list(argv)
-        if "--log.level=debug" in args or any(a == "--log.level" and b == "debug" for a, b in zip(args, args[1:])):
+        if "--log.level=debug" in args or any(pair == ("--log.level", "debug") for pair in itertools.pairwise(args)):
             traceback.print_exc()
         print(f"gpufeed: internal error: {type(e).__name__}: {e} (please report this; --log.level=debug shows "
               "where)", file=sys.stderr)

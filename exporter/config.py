@@ -58,8 +58,8 @@ class ListenAddressOption(Option):
         for item in items:
             if not isinstance(item, str):
                 raise ValueError(f"bad listen address {item!r}: expected host:port or :port (e.g. :9842)")
-            parse_listen_address(item.strip())
-            if item.strip() in out:
+            _, port = parse_listen_address(item.strip())
+            if item.strip() in out and port != 0:  # port 0: each listener gets its own free port
                 raise ValueError(f"listen address {item.strip()!r} given twice")
             out.append(item.strip())
         return tuple(out)
@@ -187,6 +187,10 @@ def resolve(
                 msg = e.args[0] if e.args else str(e)
                 shown = f"--{key}" if where == "flag" else f"key {key!r}"
                 raise ConfigError(f"{where}: {shown}: {msg}") from e
+            if any("\x00" in v for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, str)):
+                # No path, address or pattern has one, and the OS refuses it in a file name.
+                shown = f"--{key}" if where == "flag" else f"key {key!r}"
+                raise ConfigError(f"{where}: {shown}: contains a NUL character")
             choices = _CHOICES.get(key)
             if choices is not None and value not in choices:
                 shown = f"--{key}" if where == "flag" else f"key {key!r}"

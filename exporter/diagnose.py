@@ -20,14 +20,19 @@ from exporter.samples.derived import DerivedState
 from exporter.samples.gpu import GpuSample, GpuSlow
 from exporter.sources import CHUNK, read_bytes
 
-
 DEFAULT_DURATION = "30s"
+# Sources every Linux host has (/proc/stat, /proc/meminfo) and the GPUs: when none of them could be read, the
+# host was not seen, whatever else answered (an empty sysfs "succeeds" with no devices in it).
+SEEING_SAMPLERS = frozenset({names.CPU, names.MEMORY, names.GPU_FAST})
 
 
 def run_diagnose(ns: argparse.Namespace) -> int:
     """``--scenario``: play it in virtual time; otherwise sample this host. Returns the exit code
     (:mod:`exporter.report`: 0 all quiet, 1 needs attention, 2 usage, 3 the host could not be seen)."""
     _configure_logging(getattr(ns, "log.level", None))
+    for flag in ("scenario", "duration", "path.procfs", "path.sysfs"):
+        if "\x00" in str(getattr(ns, flag, "") or ""):
+            return _usage(f"--{flag}: contains a NUL character")
     if getattr(ns, "scenario", None):
         return run_scenario(ns)
     return run_live(ns)
@@ -93,10 +98,13 @@ def blind_reason(procfs: Path, sysfs: Path) -> str | None:
     sampling it would only produce a report with nothing in it that reads like a quiet host.
     """
     for flag, root in (("--path.procfs", procfs), ("--path.sysfs", sysfs)):
-        if not root.exists():
-            return f"{flag} {root}: no such directory"
-        if not root.is_dir():
-            return f"{flag} {root}: not a directory"
+        try:
+            if not root.exists():
+                return f"{flag} {root}: no such directory"
+            if not root.is_dir():
+                return f"{flag} {root}: not a directory"
+        except OSError as e:  # a name too long, a loop of links
+            return f"{flag} {str(root)[:80]}: {e.strerror or e}"
     try:
         read_bytes(procfs / "stat", limit=CHUNK)
     except OSError as e:
@@ -113,8 +121,8 @@ def sampler_errors(engine: Engine) -> dict[str, str]:
 def live_report(engine: Engine, duration: float) -> dict[str, Any]:
     """The live report as a JSON-ready dict: :mod:`exporter.report`'s shape, one phase named ``live``.
 
-    When no sampler read anything (every source failed or is absent) the report carries ``error``: the host
-    was not seen, whatever the empty verdict and finding lists would suggest.
+    When neither /proc/stat, /proc/meminfo nor a GPU could be read (:data:`SEEING_SAMPLERS`), the report
+    carries ``error``: the host was not seen, whatever the empty verdict and finding lists would suggest.
     """
     snap = engine.snapshot
     state = snap.value(names.DERIVED)
@@ -138,7 +146,7 @@ def live_report(engine: Engine, duration: float) -> dict[str, Any]:
     if state is None:
         note = "the derived layer produced no evaluation (run longer than a few seconds)"
     errors = sampler_errors(engine)
-    seen = any(st.success for name, st in snap.status.items() if name != names.DERIVED)
+    seen = any(st.success for name, st in snap.status.items() if name in SEEING_SAMPLERS)
     error = None if seen else "no source could be read (" + (
         "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())) or "none exists") + ")"
     phase = report.PhaseState(report.LIVE_PHASE, round(duration, 1), state)

@@ -46,7 +46,11 @@ def files(kind: str) -> list[Path]:
 def scenario(ref: str) -> Path:
     """``ref`` as a scenario file: an existing path, or the name of a shipped scenario (``.yaml`` optional)."""
     path = Path(ref)
-    if path.exists() or "/" in ref:
+    try:
+        exists = path.exists()
+    except (OSError, ValueError) as e:  # a name too long, a NUL byte
+        raise ExampleError(f"{ref[:80]}: {getattr(e, 'strerror', None) or e}") from e
+    if exists or "/" in ref:
         return path  # a path: the scenario loader names it in its own error when it is no good
     shipped = {p.stem: p for p in files("scenarios")}
     name = ref.removesuffix(".yaml")

@@ -166,6 +166,11 @@ class WebServer:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
+    @property
+    def ports(self) -> list[int]:
+        """The bound port of every listener, in --web.listen-address order."""
+        return [int(s.sockets[0].getsockname()[1]) for s in self._servers]
+
     async def start(self) -> None:
         """Bind and start accepting.
 
@@ -185,6 +190,7 @@ class WebServer:
         except OSError:
             for server in self._servers:  # all or nothing: a half-bound daemon would look healthy
                 server.close()
+            self._servers, self._server = [], None
             raise
 
     async def start_in_thread(self) -> None:
