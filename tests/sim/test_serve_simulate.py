@@ -39,6 +39,17 @@ def _wait_port(proc: subprocess.Popen[str], log: Path, deadline: float) -> int:
     raise AssertionError("daemon did not start listening:\n" + log.read_text())
 
 
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL if the daemon has not exited 15 s later."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -92,13 +103,7 @@ def test_serve_simulate_serves_idle_gen1_then_the_degraded_riser_hop(tmp_path: P
         assert _value(text, "gpufeed_pcie_link_current_speed_transfers_per_second", **root) == 16e9
         assert _value(text, "gpufeed_pcie_link_current_width", **root) == 16
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _stop(proc)
     assert proc.returncode == 0
     for kid in kids:
         for _ in range(50):
@@ -174,11 +179,5 @@ def test_serve_simulate_at_speed_10_reads_the_riser_transfer_bound_with_most_tim
         share = (waiting - first[0]) / ((waiting - first[0]) + (working - first[1]))
         assert share > 0.5, (first, waiting, working)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _stop(proc)
     assert proc.returncode == 0
