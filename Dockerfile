@@ -8,8 +8,12 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/gpufeed
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY exporter ./exporter
+# What the package ships besides its code (setup.py, `gpufeed examples`): scenarios, rules, dashboards.
+COPY tests/scenarios/*.yaml ./tests/scenarios/
+COPY alerts/gpufeed-*.yml ./alerts/
+COPY deploy/grafana/dashboards/*.json ./deploy/grafana/dashboards/
 # Wheels only: a dependency that would need a compiler fails here instead of dragging one in.
 RUN /opt/gpufeed/bin/pip install --only-binary=:all: --no-compile . \
     && /opt/gpufeed/bin/pip uninstall --yes pip setuptools \

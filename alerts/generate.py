@@ -472,7 +472,8 @@ def workload_rollups(state_rate: str, cause_rate: str, rw: str, b: Callable[[str
                                    ("cause", cause_rate, "gpufeed_gpu_waiting_seconds")):
             rules.append({
                 "record": f"{prefix}_{kind}:{series}:{rw}",
-                "expr": f"sum by ({b(f'{label}, {kind}')}) (\n  {rate}\n* on ({b('job, instance, gpu')}) group_left ({label})\n"
+                "expr": f"sum by ({b(f'{label}, {kind}')}) (\n  {rate}\n"
+                        f"* on ({b('job, instance, gpu')}) group_left ({label})\n"
                         + "\n".join("  " + line for line in workload_join(label, b).splitlines()) + "\n)\n",
             })
     return rules

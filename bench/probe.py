@@ -103,17 +103,24 @@ class _ProbedDaemon(daemon_mod.Daemon):
 
 
 def dump(out: Path) -> None:
-    """Write {sampler: {interval, runs, overruns, failures, t: [monotonic seconds]}} for every daemon built."""
+    """Write {sampler: {interval, runs, overruns, failures, t: [monotonic seconds]}} for every daemon built.
+
+    Under ``--simulate`` the engine runs on scenario time (exporter/sim/timebase.py ScaledClock); sample
+    times and intervals are mapped back to the monotonic clock, on which the benchmark measures its window.
+    """
     samplers: dict[str, Any] = {}
     for d in _captured:
+        clock = d.engine.clock
+        to_base: Callable[[float], float] = getattr(clock, "to_base", lambda t: t)
+        speed = float(getattr(clock, "speed", 1.0))
         for name, s in d.engine.samplers.items():
             samplers[name] = {
                 "collector": s.collector,
-                "interval": s.interval,
+                "interval": s.interval / speed,
                 "runs": s.runs,
                 "overruns": s.overruns,
                 "failures": s.failures,
-                "t": [x.t for x in d.engine.history(name)],
+                "t": [to_base(x.t) for x in d.engine.history(name)],
             }
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"samplers": samplers, **(_frozen[0] if _frozen else _accounts())}))

@@ -7,6 +7,8 @@ are errors that name the key.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +24,50 @@ class ConfigError(Exception):
     """A bad setting; the message names the key (and file) and says what is wrong."""
 
 
+# RFC 1123 host name: dot-separated labels of letters, digits and inner hyphens.
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
+MAX_SIMULATE_SPEED = 100.0
+
+
+def parse_listen_address(addr: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` or ``[v6]:port`` -> (host, port), the host an IP address, a host name or empty
+    (every interface); ValueError with a reason otherwise. Checked when the settings are read, so a bad
+    address is exit 2 before anything starts, not a failed bind."""
+    from exporter.web import parse_address
+
+    host, port = parse_address(addr)
+    if host:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if not _HOSTNAME.match(host) or host.replace(".", "").isdigit():
+                raise ValueError(f"bad listen address {addr!r}: {host!r} is neither an IP address nor a host name") \
+                    from None
+    return host, port
+
+
+class ListenAddressOption(Option):
+    """One or more listen addresses: the flag repeated (as node_exporter's), or a string or list in the file."""
+
+    def parse(self, value: object) -> tuple[str, ...]:
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        if not items:
+            raise ValueError("at least one address is required (e.g. :9842)")
+        out: list[str] = []
+        for item in items:
+            if not isinstance(item, str):
+                raise ValueError(f"bad listen address {item!r}: expected host:port or :port (e.g. :9842)")
+            _, port = parse_listen_address(item.strip())
+            if item.strip() in out and port != 0:  # port 0: each listener gets its own free port
+                raise ValueError(f"listen address {item.strip()!r} given twice")
+            out.append(item.strip())
+        return tuple(out)
+
+
 GLOBAL_OPTIONS: tuple[Option, ...] = (
-    Option("web.listen-address", "str", ":9842", "Address to listen on for the web interface and telemetry."),
+    ListenAddressOption("web.listen-address", "list", (":9842",),
+                        "Address to listen on for the web interface and telemetry; repeat to listen on several."),
     Option("web.telemetry-path", "str", "/metrics", "Path under which to expose metrics."),
     Option("web.max-requests", "int", 40, "Maximum number of requests served at once (excess gets 503)."),
     Option("web.max-connections", "int", 512, "Maximum number of open client connections."),
@@ -36,8 +80,10 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("log.level", "str", "info", "Only log messages with the given severity or above: " + "|".join(LEVELS)),
     Option("log.format", "str", "logfmt", "Output format of log messages: " + "|".join(FORMATS)),
     Option("engine.history", "duration", 120.0, "How much sample history each sampler keeps in memory."),
-    Option("simulate", "str", "", "Serve a scenario file's simulated host instead of the real one (see SPEC)."),
-    Option("simulate-speed", "float", 1.0, "Play the simulated scenario this many times faster than real time."),
+    Option("simulate", "str", "", "Serve a scenario's simulated host instead of the real one: a file, or the name "
+           "of a shipped scenario (gpufeed examples)."),
+    Option("simulate-speed", "float", 1.0, "Play the simulated scenario this many times faster than real time "
+           f"(at most {MAX_SIMULATE_SPEED:g}); intervals, rates and windows stay in scenario time."),
 )
 
 _CHOICES = {"log.level": LEVELS, "log.format": FORMATS}
@@ -141,6 +187,10 @@ def resolve(
                 msg = e.args[0] if e.args else str(e)
                 shown = f"--{key}" if where == "flag" else f"key {key!r}"
                 raise ConfigError(f"{where}: {shown}: {msg}") from e
+            if any("\x00" in v for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, str)):
+                # No path, address or pattern has one, and the OS refuses it in a file name.
+                shown = f"--{key}" if where == "flag" else f"key {key!r}"
+                raise ConfigError(f"{where}: {shown}: contains a NUL character")
             choices = _CHOICES.get(key)
             if choices is not None and value not in choices:
                 shown = f"--{key}" if where == "flag" else f"key {key!r}"
@@ -153,10 +203,22 @@ def resolve(
                 copts[cname][key.split(".", 2)[2]] = value
     if values["web.max-requests"] < 1:
         raise ConfigError("--web.max-requests must be at least 1")
+    if values["web.max-connections"] < 1:
+        raise ConfigError("--web.max-connections must be at least 1")
     if not str(values["web.telemetry-path"]).startswith("/"):
         raise ConfigError("--web.telemetry-path must start with '/'")
-    if values["simulate-speed"] <= 0:
-        raise ConfigError("--simulate-speed must be positive")
+    speed = values["simulate-speed"]
+    if not 0 < speed <= MAX_SIMULATE_SPEED:  # NaN fails this too
+        # Above this the daemon would sample a 100 ms source every millisecond of wall time: its sampling, not
+        # the scenario, would decide what it sees.
+        raise ConfigError(f"--simulate-speed must be above 0 and at most {MAX_SIMULATE_SPEED:g}, not {speed!r}")
+    if values["simulate"]:
+        from exporter.examples import ExampleError, scenario
+
+        try:
+            values["simulate"] = str(scenario(str(values["simulate"])))
+        except ExampleError as e:
+            raise ConfigError(f"--simulate: {e}") from e
     if values["web.config.file"]:
         # Validate (and load the certificates of) the web config now, so a bad file fails `gpufeed serve` with
         # exit 2 and a message naming the key, instead of serving without the TLS or auth the operator asked for.

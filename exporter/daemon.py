@@ -24,6 +24,12 @@ from exporter.webconfig import WebConfigError, WebConfigManager
 _log = log.get_logger(component="daemon")
 
 
+def listen_addresses(settings: Settings) -> tuple[str, ...]:
+    """--web.listen-address: one or more (a string when the settings were built by hand)."""
+    value = settings["web.listen-address"]
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 class Daemon:
     """The running exporter: engine + renderer + web server, with graceful start and stop."""
 
@@ -39,11 +45,11 @@ class Daemon:
         self.engine = self.pipeline.engine
         self.collectors = self.pipeline.collectors
         self.renderer = Renderer(self.pipeline.stages)
-        host, port = parse_address(settings["web.listen-address"])
+        (host, port), *also = [parse_address(a) for a in listen_addresses(settings)]
         self.web = WebServer(
             self.renderer,
             WebSettings(
-                host=host, port=port, telemetry_path=settings["web.telemetry-path"],
+                host=host, port=port, also=tuple(also), telemetry_path=settings["web.telemetry-path"],
                 max_requests=settings["web.max-requests"], max_connections=settings["web.max-connections"],
                 read_timeout=settings["web.read-timeout"], idle_timeout=settings["web.idle-timeout"],
             ),
@@ -120,9 +126,10 @@ class Daemon:
         await self.engine.stop(timeout=0.5)
 
 
-async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type[Stage]] | None = None) -> int:
+async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type[Stage]] | None = None,
+                 clock: Clock | None = None) -> int:
     try:
-        daemon = Daemon(settings, nvml=nvml, stages=stages)
+        daemon = Daemon(settings, nvml=nvml, stages=stages, clock=clock)
     except WebConfigError as e:
         _log.error("web_config_invalid", error=str(e))
         return 2
@@ -135,7 +142,7 @@ async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type
         try:
             await daemon.start()
         except OSError as e:
-            _log.error("listen_failed", address=settings["web.listen-address"], error=str(e))
+            _log.error("listen_failed", address=",".join(listen_addresses(settings)), error=str(e))
             await daemon.engine.stop()
             return 1
         _log.info("started", collectors=",".join(c.name for c in daemon.pipeline.stages))
@@ -156,17 +163,17 @@ async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type
 
 def run_daemon(
     settings: Settings, *, nvml: Any = None, cleanup: Callable[[], None] | None = None,
-    stages: Mapping[str, type[Stage]] | None = None,
+    stages: Mapping[str, type[Stage]] | None = None, clock: Clock | None = None,
 ) -> int:
     """Run ``gpufeed serve`` until SIGTERM/SIGINT; returns the exit code.
 
     ``nvml``: the NVML module to use instead of ``pynvml`` (``serve --simulate`` passes the simulation's strict
     fake); ``cleanup`` runs once the daemon has stopped, before the process may exit hard (below); ``stages``
-    replaces the registry (tests).
+    replaces the registry (tests); ``clock`` is the engine's (``serve --simulate``: the scenario's time).
     """
     log.configure(settings["log.level"], settings["log.format"])
     try:
-        code = asyncio.run(_amain(settings, nvml, stages))
+        code = asyncio.run(_amain(settings, nvml, stages, clock))
     finally:
         if cleanup is not None:
             cleanup()

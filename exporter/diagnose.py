@@ -9,21 +9,60 @@ import json
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
-from exporter import log, names, pipeline, report
-from exporter.config import resolve
+from exporter import examples, log, names, pipeline, report
+from exporter.config import ConfigError, resolve
 from exporter.durations import parse_duration
 from exporter.engine import Engine, RealClock
 from exporter.samples.derived import DerivedState
 from exporter.samples.gpu import GpuSample, GpuSlow
+from exporter.sources import CHUNK, read_bytes
+
+DEFAULT_DURATION = "30s"
+# Sources every Linux host has (/proc/stat, /proc/meminfo) and the GPUs: when none of them could be read, the
+# host was not seen, whatever else answered (an empty sysfs "succeeds" with no devices in it).
+SEEING_SAMPLERS = frozenset({names.CPU, names.MEMORY, names.GPU_FAST})
 
 
 def run_diagnose(ns: argparse.Namespace) -> int:
-    """``--scenario``: play it in virtual time; otherwise sample this host."""
+    """``--scenario``: play it in virtual time; otherwise sample this host. Returns the exit code
+    (:mod:`exporter.report`: 0 all quiet, 1 needs attention, 2 usage, 3 the host could not be seen)."""
+    _configure_logging(getattr(ns, "log.level", None))
+    for flag in ("scenario", "duration", "path.procfs", "path.sysfs"):
+        if "\x00" in str(getattr(ns, flag, "") or ""):
+            return _usage(f"--{flag}: contains a NUL character")
     if getattr(ns, "scenario", None):
         return run_scenario(ns)
     return run_live(ns)
+
+
+def _configure_logging(level: str | None) -> None:
+    """Without --log.level, diagnose logs nothing: what went wrong is in the report (``sampler_errors``),
+    and a log line in the middle of the report (or of its JSON on a terminal) only confuses it."""
+    if level:
+        log.configure(level, "logfmt")
+    else:
+        log.configure("error", "logfmt", stream=_DEVNULL)
+
+
+class _Discard:
+    """A write-only sink for the log lines nobody asked for."""
+
+    def write(self, _text: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        return None
+
+
+_DEVNULL = _Discard()
+
+
+def _usage(message: str) -> int:
+    print(f"gpufeed diagnose: error: {message}", file=sys.stderr)
+    return report.EXIT_USAGE
 
 
 # ---- live host ----------------------------------------------------------------------------------------------
@@ -52,8 +91,39 @@ async def _sample_live(engine: Engine, duration: float, tty: TextIO | None) -> N
         await engine.stop(timeout=1.0)
 
 
+def blind_reason(procfs: Path, sysfs: Path) -> str | None:
+    """Why this host cannot be seen through ``procfs`` and ``sysfs`` (None: it can be sampled).
+
+    A procfs always has ``stat`` (proc(5)); a path that does not exist, is empty or is a file is not one, and
+    sampling it would only produce a report with nothing in it that reads like a quiet host.
+    """
+    for flag, root in (("--path.procfs", procfs), ("--path.sysfs", sysfs)):
+        try:
+            if not root.exists():
+                return f"{flag} {root}: no such directory"
+            if not root.is_dir():
+                return f"{flag} {root}: not a directory"
+        except OSError as e:  # a name too long, a loop of links
+            return f"{flag} {str(root)[:80]}: {e.strerror or e}"
+    try:
+        read_bytes(procfs / "stat", limit=CHUNK)
+    except OSError as e:
+        return f"--path.procfs {procfs}: not a procfs ({procfs / 'stat'}: {e.strerror or e})"
+    return None
+
+
+def sampler_errors(engine: Engine) -> dict[str, str]:
+    """The samplers whose source exists but could not be read, with the error of their last run."""
+    return {name: st.error for name, st in engine.snapshot.status.items()
+            if st.available and not st.success and st.runs > 0 and st.error}
+
+
 def live_report(engine: Engine, duration: float) -> dict[str, Any]:
-    """The live report as a JSON-ready dict: :mod:`exporter.report`'s shape, one phase named ``live``."""
+    """The live report as a JSON-ready dict: :mod:`exporter.report`'s shape, one phase named ``live``.
+
+    When neither /proc/stat, /proc/meminfo nor a GPU could be read (:data:`SEEING_SAMPLERS`), the report
+    carries ``error``: the host was not seen, whatever the empty verdict and finding lists would suggest.
+    """
     snap = engine.snapshot
     state = snap.value(names.DERIVED)
     state = state if isinstance(state, DerivedState) else None
@@ -75,40 +145,52 @@ def live_report(engine: Engine, duration: float) -> dict[str, Any]:
         note = f"no GPU on this host ({reason}): host findings only"
     if state is None:
         note = "the derived layer produced no evaluation (run longer than a few seconds)"
+    errors = sampler_errors(engine)
+    seen = any(st.success for name, st in snap.status.items() if name in SEEING_SAMPLERS)
+    error = None if seen else "no source could be read (" + (
+        "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())) or "none exists") + ")"
     phase = report.PhaseState(report.LIVE_PHASE, round(duration, 1), state)
-    return report.document([phase], gpus, scenario=None, host=socket.gethostname(), duration_s=duration,
-                           window_s=state.window_s if state is not None else None, note=note)
+    return report.document([] if error else [phase], gpus, scenario=None, host=socket.gethostname(),
+                           duration_s=duration, window_s=state.window_s if state is not None else None,
+                           note=note, sampler_errors=errors, error=error)
 
 
 def run_live(ns: argparse.Namespace) -> int:
     """``gpufeed diagnose [--duration 30s] [--json]`` on this host."""
     try:
-        duration = parse_duration(getattr(ns, "duration", "30s"))
+        given = getattr(ns, "duration", None)
+        duration = parse_duration(DEFAULT_DURATION if given is None else given)
     except ValueError as e:
-        print(f"gpufeed diagnose: --duration: {e}", file=sys.stderr)
-        return 2
+        return _usage(f"--duration: {e}")
     if getattr(ns, "check", False) or getattr(ns, "timeline", False):
-        print("gpufeed diagnose: --check and --timeline need --scenario FILE", file=sys.stderr)
-        return 2
-    log.configure("error", "logfmt")
+        return _usage("--check and --timeline need --scenario FILE")
+    as_json = bool(getattr(ns, "json", False))
+    procfs, sysfs = Path(getattr(ns, "path.procfs", "/proc")), Path(getattr(ns, "path.sysfs", "/sys"))
+    blind = blind_reason(procfs, sysfs)
+    if blind is not None:
+        doc = report.document([], [], scenario=None, host=socket.gethostname(), duration_s=0.0, window_s=None,
+                              error=blind)
+        _emit(doc, as_json)
+        if as_json:
+            print(f"gpufeed diagnose: cannot see the host: {blind}", file=sys.stderr)
+        return report.EXIT_BLIND
     try:
         settings = resolve(pipeline.registry(), {}, {
-            "path.procfs": getattr(ns, "path.procfs", "/proc"), "path.sysfs": getattr(ns, "path.sysfs", "/sys"),
+            "path.procfs": str(procfs), "path.sysfs": str(sysfs),
             # Deep per-thread evidence every second from the start: a diagnosis is short.
             "collector.proc.threads-interval": 1.0,
         })
-    except (KeyError, ValueError) as e:
-        print(f"gpufeed diagnose: {e}", file=sys.stderr)
-        return 2
+    except ConfigError as e:
+        return _usage(str(e))
     pipe = pipeline.build(settings, clock=RealClock(), history_seconds=max(120.0, duration + 30.0))
-    tty = sys.stderr if sys.stderr.isatty() and not getattr(ns, "json", False) else None
+    tty = sys.stderr if sys.stderr.isatty() and not as_json else None
     try:
         asyncio.run(_sample_live(pipe.engine, duration, tty))
     except KeyboardInterrupt:
         print("gpufeed diagnose: interrupted", file=sys.stderr)
         return 130
     doc = live_report(pipe.engine, duration)
-    _emit(doc, bool(getattr(ns, "json", False)))
+    _emit(doc, as_json)
     return report.exit_code(doc)
 
 
@@ -124,30 +206,36 @@ def _emit(doc: dict[str, Any], as_json: bool) -> None:
 
 
 def run_scenario(ns: argparse.Namespace) -> int:
-    """``gpufeed diagnose --scenario FILE [--json] [--check] [--timeline]``; returns the exit code: 0 done,
-    1 ``--check`` found a failed expectation, 2 invalid scenario (the message names the file and key)."""
+    """``gpufeed diagnose --scenario FILE|NAME [--json] [--check] [--timeline]``.
+
+    Exit code as on a live host (0 all quiet in every phase, 1 otherwise), or with ``--check`` the outcome of
+    the scenario's ``expect`` list (0 all hold, 1 one failed); 2 for an invalid scenario (the message names
+    the file and key) or ``--check`` on a scenario with nothing to check.
+    """
     from exporter.sim.player import play
     from exporter.sim.scenario import ScenarioError, load
 
-    log.configure("warn", "logfmt")
     try:
-        sc = load(ns.scenario)
+        sc = load(str(examples.scenario(ns.scenario)))
+    except examples.ExampleError as e:
+        return _usage(f"--scenario {e}")
     except ScenarioError as e:
-        print(f"gpufeed diagnose: invalid scenario: {e}", file=sys.stderr)
-        return 2
+        return _usage(f"invalid scenario: {e}")
+    if getattr(ns, "duration", None) is not None:
+        return _usage("--duration is for a live host; a scenario lasts as long as its phases")
+    if ns.check and not sc.expect:
+        return _usage(f"--check: scenario {ns.scenario} has no expect entries, so there is nothing to check")
     res = play(sc, timeline=bool(ns.timeline))
     doc = report.scenario_document(res, timeline=bool(ns.timeline))
     _emit(doc, bool(ns.json))
-    if ns.timeline and not ns.json:
-        for row in doc["timeline"]:
-            print(f"t={row['t']:g} GPU {row['gpu']}: {row['cause']}")
-    if ns.check:
-        failures = report.check(res)
-        stream = sys.stderr if ns.json else sys.stdout
-        for f in failures:
-            print(f"FAIL {f}", file=stream)
-        if failures:
-            print(f"{len(failures)} of the scenario's expectations failed", file=stream)
-            return 1
-        print(f"all {len(sc.expect)} expectations hold", file=stream)
-    return 0
+    if not ns.check:
+        return report.exit_code(doc)
+    failures = report.check(res)
+    stream = sys.stderr if ns.json else sys.stdout
+    for f in failures:
+        print(f"FAIL {f}", file=stream)
+    if failures:
+        print(f"{len(failures)} of the scenario's expectations failed", file=stream)
+        return report.EXIT_ATTENTION
+    print(f"all {len(sc.expect)} expectations hold", file=stream)
+    return report.EXIT_OK

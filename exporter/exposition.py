@@ -8,7 +8,6 @@ so a slow collector never delays a scrape and a render costs what changed.
 from __future__ import annotations
 
 import gzip
-import platform
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -18,7 +17,7 @@ from prometheus_client import generate_latest as generate_text
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from exporter import __version__, log
+from exporter import buildinfo, log
 from exporter.sampling import Stage
 from exporter.snapshot import Snapshot
 
@@ -69,10 +68,12 @@ def self_metrics(snap: Snapshot) -> Iterator[Metric]:
         if avail:
             success.add_metric([name], 1.0 if all(r[0] for r in rows if r[1]) else 0.0)
         duration.add_metric([name], max(r[2] for r in rows))
+    info = buildinfo.labels()
     build = GaugeMetricFamily(
-        "gpufeed_build_info", "gpufeed version and Python version, value 1.", labels=["version", "python"]
+        "gpufeed_build_info", "A metric with a constant '1' value labeled by the version, source revision and "
+        "Python version gpufeed runs with.", labels=list(info),
     )
-    build.add_metric([__version__, platform.python_version()], 1.0)
+    build.add_metric(list(info.values()), 1.0)
     yield from (success, available, duration, overruns, restarts, build)
 
 

@@ -1,25 +1,34 @@
 """The ``gpufeed diagnose`` report, for a live host and for a scenario alike: one JSON shape, the text a person
 reads, the playbook's next check per GPU, the exit code, and ``--check`` of a scenario's expectations.
 
-The JSON is ``shared/scenarios/SPEC.md``'s, extended the same way in both modes::
+The JSON is ``shared/scenarios/SPEC.md``'s, extended the same way in both modes, and published as a JSON Schema
+(``exporter/report.schema.json``, :data:`SCHEMA`; the tests validate both modes against it)::
 
     {"scenario": name | null, "host": hostname | null, "duration_s", "window_s",
      "phases": [{"name", "end_s",
                  "gpus": [{"index", "uuid", "name", "cause", "confidence", "waiting_ratio", "waiting_share",
                            "evidence", "next_check"}],
                  "findings": [{"check", "gpu", "severity", "detail"}]}],
-     "timeline": [{"t", "gpu", "cause"}],           # with --timeline only
-     "note": "...", "sampler_errors": {...}}          # only when there is something to say
+     "timeline": [{"t", "gpu", "cause"}],           # with --timeline only: each change of a GPU's verdict
+     "note": "...", "sampler_errors": {...},         # only when there is something to say
+     "error": "..."}                                 # only when the host could not be seen (exit 3)
 
-A live run is one phase named ``live``. ``waiting_ratio`` is the share of the classifier window the GPU
-waited; ``waiting_share`` the share of the whole phase (live: the whole run), from the exact state counters.
+A live run is one phase named ``live``. ``window_s`` is the span the verdicts look back over (the classifier
+window, or the whole run when that is shorter); ``waiting_ratio`` the share of it the GPU waited;
+``waiting_share`` the share of the whole phase (live: the whole run), from the exact state counters.
 Every GPU of the scenario (or seen by NVML) is present; ``cause`` is null when no verdict was reached.
+
+Exit codes (:func:`exit_code`, the same in both modes): 0 every GPU healthy or idle and no finding, in every
+phase; 1 anything else (a waiting, throttled or inefficient GPU, a GPU without a verdict, any finding);
+2 usage (a bad flag or file); 3 the host could not be seen (:data:`EXIT_BLIND`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import TYPE_CHECKING, Any, TextIO
 
 from exporter.names import QUIET_VERDICTS
@@ -45,6 +54,14 @@ NEXT_CHECK = {
 NO_VERDICT_CHECK = "dmesg | grep -i xid; nvidia-smi -q"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 LIVE_PHASE = "live"
+EXIT_OK, EXIT_ATTENTION, EXIT_USAGE, EXIT_BLIND = 0, 1, 2, 3
+SCHEMA_FILE = "report.schema.json"
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the report (shipped in the package)."""
+    data: dict[str, Any] = json.loads(resources.files("exporter").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,35 +135,52 @@ def document(
     phases: Sequence[PhaseState], gpus: Sequence[GpuInfo], *, scenario: str | None, host: str | None,
     duration_s: float, window_s: float | None, note: str | None = None,
     timeline: Sequence[tuple[float, DerivedState]] | None = None,
-    sampler_errors: Mapping[str, str] | None = None,
+    sampler_errors: Mapping[str, str] | None = None, error: str | None = None,
 ) -> dict[str, Any]:
-    """The whole report as a JSON-ready dict (the shape in the module docstring)."""
+    """The whole report as a JSON-ready dict (the shape in the module docstring).
+
+    ``window_s`` is the classifier's window; the report states the span the verdicts really cover, which is
+    shorter when the run is. ``timeline`` is every evaluation; the report keeps each change of a verdict.
+    """
     doc: dict[str, Any] = {
         "scenario": scenario,
         "host": host,
         "duration_s": round(duration_s, 3),
-        "window_s": window_s,
+        "window_s": None if window_s is None else round(min(window_s, duration_s), 3),
         "phases": [phase_entry(p, gpus) for p in phases],
     }
     if timeline is not None:
-        doc["timeline"] = [{"t": round(t, 3), "gpu": i, "cause": v.cause}
-                           for t, state in timeline for i, v in sorted(state.gpus.items())]
+        doc["timeline"] = changes(timeline)
     if note:
         doc["note"] = note
     if sampler_errors:
         doc["sampler_errors"] = dict(sorted(sampler_errors.items()))
+    if error:
+        doc["error"] = error
     return doc
 
 
+def changes(timeline: Sequence[tuple[float, DerivedState]]) -> list[dict[str, Any]]:
+    """Each GPU's verdict when it first appears and whenever it changes, in time order."""
+    last: dict[int, str | None] = {}
+    rows: list[dict[str, Any]] = []
+    for t, state in timeline:
+        for i, v in sorted(state.gpus.items()):
+            if i not in last or last[i] != v.cause:
+                rows.append({"t": round(t, 3), "gpu": i, "cause": v.cause})
+                last[i] = v.cause
+    return rows
+
+
 def exit_code(doc: Mapping[str, Any]) -> int:
-    """0 when every GPU of the last phase is healthy or idle and nothing was found; 1 otherwise."""
-    phases = doc.get("phases") or [{}]
-    last = phases[-1]
-    if last.get("findings"):
-        return 1
-    if any(g.get("cause") not in QUIET_VERDICTS for g in last.get("gpus", [])):
-        return 1
-    return 0
+    """:data:`EXIT_OK` when, in every phase, every GPU is healthy or idle and nothing was found;
+    :data:`EXIT_BLIND` when the host could not be seen; :data:`EXIT_ATTENTION` otherwise."""
+    if doc.get("error"):
+        return EXIT_BLIND
+    for ph in doc.get("phases") or []:
+        if ph.get("findings") or any(g.get("cause") not in QUIET_VERDICTS for g in ph.get("gpus", [])):
+            return EXIT_ATTENTION
+    return EXIT_OK
 
 
 def print_text(doc: Mapping[str, Any], out: TextIO) -> None:
@@ -154,11 +188,15 @@ def print_text(doc: Mapping[str, Any], out: TextIO) -> None:
     window = doc.get("window_s")
     if doc.get("scenario") is not None:
         head = f"gpufeed diagnose: scenario {doc['scenario']} ({doc['duration_s']:g} s of scenario time)"
-    else:
-        head = f"gpufeed diagnose on {doc.get('host')}: {doc['duration_s']:.0f} s sampled"
         if window:
-            head += f", verdicts over the last {min(window, doc['duration_s']):.0f} s"
+            head += f", verdicts over the last {window:g} s of each phase"
+    else:
+        head = f"gpufeed diagnose on {doc.get('host')}: {doc['duration_s']:g} s sampled"
+        if window:
+            head += f", verdicts over the last {window:g} s"
     out.write(head + "\n")
+    if doc.get("error"):
+        out.write(f"  cannot see the host: {doc['error']}\n")
     if doc.get("note"):
         out.write(f"  {doc['note']}\n")
     phases = doc.get("phases", [])
@@ -181,6 +219,10 @@ def print_text(doc: Mapping[str, Any], out: TextIO) -> None:
             out.write(f"  [{f['severity']}] {f['check']} ({where}): {f['detail']}\n")
     for name, err in (doc.get("sampler_errors") or {}).items():
         out.write(f"\nsampler {name} failed: {err}\n")
+    if doc.get("timeline"):
+        out.write("\nTimeline (each change of a verdict):\n")
+        for row in doc["timeline"]:
+            out.write(f"  t={row['t']:g} s GPU {row['gpu']}: {row['cause'] or 'no verdict'}\n")
 
 
 # ---- scenarios -------------------------------------------------------------------------------------------------

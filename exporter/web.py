@@ -64,6 +64,7 @@ class WebSettings:
     max_connections: int = 512
     read_timeout: float = 10.0
     idle_timeout: float = 60.0
+    also: tuple[tuple[str, int], ...] = ()  # further (host, port) listeners: --web.listen-address repeated
 
 
 @dataclass
@@ -149,6 +150,7 @@ class WebServer:
         self.healthy = healthy
         self.policy = policy
         self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []  # _server first, then one per settings.also
         self._active = 0
         self._connections: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -164,6 +166,11 @@ class WebServer:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
+    @property
+    def ports(self) -> list[int]:
+        """The bound port of every listener, in --web.listen-address order."""
+        return [int(s.sockets[0].getsockname()[1]) for s in self._servers]
+
     async def start(self) -> None:
         """Bind and start accepting.
 
@@ -171,12 +178,20 @@ class WebServer:
         certificates, client CAs and TLS versions reloaded from --web.config.file apply to new connections.
         """
         ctx = self.policy.ssl_context() if self.policy else None
-        host = self.settings.host or None
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._protocol, host=host, port=self.settings.port, reuse_address=True, backlog=1024,
-        )
-        _log.info("listening", address=f"{self.settings.host}:{self.port}", tls=ctx is not None)
+        try:
+            for host, port in ((self.settings.host, self.settings.port), *self.settings.also):
+                server = await loop.create_server(
+                    self._protocol, host=host or None, port=port, reuse_address=True, backlog=1024,
+                )
+                self._servers.append(server)
+                self._server = self._servers[0]
+                _log.info("listening", address=f"{host}:{server.sockets[0].getsockname()[1]}", tls=ctx is not None)
+        except OSError:
+            for server in self._servers:  # all or nothing: a half-bound daemon would look healthy
+                server.close()
+            self._servers, self._server = [], None
+            raise
 
     async def start_in_thread(self) -> None:
         """Bind and serve from a dedicated thread with its own event loop.
@@ -224,15 +239,15 @@ class WebServer:
 
     async def stop(self) -> None:
         """Stop accepting and close open connections."""
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for t in list(self._connections):
             t.cancel()
         if self._connections:
             await asyncio.wait(list(self._connections), timeout=1.0)
-        if self._server is not None:
+        for server in self._servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+                await asyncio.wait_for(server.wait_closed(), 1.0)
 
     def _protocol(self) -> asyncio.StreamReaderProtocol:
         """Called once per accepted connection: fixes that connection's TLS context (the current one)."""

@@ -93,3 +93,45 @@ def test_every_fixture_box_renders_valid_exposition(name: str) -> None:
             key = (s.name, tuple(sorted(s.labels.items())))
             assert key not in seen, key
             seen.add(key)
+
+
+async def test_each_listen_address_gets_a_listener_as_node_exporter_does() -> None:
+    registry = load_all()
+    root = box("riser")
+    ns = build_parser(registry).parse_args([
+        "serve", "--web.listen-address", "127.0.0.1:0", "--web.listen-address", "127.0.0.1:0",
+        "--path.sysfs", str(root / "sys"), "--path.procfs", str(root / "proc"),
+    ])
+    settings = settings_from_args(ns, registry)
+    settings.enabled = {n: n == "pcie" for n in registry}
+    daemon = Daemon(settings)
+    await daemon.start()
+    try:
+        ports = daemon.web.ports
+        assert len(ports) == 2 and ports[0] != ports[1]
+        for port in ports:
+            assert "gpufeed_build_info" in await scrape(port)
+    finally:
+        await daemon.stop()
+
+
+async def test_a_listener_that_cannot_bind_stops_the_start_and_releases_the_others() -> None:
+    registry = load_all()
+    root = box("riser")
+    blocker = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", 0)
+    taken = blocker.sockets[0].getsockname()[1]
+    try:
+        ns = build_parser(registry).parse_args([
+            "serve", "--web.listen-address", "127.0.0.1:0", "--web.listen-address", f"127.0.0.1:{taken}",
+            "--path.sysfs", str(root / "sys"), "--path.procfs", str(root / "proc"),
+        ])
+        settings = settings_from_args(ns, registry)
+        settings.enabled = {n: n == "pcie" for n in registry}
+        daemon = Daemon(settings)
+        with pytest.raises(OSError):
+            await daemon.start()
+        assert daemon.web.ports == []  # the first listener was closed again
+        await daemon.engine.stop()  # what `gpufeed serve` does then, before exit 1
+    finally:
+        blocker.close()
+        await blocker.wait_closed()

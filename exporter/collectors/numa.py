@@ -46,9 +46,20 @@ def parse_static_pids(items: tuple[str, ...]) -> dict[str, frozenset[int]]:
         except ValueError:
             pid = -1
         if not eq or not key or pid <= 0:
-            raise ValueError(f"--collector.numa.pids: bad entry {item!r} (want GPU=PID, GPU an index or PCI address)")
+            raise ValueError(f"bad entry {item!r} (want GPU=PID, GPU an index or PCI address, e.g. 0000:41:00.0=4242)")
         out.setdefault(pci.normalize(key) or key, set()).add(pid)
     return {k: frozenset(v) for k, v in out.items()}
+
+
+class StaticPidsOption(Option):
+    """``GPU=PID[,GPU=PID...]``, checked when the settings are read: a bad entry is exit 2 naming it, not a numa
+    collector that fails to construct and is silently left out of a running daemon."""
+
+    def parse(self, value: object) -> tuple[str, ...]:
+        items = tuple(str(v) for v in value) if isinstance(value, list | tuple) else tuple(
+            v for v in str(value).split(",") if v.strip())
+        parse_static_pids(items)
+        return tuple(i.strip() for i in items)
 
 
 def placement(
@@ -95,7 +106,7 @@ class NumaCollector(Collector):
     help = "NUMA nodes (sysfs) and GPU process placement (CPU and memory affinity from /proc/<pid>/status)."
     default_interval = 5.0
     options = (
-        Option("pids", "list", (),
+        StaticPidsOption("pids", "list", (),
                "Static GPU -> process map for hosts without the GPU collector: GPU=PID[,GPU=PID...], GPU being "
                "an NVML index or a PCI address (0000:41:00.0)."),
     )

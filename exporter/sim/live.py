@@ -5,10 +5,12 @@ there is one) and starts two ``python -m exporter.sim.live`` children on it: one
 ``<dir>/sys``, each group of files as often as the fastest sampler that reads it; the other writes the fake
 NVML's state ``<dir>/nvml.json`` at twice the rate of the fastest GPU sampler, never delayed by the trees
 (two GPM reads 100 ms apart must see two states). Every file is replaced atomically; both use scenario time
-``(now - start) x speed`` from one shared CLOCK_MONOTONIC start, looping the timeline. The daemon points
-``--path.procfs`` / ``--path.sysfs`` at the trees and puts ``FakeNvml.from_file(<dir>/nvml.json)`` in
-``ctx.shared["nvml"]``: it reads the simulated host exactly as it reads a real one, and its own
-``/proc/<pid>/stat`` counts the daemon alone (the renderer's CPU is the child's).
+``(now - start) x speed`` from one shared CLOCK_MONOTONIC start, looping the timeline, and so does the
+daemon's engine (:attr:`LiveSimulation.clock`, :mod:`exporter.sim.timebase`): at any ``--simulate-speed``
+its intervals, rates and verdict windows are scenario time. The daemon points ``--path.procfs`` /
+``--path.sysfs`` at the trees and uses ``FakeNvml.from_file(<dir>/nvml.json)`` as its NVML module: it reads
+the simulated host exactly as it reads a real one, and its own ``/proc/<pid>/stat`` counts the daemon alone
+(the renderer's CPU is the child's).
 
 The children die with the parent: their stdin is a pipe from the daemon, and end-of-file on it (the daemon
 exited, however it exited) ends a child, which then removes the directory. They also check their parent
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import select
 import shutil
@@ -37,57 +38,28 @@ from exporter import log
 from exporter.config import Settings
 from exporter.sampling import Stage
 from exporter.sim.model import Model
-from exporter.sim.player import SAMPLER_GROUPS, fast_tmpdir
-from exporter.sim.render import GROUPS, Renderer, nvml_state, write_json
+from exporter.sim.player import fast_tmpdir
+from exporter.sim.render import GROUPS, Renderer, write_json
 from exporter.sim.scenario import ScenarioError, load
+from exporter.sim.timebase import Playback, ScaledClock, group_intervals
 
 _log = log.get_logger(component="sim")
 NVML_FILE = "nvml.json"
 READY_TIMEOUT_S = 60.0
-MIN_PERIOD_S = 0.05  # never render a group more often than this (real seconds)
-# The fake's PCIe byte counters wrap at 32 bits like the driver's fields; played faster, a 32-bit counter
-# could wrap more than once between two reads of the fast sampler, so it is widened instead.
-WRAP_SAFE_FRACTION = 0.25
 
 
 class SimulationError(Exception):
     """The simulation could not start (bad scenario, child failed); the message says why."""
 
 
-def group_periods(settings: Settings, registry: Mapping[str, type[Stage]]) -> dict[str, float]:
-    """Real-time render period of each file group: the interval of the fastest sampler reading it."""
-    intervals: dict[str, float] = {}
-    for name, cls in registry.items():
-        if not settings.enabled.get(name, cls.default_enabled):
-            continue
-        opts = settings.collector.get(name, {})
-        main = float(opts.get("interval", cls.default_interval))
-        intervals[name] = main
-        for key, val in opts.items():
-            if key.endswith("-interval"):
-                sampler = {"threads-interval": "proc_threads", "samples-interval": "gpu_samples",
-                           "slow-interval": "gpu_slow"}.get(key, f"{name}_{key[:-len('-interval')]}")
-                intervals[sampler] = float(val)
-    periods: dict[str, float] = {}
-    for sampler, iv in intervals.items():
-        for g in SAMPLER_GROUPS.get(sampler, frozenset()):
-            periods[g] = min(periods.get(g, math.inf), iv)
-    # The derived layer shortens proc_threads to 0.5 s while a GPU waits.
-    periods["threads"] = min(periods.get("threads", math.inf), 0.5)
-    # The NVML state is written at twice the rate of its fastest reader: at the same rate, reader and writer
-    # alias, and two GPM samples 100 ms apart on the daemon's clock can see one state (an invalid pair).
-    if "nvml" in periods:
-        periods["nvml"] /= 2
-    return {g: max(MIN_PERIOD_S, p) for g, p in periods.items() if math.isfinite(p)}
-
-
 class LiveSimulation:
     """The daemon's side: start the renderer child, hand out the paths and the fake NVML, stop it."""
 
-    def __init__(self, scenario: str, speed: float, periods: Mapping[str, float], settings: Settings) -> None:
+    def __init__(self, scenario: str, speed: float, intervals: Mapping[str, float], settings: Settings) -> None:
         self.scenario = scenario
         self.speed = speed
-        self.periods = dict(periods)
+        self.intervals = dict(intervals)  # scenario seconds between two reads of each file group
+        self.origin = 0.0  # CLOCK_MONOTONIC time of scenario time 0, once started
         self.dir: Path | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.settings = settings  # the daemon's settings; pointed at the rendered trees once started
@@ -101,7 +73,7 @@ class LiveSimulation:
             load(path)  # fail fast, in the daemon, with the file and key named
         except ScenarioError as e:
             raise SimulationError(str(e)) from e
-        sim = cls(path, float(settings["simulate-speed"]), group_periods(settings, registry), settings)
+        sim = cls(path, float(settings["simulate-speed"]), group_intervals(settings, registry), settings)
         sim._spawn()
         assert sim.dir is not None
         from exporter.sim.fakenvml import FakeNvml
@@ -113,15 +85,20 @@ class LiveSimulation:
         sim.settings = replace(settings, values=values)
         return sim
 
+    @property
+    def clock(self) -> ScaledClock:
+        """The daemon's engine clock: scenario time, the renderers' (see exporter.sim.timebase)."""
+        return ScaledClock(self.speed, self.origin)
+
     def _spawn(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-", dir=fast_tmpdir()))
-        start = time.monotonic()  # CLOCK_MONOTONIC is system-wide: both children share scenario time
+        start = self.origin = time.monotonic()  # CLOCK_MONOTONIC is system-wide: all share scenario time
         for part in ("trees", "nvml"):
             argv = [sys.executable, "-m", "exporter.sim.live", "--scenario", self.scenario, "--root", str(self.dir),
                     "--speed", repr(self.speed), "--parent", str(os.getpid()), "--start", repr(start),
                     "--only", part]
-            for g, p in sorted(self.periods.items()):
-                argv += ["--period", f"{g}={p!r}"]
+            for g, iv in sorted(self.intervals.items()):
+                argv += ["--interval", f"{g}={iv!r}"]
             self.procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
                                                close_fds=True))
         for proc in self.procs:
@@ -163,7 +140,7 @@ class LiveSimulation:
 # ---- the child -------------------------------------------------------------------------------------------------
 
 
-def _parse_periods(items: Sequence[str]) -> dict[str, float]:
+def _parse_intervals(items: Sequence[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for it in items:
         g, _, v = it.partition("=")
@@ -182,7 +159,8 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--root", required=True)
     ap.add_argument("--speed", type=float, default=1.0)
     ap.add_argument("--parent", type=int, default=0)
-    ap.add_argument("--period", action="append", default=[])
+    ap.add_argument("--interval", action="append", default=[], metavar="GROUP=SECONDS",
+                    help="scenario seconds between two reads of a file group")
     ap.add_argument("--start", type=float, default=None, help="CLOCK_MONOTONIC time of scenario time 0")
     ap.add_argument("--only", choices=("trees", "nvml", "all"), default="all")
     ns = ap.parse_args(argv)
@@ -195,44 +173,32 @@ def child_main(argv: Sequence[str] | None = None) -> int:
         return 2
     model = Model(sc)
     renderer = Renderer(model, root)
-    periods = _parse_periods(ns.period)
-    for g in (*GROUPS, "nvml"):
-        periods.setdefault(g, 1.0)
-    mine = {"trees": set(GROUPS), "nvml": {"nvml"}, "all": {*GROUPS, "nvml"}}[ns.only]
-    periods = {g: p for g, p in periods.items() if g in mine}
-    max_rate = max((max(p.vs) for tr in model.gpu_tracks.values() for key in ("pcie_tx_bytes_per_s",
-                    "pcie_rx_bytes_per_s") for p in tr[key].phases), default=0.0)
-    nvml_period = _parse_periods(ns.period).get("nvml", 0.1)
-    bits = 32 if max_rate * ns.speed * nvml_period * 2 < 2**32 * WRAP_SAFE_FRACTION else 64
-    if bits == 64 and "nvml" in mine:
-        _log.info("pcie_counters_widened", bits=bits, speed=ns.speed, max_bytes_per_s=max_rate,
+    mine = {"trees": frozenset(GROUPS), "nvml": frozenset({"nvml"}), "all": frozenset({*GROUPS, "nvml"})}[ns.only]
+    start = time.monotonic() if ns.start is None else ns.start
+    playback = Playback(model, _parse_intervals(ns.interval), origin=start, speed=ns.speed, groups=mine)
+    if playback.counter_bits == 64 and "nvml" in mine:
+        _log.info("pcie_counters_widened", bits=64, speed=ns.speed, max_bytes_per_s=playback.max_rate,
                   reason="a 32-bit counter could wrap more than once between two reads at this speed")
-    # The driver's utilisation buffer: twice the buffered reader's interval of scenario time.
-    buffer_s = max(2.0, 2.0 * _parse_periods(ns.period).get("nvml_samples", 1.0) * ns.speed)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        start = time.monotonic() if ns.start is None else ns.start
         if "nvml" in mine:
-            write_json(root / NVML_FILE, nvml_state(model, 0.0, counter_bits=bits, buffer_s=buffer_s))
+            write_json(root / NVML_FILE, playback.nvml(0.0))
         if mine & set(GROUPS):
             renderer.setup()
             renderer.render(0.0)
         sys.stdout.write("ready\n")
         sys.stdout.flush()
-        due = dict.fromkeys(periods, start)
         while True:
             now = time.monotonic()
-            groups = [g for g, d in due.items() if d <= now]
+            groups = playback.due(now)
             if groups:
-                t = (now - start) * ns.speed
+                t = playback.scenario_time(now)
                 trees = [g for g in groups if g in GROUPS]
                 if trees:
                     renderer.render(t, trees)
                 if "nvml" in groups:
-                    write_json(root / NVML_FILE, nvml_state(model, t, counter_bits=bits, buffer_s=buffer_s))
-                for g in groups:
-                    due[g] = max(due[g] + periods[g], now)
-            wait = max(0.0, min(due.values()) - time.monotonic())
+                    write_json(root / NVML_FILE, playback.nvml(t))
+            wait = max(0.0, playback.next_due() - time.monotonic())
             # stdin readable means EOF (the parent never writes): the daemon is gone.
             r, _, _ = select.select([sys.stdin], [], [], wait)
             if r and not os.read(sys.stdin.fileno(), 1):

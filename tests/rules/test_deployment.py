@@ -248,11 +248,10 @@ def test_service_and_servicemonitor_select_the_daemonset_pods_and_scrape_as_job_
                for g in rules for r in g["rules"])
 
 
-def test_example_prometheus_config_loads_the_shipped_rules(promtool: str, tmp_path: Path) -> None:
-    for f in (REPO / "deploy" / "prometheus" / "prometheus.yml", *sorted((REPO / "alerts").glob("gpufeed-*.yml"))):
-        shutil.copy(f, tmp_path / f.name)
-    r = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
-                       text=True, timeout=60, check=False)
+def test_example_prometheus_config_passes_promtool_check_config_where_it_lies(promtool: str) -> None:
+    # As a user runs it from a checkout: the rule files it names must exist relative to it.
+    r = subprocess.run([promtool, "check", "config", "deploy/prometheus/prometheus.yml"], capture_output=True,
+                       text=True, timeout=60, check=False, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS: 2 rule files found" in r.stdout
 

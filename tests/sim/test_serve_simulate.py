@@ -39,6 +39,17 @@ def _wait_port(proc: subprocess.Popen[str], log: Path, deadline: float) -> int:
     raise AssertionError("daemon did not start listening:\n" + log.read_text())
 
 
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL if the daemon has not exited 15 s later."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -92,13 +103,7 @@ def test_serve_simulate_serves_idle_gen1_then_the_degraded_riser_hop(tmp_path: P
         assert _value(text, "gpufeed_pcie_link_current_speed_transfers_per_second", **root) == 16e9
         assert _value(text, "gpufeed_pcie_link_current_width", **root) == 16
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _stop(proc)
     assert proc.returncode == 0
     for kid in kids:
         for _ in range(50):
@@ -142,3 +147,37 @@ def test_renderer_child_exits_and_cleans_up_when_the_daemon_is_killed(tmp_path: 
             time.sleep(0.1)
         assert not Path(f"/proc/{kid}").exists(), "renderer child outlived a killed daemon"
     assert not os.path.exists(m.group(1)), "the child did not remove the simulation directory"
+
+
+def test_serve_simulate_at_speed_10_reads_the_riser_transfer_bound_with_most_time_waiting(tmp_path: Path) -> None:
+    # Fast-forwarded, the daemon must measure in scenario time: on the wall clock its 15 s window spanned
+    # 150 s of scenario and its rates were 10x, and the copying GPU read healthy with 0% waiting.
+    log = tmp_path / "daemon.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "serve", "--simulate", str(RISER), "--simulate-speed", "10",
+         "--web.listen-address", "127.0.0.1:0", "--log.level", "info"],
+        stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True,
+    )
+    try:
+        port = _wait_port(proc, log, time.monotonic() + 60)
+        first: tuple[float, float] | None = None  # (waiting, working) seconds at the first transfer_bound scrape
+        deadline = time.monotonic() + 60
+        while True:
+            text = _scrape(port)
+            bound = _value(text, "gpufeed_gpu_bottleneck", gpu="0", cause="transfer_bound")
+            waiting = _value(text, "gpufeed_gpu_state_seconds_total", gpu="0", state="waiting") or 0.0
+            working = _value(text, "gpufeed_gpu_state_seconds_total", gpu="0", state="working") or 0.0
+            if bound != 1:
+                first = None
+            elif first is None:
+                first = (waiting, working)
+            elif (waiting + working) - sum(first) >= 5.0:
+                break
+            assert time.monotonic() < deadline, f"never transfer_bound for 5 s at speed 10: {text[-2000:]}"
+            time.sleep(0.3)
+        # While transfer_bound, the GPU waited most of the time (~70% of the copying phase, as at speed 1).
+        share = (waiting - first[0]) / ((waiting - first[0]) + (working - first[1]))
+        assert share > 0.5, (first, waiting, working)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0
