@@ -40,7 +40,7 @@ def test_whole_daemon_metrics_pass_promtool_check_metrics(name: str) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool not found: install Debian's prometheus package (tools/ensure-test-deps.sh)")
-    payload = golden_path(name).read_text().replace(" <machine>\n", " 0\n")
+    payload = golden_path(name).read_text().replace("{<machine>}", '{version="0"}').replace(" <machine>\n", " 0\n")
     r = subprocess.run([promtool, "check", "metrics"], input=payload, capture_output=True, text=True, timeout=60,
                        check=False)
     assert (r.returncode, r.stdout + r.stderr) == (0, ""), r.stdout + r.stderr

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from exporter import log
+from exporter import thresholds as judgements
 from exporter.fleet.model import (
     BY_LABEL,
     BY_RULE_PREFIX,
@@ -81,9 +82,14 @@ class CollectOptions:
     source: str  # "auto", "rules" or "raw"
 
 
+# The shipped rules' aggregation labels (exporter/thresholds.yaml): the raw fallback joins as the rules do.
+AGGREGATION = ", ".join(str(v) for v in judgements.DEFAULTS.get("aggregation_labels", []))
+_AGG = f"{AGGREGATION}, " if AGGREGATION else ""
+
+
 def workload_join(label: str) -> str:
     """1 per (job, instance, gpu, label): one workload with that label per GPU, as the rules join it."""
-    return (f"group by (job, instance, gpu, {label}) (topk by (job, instance, gpu) "
+    return (f"group by ({_AGG}job, instance, gpu, {label}) (topk by ({_AGG}job, instance, gpu) "
             f"(1, gpufeed_workload_info{{{label}!=\"\"}}))")
 
 
@@ -137,7 +143,7 @@ def group_family_query(family: str, kind: str, by: str, window: Window, interval
     else:
         metric = STATE_METRIC if part == "state" else CAUSE_METRIC
         expr = (f"sum_over_time((sum by ({label}, {part}) (increase({metric}_total[{SUBSTEP}]) "
-                f"* on (job, instance, gpu) group_left ({label}) {workload_join(label)}))"
+                f"* on ({_AGG}job, instance, gpu) group_left ({label}) {workload_join(label)}))"
                 f"[{left_open(window.step)}:{SUBSTEP}])")
     return Query(f"{family}:{kind}", expr, True, f"GPU time by {by} and {part} ({kind})")
 
