@@ -14,10 +14,12 @@ from typing import Any
 # Error codes (nvml.h nvmlReturn_t); compared by value so this module never imports pynvml itself.
 SUCCESS = 0
 ERR_UNINITIALIZED = 1
+ERR_INVALID_ARGUMENT = 2
 ERR_NOT_SUPPORTED = 3
 ERR_NO_PERMISSION = 4
 ERR_NOT_FOUND = 6
 ERR_DRIVER_NOT_LOADED = 9
+ERR_TIMEOUT = 10
 ERR_LIBRARY_NOT_FOUND = 12
 ERR_FUNCTION_NOT_FOUND = 13
 ERR_GPU_IS_LOST = 15

@@ -430,7 +430,7 @@ def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool 
             "temperature_c": round(tr["temperature_c"].at(t)),
             "memory_used_bytes": mem_used, "memory_total_bytes": g.memory_total_bytes,
             "link": {"gen": link.gen, "width": link.width, "max_gen": g.pcie.max_gen, "max_width": g.pcie.max_width,
-                     "gpu_max_gen": g.pcie.gpu_max_gen, "gpu_max_width": g.pcie.gpu_max_width},
+                     "gpu_max_gen": g.pcie.gpu_max_gen},
             "clock_event_reasons": list(model.reasons_at(g.index, t)),
             "processes": [{"pid": q.pid, "used_memory_bytes": mem_used // len(procs)} for q in procs],
             "cpu_affinity": format_cpulist(sc.host.numa_nodes[g.numa_node]) if g.numa_node >= 0 else None,
