@@ -78,10 +78,12 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
                                                  the same lastSeen/NOT_FOUND rule
     events        "xid_events": [{"t": s, "xid": n, "gi": id | null}, ...]
                                                  Xid errors the driver reports (nvmlEventTypeXidCriticalError),
-                                                 cumulative: an event is delivered once, in list order, by
-                                                 nvmlEventSetWait_v2 on an event set the device is registered
-                                                 with, as soon as the fake's ``t`` reaches its ``t``. ``gi`` is
-                                                 the GPU instance of a MIG device (null: the whole GPU)
+                                                 in time order: nvmlEventSetWait_v2 on an event set the device
+                                                 is registered with delivers each event once, as soon as the
+                                                 fake's ``t`` reaches its ``t`` -- the fake remembers how far it
+                                                 delivered in time, so the list may be a sliding window of
+                                                 recent events (a looping simulator's is). ``gi`` is the GPU
+                                                 instance of a MIG device (null: the whole GPU)
     instantaneous "sm_clock_mhz": 345, "max_sm_clock_mhz": 1980, "power_w": 70.0, "power_limit_w": 700.0,
                   "temperature_c": 40, "memory_used_bytes": 0, "memory_total_bytes": 85899345920,
                   "link": {"gen", "width", "max_gen", "max_width", "gpu_max_gen"}
@@ -295,12 +297,16 @@ def _check_xid_events(events: object, dev: Mapping[str, Any], where: str) -> Non
     if not isinstance(events, list):
         raise StateError(f"{where}.xid_events must be a list")
     gis = {m["gi"] for m in dev["mig"] or ()}
+    prev_t = -math.inf
     for i, e in enumerate(events):
         w = f"{where}.xid_events[{i}]"
         if not isinstance(e, Mapping) or not {"t", "xid"} <= set(e) or set(e) - {"t", "xid", "gi"}:
             raise StateError(f"{w} must be {{t, xid, gi}} (gi optional)")
         if not isinstance(e["xid"], int) or not 0 <= e["xid"] < 1 << 64:
             raise StateError(f"{w}.xid must be an unsigned integer")
+        if not isinstance(e["t"], int | float) or float(e["t"]) < prev_t:
+            raise StateError(f"{w}.t must be a number, in time order")
+        prev_t = float(e["t"])
         if e.get("gi") is not None and e["gi"] not in gis:
             raise StateError(f"{w}.gi {e['gi']!r} is not a MIG instance of this device")
 
@@ -559,7 +565,8 @@ class FakeNvml:
         self._handle_keys: dict[int, _HandleKey] = {}
         self._samples: dict[int, tuple[Any, _GpmSample]] = {}
         self._event_sets: dict[int, tuple[Any, _EventSet]] = {}
-        self._xid_delivered: Counter[str] = Counter()
+        # Per device UUID: (time of the newest event delivered, how many events at exactly that time were).
+        self._xid_delivered: dict[str, tuple[float, int]] = {}
         self.calls: Counter[str] = Counter()
         self.gpm_short_pairs = 0
         self.reload_errors = 0
@@ -583,9 +590,10 @@ class FakeNvml:
             for dev in norm["devices"]:
                 if not dev["lost"]:
                     self._lost_calls.pop(dev["uuid"], None)
-                # A cumulative event list that got shorter (a looping scenario started over) restarts delivery.
-                if self._xid_delivered[dev["uuid"]] > len(dev["xid_events"]):
-                    self._xid_delivered[dev["uuid"]] = 0
+                # Time went back (a test restarted the clock): deliver from the new time on.
+                done = self._xid_delivered.get(dev["uuid"])
+                if done is not None and done[0] > float(norm["t"]):
+                    self._xid_delivered.pop(dev["uuid"])
             self._cond.notify_all()
 
     @property
@@ -1137,13 +1145,24 @@ class FakeNvml:
                 continue
             if dev["lost"]:
                 raise nvml_error("gpu_is_lost")
-            n = self._xid_delivered[dev["uuid"]]
-            if n < len(dev["xid_events"]) and float(dev["xid_events"][n]["t"]) <= t:
-                due.append((float(dev["xid_events"][n]["t"]), pos, dev, dev["xid_events"][n]))
+            last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
+            seen_at_last = 0
+            for ev in dev["xid_events"]:
+                et = float(ev["t"])
+                if et > t:
+                    break
+                if et == last:
+                    seen_at_last += 1
+                    if seen_at_last <= n_at_last:
+                        continue
+                if et >= last:
+                    due.append((et, pos, dev, ev))
+                    break
         if not due:
             return None
-        _, _, dev, ev = min(due, key=lambda d: (d[0], d[1]))
-        self._xid_delivered[dev["uuid"]] += 1
+        et, _, dev, ev = min(due, key=lambda d: (d[0], d[1]))
+        last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
+        self._xid_delivered[dev["uuid"]] = (et, n_at_last + 1 if et == last else 1)
         data = pynvml.c_nvmlEventData_t()
         gi = ev.get("gi")
         data.device = self._handle(_HandleKey(dev["uuid"]))  # the whole GPU; a MIG instance is gpuInstanceId

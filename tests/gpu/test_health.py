@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pynvml
 from structlog.testing import capture_logs
 
 from exporter.gpu.backend import NvmlBackend
@@ -117,3 +118,26 @@ def test_ecc_and_row_remapping_counters_are_exported_from_the_slow_path(rig: Mak
     # Read on the slow path only: ECC never costs the 100 ms tick anything.
     fast = r.history("gpu")[-1][1].gpus[0]
     assert not any(k.startswith("ecc_") for k in fast.fields)
+
+
+def test_the_fake_delivers_each_xid_once_even_from_a_sliding_window_of_events() -> None:
+    dev = {"pci_bus_id": "0000:82:00.0"}
+    fake = FakeNvml({"t": 1.0, "devices": [{**dev, "xid_events": _xids((1.0, 13), (1.0, 31))}]})
+    fake.nvmlInit()
+    es = fake.nvmlEventSetCreate()
+    fake.nvmlDeviceRegisterEvents(fake.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, es)
+
+    def drain() -> list[int]:
+        got = []
+        while True:
+            try:
+                got.append(int(fake.nvmlEventSetWait_v2(es, 0).eventData))
+            except pynvml.NVMLError_Timeout:
+                return got
+
+    assert drain() == [13, 31], "two events at the same time: both, once"
+    # The simulator keeps only recent events: the old ones fall out, a new one arrives.
+    fake.set_state({"t": 9.0, "devices": [{**dev, "xid_events": _xids((1.0, 31), (8.0, 79), (12.0, 48))}]})
+    assert drain() == [79], "delivered ones are not repeated; future ones wait"
+    fake.set_state({"t": 12.0, "devices": [{**dev, "xid_events": _xids((12.0, 48))}]})
+    assert drain() == [48]
