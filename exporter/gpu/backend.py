@@ -119,6 +119,7 @@ MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 # Compute-process calls, newest struct first (pynvml's unversioned name raises outside NVMLError when the
 # driver lacks the newest one: see the module docstring).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+_NO_FIELDS: Mapping[Any, Any] = MappingProxyType({})
 
 
 class GpuUnavailableError(Exception):
@@ -665,15 +666,18 @@ class NvmlBackend:
             power_mw = self._opt(g, "nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, h)
             if power_mw is not None:
                 values["power"] = float(power_mw) * power.scale
-        whole = self._gpm_values(g, g.gpm) if not g.identity.mig_mode else _NO_GPM
-        return dataclasses.replace(whole, fields=MappingProxyType(values),
-                                   sm_clock_hz=float(clock) * 1e6 if clock is not None else None,
-                                   mig=MappingProxyType(mig))
+        return self._gpm_values(g, None if g.identity.mig_mode else g.gpm, fields=MappingProxyType(values),
+                                sm_clock_hz=float(clock) * 1e6 if clock is not None else None,
+                                mig=MappingProxyType(mig) if mig else _NO_FIELDS)
 
-    def _gpm_values(self, g: _Gpu, gpm: _Gpm) -> GpuFast:
-        """The GPM part of a GpuFast for one stream (None everywhere without GPM)."""
-        if not g.gpm_ok:
-            return _NO_GPM
+    def _gpm_values(self, g: _Gpu, gpm: _Gpm | None, *, fields: Mapping[str, float] = _NO_FIELDS,
+                    sm_clock_hz: float | None = None, mig: Mapping[int, GpuFast] = _NO_FIELDS) -> GpuFast:
+        """A GpuFast with the GPM values of one stream (None everywhere without GPM, or for ``gpm`` None: a GPU
+        in MIG mode has GPM per instance only) and the given fields, clock and instances."""
+        if not g.gpm_ok or gpm is None:
+            return GpuFast(sm_active=None, sm_occupancy=None, tensor_active=None, dram_active=None,
+                           pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None, fields=fields, sm_clock_hz=sm_clock_hz,
+                           sm_active_seconds=None, busy_seconds=None, mig=mig)
         last = gpm.last
         return GpuFast(
             sm_active=_scaled(last.get(C.GPM_SM_UTIL), 0.01),
@@ -682,11 +686,12 @@ class NvmlBackend:
             dram_active=_scaled(last.get(C.GPM_DRAM_BW_UTIL), 0.01),
             pcie_tx_bytes_per_s=_scaled(last.get(C.GPM_PCIE_TX_PER_SEC), C.MIB),
             pcie_rx_bytes_per_s=_scaled(last.get(C.GPM_PCIE_RX_PER_SEC), C.MIB),
-            fields=MappingProxyType({}),
-            sm_clock_hz=None,
+            fields=fields,
+            sm_clock_hz=sm_clock_hz,
             sm_active_seconds=gpm.sm_active_seconds,
             busy_seconds=gpm.graphics_seconds,
             counter_t=gpm.t,
+            mig=mig,
         )
 
     def _gpm(self, g: _Gpu, now: float) -> None:
@@ -994,9 +999,6 @@ class NvmlBackend:
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
 
-_NO_GPM = GpuFast(sm_active=None, sm_occupancy=None, tensor_active=None, dram_active=None, pcie_tx_bytes_per_s=None,
-                  pcie_rx_bytes_per_s=None, fields=MappingProxyType({}), sm_clock_hz=None, sm_active_seconds=None,
-                  busy_seconds=None)
 
 
 def _scaled(v: float | None, k: float) -> float | None:

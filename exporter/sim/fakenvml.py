@@ -149,6 +149,7 @@ import pynvml
 from exporter.cpulist import parse_cpulist
 from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
 from exporter.gpu import fields
+from exporter.gpu.binding import FIELD_VALUE
 
 TOP_KEYS = frozenset({"t", "driver_version", "init_error", "devices"})
 
@@ -561,8 +562,9 @@ class FakeNvml:
         self._lost_calls: Counter[str] = Counter()
         # Handles, samples and event sets are real binding pointers to objects the fake keeps alive; the
         # address a pointer holds says which one it is.
-        self._handle_structs: dict[_HandleKey, Any] = {}
-        self._handle_keys: dict[int, _HandleKey] = {}
+        self._handle_ptrs: dict[_HandleKey, Any] = {}
+        self._handle_keys: dict[int, _HandleKey] = {}  # by the address the pointer holds
+        self._handle_ids: dict[int, _HandleKey] = {}  # by id() of the one pointer object handed out (kept alive)
         self._samples: dict[int, tuple[Any, _GpmSample]] = {}
         self._event_sets: dict[int, tuple[Any, _EventSet]] = {}
         # Per device UUID: (time of the newest event delivered, how many events at exactly that time were).
@@ -642,18 +644,22 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
 
     def _handle(self, key: _HandleKey) -> Any:
-        """The one ``c_nvmlDevice_t`` for ``key`` (the same pointer value every time)."""
-        struct = self._handle_structs.get(key)
-        if struct is None:
-            struct = self._handle_structs[key] = pynvml.struct_c_nvmlDevice_t()
-            self._handle_keys[ctypes.addressof(struct)] = key
-        return ctypes.pointer(struct)
+        """The one ``c_nvmlDevice_t`` for ``key`` (the same pointer every time, as NVML's handles are)."""
+        ptr = self._handle_ptrs.get(key)
+        if ptr is None:
+            ptr = self._handle_ptrs[key] = ctypes.pointer(pynvml.struct_c_nvmlDevice_t())
+            self._handle_keys[ctypes.addressof(ptr.contents)] = key
+            self._handle_ids[id(ptr)] = key
+        return ptr
 
     def _resolve(self, handle: object, fn: str) -> tuple[_HandleKey, dict[str, Any]]:
         """The key and device behind ``handle``, after the lost/error/unsupported injections for ``fn``."""
         self._need_init()
-        addr = _address(handle) if isinstance(handle, pynvml.c_nvmlDevice_t) else None
-        key = self._handle_keys.get(addr) if addr is not None else None
+        key = self._handle_ids.get(id(handle))
+        if key is None or self._handle_ptrs.get(key) is not handle:
+            # A copy of a handle (a struct field read back, e.g. c_nvmlEventData_t.device): by address.
+            addr = _address(handle) if isinstance(handle, pynvml.c_nvmlDevice_t) else None
+            key = self._handle_keys.get(addr) if addr is not None else None
         if key is None:
             raise AssertionError(f"FakeNvml: {fn} got a handle that is not from nvmlDeviceGetHandleByIndex or "
                                  f"nvmlDeviceGetMigDeviceHandleByIndex: {handle!r}")
@@ -804,24 +810,23 @@ class FakeNvml:
         dev = self._device(handle, "nvmlDeviceGetFieldValues")
         arr = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         now = self._now_us()
-        for i, requested in enumerate(fieldIds):
+        # Filled as the driver does, through the struct's memory (the layout test ties this format to the
+        # binding's c_nvmlFieldValue_t); per-attribute writes through pynvml's hooks were most of the cost.
+        packed = bytearray()
+        for requested in fieldIds:
             fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
-            fv = arr[i]
-            fv.fieldId, fv.scopeId, fv.timestamp, fv.latencyUsec = fid, scope, now, 0
             if f"field:{fid}" in dev["unsupported"]:
-                fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                packed += FIELD_VALUE.pack(fid, scope, now, 0, 0, pynvml.NVML_ERROR_NOT_SUPPORTED, 0)
                 continue
             f = fields.BY_ID.get(fid)
             if f is None:
                 raise AssertionError(f"FakeNvml: nvmlDeviceGetFieldValues asked for unmodelled field id {fid}")
-            fv.nvmlReturn = pynvml.NVML_SUCCESS
             raw = _state_value(dev, f.state_key)
             value = round(float(raw) * f.fake_scale) if f.fake_scale != 1.0 else int(raw)
             bits = {fields.PCIE: dev["pcie_counter_bits"], fields.UINT: 32}.get(f.value_type, 64)
-            if bits == 32:
-                fv.valueType, fv.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, value % (1 << 32)
-            else:
-                fv.valueType, fv.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, value % (1 << 64)
+            vt = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT if bits == 32 else pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            packed += FIELD_VALUE.pack(fid, scope, now, 0, vt, pynvml.NVML_SUCCESS, value % (1 << bits))
+        ctypes.memmove(arr, bytes(packed), len(packed))
         return arr
 
     @_api

@@ -108,7 +108,7 @@ def _ends(fmt: str) -> list[int]:
 def test_the_raw_field_value_and_gpm_metric_buffers_match_the_bindings_struct_layouts() -> None:
     # The backend unpacks c_nvmlFieldValue_t arrays and the GPM metrics with one struct call each: every item
     # of the format must end exactly where the binding's field does.
-    pairs = ((binding._FIELD_VALUE, pynvml.c_nvmlFieldValue_t), (binding._GPM_METRIC, pynvml.c_nvmlGpmMetric_t))
+    pairs = ((binding.FIELD_VALUE, pynvml.c_nvmlFieldValue_t), (binding.GPM_METRIC, pynvml.c_nvmlGpmMetric_t))
     for fmt, cls in pairs:
         assert ctypes.sizeof(cls) == fmt.size, cls
         assert _ends(fmt.format) == [o + n for _, o, n in _offsets(cls)], cls
@@ -117,7 +117,7 @@ def test_the_raw_field_value_and_gpm_metric_buffers_match_the_bindings_struct_la
     assert [name for name, *_ in pynvml.c_nvmlGpmMetric_t._fields_] == ["metricId", "nvmlReturn", "value", "metricInfo"]
     # The metrics array the fast unpacking reads sits inside the real request struct.
     mg = pynvml.c_nvmlGpmMetricsGet_t()
-    assert isinstance(mg.metrics, ctypes.Array) and ctypes.sizeof(mg.metrics._type_) == binding._GPM_METRIC.size
+    assert isinstance(mg.metrics, ctypes.Array) and ctypes.sizeof(mg.metrics._type_) == binding.GPM_METRIC.size
 
 
 def test_return_codes_value_types_and_nvml_constants_are_the_bindings() -> None:
@@ -169,8 +169,16 @@ def test_the_fake_returns_the_bindings_own_types() -> None:
     assert isinstance(fake.nvmlDeviceGetMemoryInfo(h), pynvml.c_nvmlMemory_t)
     assert isinstance(fake.nvmlDeviceGetPciInfo(h), pynvml.nvmlPciInfo_t)
     assert isinstance(fake.nvmlEventSetCreate(), pynvml.c_nvmlEventSet_t)
-    arr = fake.nvmlDeviceGetFieldValues(h, [197])
+    fake.set_state({"devices": [{"pci_bus_id": "0000:82:00.0", "pcie_tx_bytes": (1 << 32) + 5,
+                                 "energy_mj": 1 << 40, "unsupported": ["field:94"]}]})
+    arr = fake.nvmlDeviceGetFieldValues(h, [197, (83, 0), 94])
     assert isinstance(arr[0], pynvml.c_nvmlFieldValue_t)
+    # Read back through the binding's own attributes, as pynvml users do.
+    assert (arr[0].fieldId, arr[0].valueType, arr[0].nvmlReturn, arr[0].value.uiVal) == (
+        197, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_SUCCESS, 5)
+    assert (arr[1].fieldId, arr[1].valueType, arr[1].value.ullVal) == (
+        83, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 1 << 40)
+    assert (arr[2].fieldId, arr[2].nvmlReturn) == (94, pynvml.NVML_ERROR_NOT_SUPPORTED)
     # The GPM request is the binding's struct: the fake reads the real sample pointers out of it.
     mg = pynvml.c_nvmlGpmMetricsGet_t()
     mg.version, mg.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, 1
