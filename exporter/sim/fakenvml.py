@@ -523,6 +523,31 @@ class _GpmSample:
     values: dict[str, float] = field(default_factory=dict)
 
 
+class _Opaque:
+    """Objects the fake keeps behind opaque binding pointers (``c_nvmlGpmSample_t``, ``c_nvmlEventSet_t``): each
+    new one is a pointer to a struct the fake keeps alive, found again by the address it holds."""
+
+    def __init__(self, struct: type[Any], pointer: type[Any]) -> None:
+        self._struct, self._pointer = struct, pointer
+        self._by_address: dict[int, tuple[Any, Any]] = {}
+
+    def new(self, obj: Any) -> Any:
+        struct = self._struct()
+        self._by_address[ctypes.addressof(struct)] = (struct, obj)
+        return ctypes.pointer(struct)
+
+    def get(self, ptr: object) -> Any:
+        """The object behind ``ptr``; INVALID_ARGUMENT for anything else or a freed one, as NVML answers."""
+        addr = _address(ptr) if isinstance(ptr, self._pointer) else None
+        entry = self._by_address.get(addr) if addr is not None else None
+        if entry is None or entry[1].freed:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return entry[1]
+
+    def live(self) -> list[Any]:
+        return [obj for _, obj in self._by_address.values() if not obj.freed]
+
+
 @dataclass
 class _EventSet:
     """What the fake keeps behind one ``c_nvmlEventSet_t``: the devices registered and for which types."""
@@ -565,8 +590,8 @@ class FakeNvml:
         self._handle_ptrs: dict[_HandleKey, Any] = {}
         self._handle_keys: dict[int, _HandleKey] = {}  # by the address the pointer holds
         self._handle_ids: dict[int, _HandleKey] = {}  # by id() of the one pointer object handed out (kept alive)
-        self._samples: dict[int, tuple[Any, _GpmSample]] = {}
-        self._event_sets: dict[int, tuple[Any, _EventSet]] = {}
+        self._samples = _Opaque(pynvml.struct_c_nvmlGpmSample_t, pynvml.c_nvmlGpmSample_t)
+        self._event_sets = _Opaque(pynvml.struct_c_nvmlEventSet_t, pynvml.c_nvmlEventSet_t)
         # Per device UUID: (time of the newest event delivered, how many events at exactly that time were).
         self._xid_delivered: dict[str, tuple[float, int]] = {}
         self.calls: Counter[str] = Counter()
@@ -608,7 +633,7 @@ class FakeNvml:
     def event_sets(self) -> int:
         """Event sets created and not freed yet."""
         with self._lock:
-            return sum(1 for _, es in self._event_sets.values() if not es.freed)
+            return len(self._event_sets.live())
 
     def _maybe_reload(self) -> None:
         if self._path is None:
@@ -714,7 +739,7 @@ class FakeNvml:
         self._need_init()
         self._init_count -= 1
         if self._init_count == 0:
-            for _, es in self._event_sets.values():
+            for es in self._event_sets.live():
                 es.freed = True
             self._cond.notify_all()
 
@@ -840,16 +865,11 @@ class FakeNvml:
     def nvmlGpmSampleAlloc(self) -> Any:  # noqa: N802
         """A ``c_nvmlGpmSample_t``."""
         self._need_init()
-        struct = pynvml.struct_c_nvmlGpmSample_t()
-        self._samples[ctypes.addressof(struct)] = (struct, _GpmSample())
-        return ctypes.pointer(struct)
+        return self._samples.new(_GpmSample())
 
     def _sample(self, ptr: object) -> _GpmSample:
-        addr = _address(ptr) if isinstance(ptr, pynvml.c_nvmlGpmSample_t) else None
-        entry = self._samples.get(addr) if addr is not None else None
-        if entry is None or entry[1].freed:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return entry[1]
+        sample: _GpmSample = self._samples.get(ptr)
+        return sample
 
     @_api
     def nvmlGpmSampleFree(self, gpmSample: Any) -> None:  # noqa: N802, N803
@@ -1108,16 +1128,11 @@ class FakeNvml:
     def nvmlEventSetCreate(self) -> Any:  # noqa: N802
         """A ``c_nvmlEventSet_t``."""
         self._need_init()
-        struct = pynvml.struct_c_nvmlEventSet_t()
-        self._event_sets[ctypes.addressof(struct)] = (struct, _EventSet())
-        return ctypes.pointer(struct)
+        return self._event_sets.new(_EventSet())
 
     def _event_set(self, ptr: object) -> _EventSet:
-        addr = _address(ptr) if isinstance(ptr, pynvml.c_nvmlEventSet_t) else None
-        entry = self._event_sets.get(addr) if addr is not None else None
-        if entry is None or entry[1].freed:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return entry[1]
+        es: _EventSet = self._event_sets.get(ptr)
+        return es
 
     @_api
     def nvmlEventSetFree(self, eventSet: Any) -> None:  # noqa: N802, N803
