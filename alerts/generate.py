@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from exporter import thresholds as judgements  # noqa: E402 -- the repo root is put on sys.path above
-from exporter.names import FINDINGS, WAITING_CAUSES  # noqa: E402
+from exporter.names import FINDINGS, WAITING_CAUSES, XID_MEANING  # noqa: E402
 
 DEFAULTS = judgements.PATH
 ALERTS_FILE = "gpufeed-alerts.yml"
@@ -345,6 +345,66 @@ rate(gpufeed_gpu_busy_seconds_total[{w}]) > {_num(t["min_busy_ratio"])}
     return [throttled, gone]
 
 
+def gpu_health_alerts(cfg: dict[str, Any]) -> list[Rule]:
+    """Xid errors from NVML events and GPU memory errors (ECC, row remapping)."""
+    x, m = cfg["gpu_xid_error"], cfg["gpu_memory_errors"]
+    warning = [int(c) for c in x["warning_xids"]]
+    critical = [int(c) for c in x["critical_xids"] if int(c) not in warning]
+    meaning = "".join(f"{{{{ if eq $labels.xid `{c}` }}}} ({XID_MEANING[c]}){{{{ end }}}}"
+                      for c in sorted({*critical, *warning}) if c in XID_MEANING)
+    info = evidence("gpufeed_gpu_info{instance=%q,gpu=%q}", IG,
+                    "{{ . | first | label `name` }} at {{ . | first | label `pci_bus_id` }}")
+    xid_rules = []
+    for codes, severity, after in ((critical, x["severity"], "Drain the host and reset the GPU; recurring hardware "
+                                    "Xids mean an RMA."),
+                                   (warning, x["warning_severity"], "The GPU kept running: plan a drain and a reset, "
+                                    "watch whether it recurs.")):
+        # The series of a code appears with its first event (gpufeed counts from its start), and increase()
+        # cannot see a series' first sample: a code new in the window counts as well.
+        sel = f'gpufeed_gpu_xid_errors_total{{xid=~"{"|".join(map(str, codes))}"}}'
+        xid_rules.append(alert(
+            cfg, "GpufeedGPUXidError", "gpu_xid_error",
+            f"""
+increase({sel}[{x["window"]}]) > 0
+or
+({sel} unless {sel} offset {x["window"]})
+""",
+            "GPU {{ $labels.gpu }} on {{ $labels.instance }} reported Xid {{ $labels.xid }}",
+            "GPU {{ $labels.gpu }} (" + info + ") on {{ $labels.instance }} reported Xid {{ $labels.xid }}" + meaning
+            + " {{ $value | printf `%.0f` }} times in the last " + x["window"] + " (NVML critical-error events). "
+            + after, severity=severity,
+        ))
+    mw = m["window"]
+    memory = [
+        alert(cfg, "GpufeedGPUMemoryErrors", "gpu_memory_errors",
+              'gpufeed_gpu_ecc_errors_total{error="uncorrected",counter="volatile"} > 0',
+              "Uncorrectable ECC errors on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} has had {{ $value | printf `%.0f` }} uncorrectable "
+              "(double-bit) ECC errors since the driver loaded: the jobs that touched the memory got wrong data "
+              "or died, and the pages stay retired-pending until the GPU is reset. Drain and reset it.",
+              labels={"signal": "uncorrected"}),
+        alert(cfg, "GpufeedGPUMemoryErrors", "gpu_memory_errors", "gpufeed_gpu_row_remap_failure == 1",
+              "Row remapping failed on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} failed to remap a row of its memory to a spare: "
+              "it cannot repair that memory any more. Drain it and open an RMA.",
+              labels={"signal": "remap_failure"}),
+        alert(cfg, "GpufeedGPUMemoryErrors", "gpu_memory_errors", "gpufeed_gpu_row_remap_pending == 1",
+              "Row remap pending on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} has a row remapping waiting for the next GPU reset "
+              "to take effect. Reset the GPU at the next drain.",
+              severity=m["pending_severity"], labels={"signal": "remap_pending"}),
+        alert(cfg, "GpufeedGPUMemoryErrors", "gpu_memory_errors",
+              f'increase(gpufeed_gpu_ecc_errors_total{{error="corrected",counter="volatile"}}[{mw}])'
+              f' > {_num(m["min_corrected_increase"])}',
+              "Corrected ECC errors rising on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} corrected {{ $value | printf `%.0f` }} single-bit "
+              f"ECC errors in the last {mw} (threshold {_num(m['min_corrected_increase'])}): its memory is "
+              "degrading; a rising rate comes before uncorrectable errors.",
+              severity=m["corrected_severity"], labels={"signal": "corrected"}),
+    ]
+    return xid_rules + memory
+
+
 def host_alerts(cfg: dict[str, Any]) -> list[Rule]:
     m, n = cfg["memory_pressure"], cfg["nfs_retransmissions"]
     gpu_host = f"and on ({by(cfg, 'instance')}) count by ({by(cfg, 'instance')}) (gpufeed_gpu_info)"
@@ -440,7 +500,7 @@ def self_alerts(cfg: dict[str, Any]) -> list[Rule]:
 def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"groups": [
         {"name": "gpufeed-platform", "rules": pcie_alerts(cfg) + numa_alerts(cfg) + gpu_alerts(cfg)
-         + host_alerts(cfg)},
+         + gpu_health_alerts(cfg) + host_alerts(cfg)},
         {"name": "gpufeed-starvation", "rules": starved_alerts(cfg)},
         {"name": "gpufeed-exporter", "rules": self_alerts(cfg)},
     ]}

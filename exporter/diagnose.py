@@ -130,6 +130,7 @@ def live_report(engine: Engine, duration: float) -> dict[str, Any]:
     gpu_status = snap.status.get(names.GPU_FAST)
     identities: dict[int, Any] = {}
     pids: dict[int, tuple[int, ...]] = {}
+    mig_pids: dict[int, dict[int, tuple[int, ...]]] = {}
     for name in (names.GPU_FAST, names.GPU_SLOW):
         v = snap.value(name)
         if isinstance(v, GpuSample):
@@ -137,8 +138,14 @@ def live_report(engine: Engine, duration: float) -> dict[str, Any]:
             for i, g in v.gpus.items():
                 if isinstance(g, GpuSlow):
                     pids[i] = tuple(p.pid for p in g.processes)
-    gpus = [report.GpuInfo(index=i, uuid=ident.uuid, name=ident.name, pids=pids.get(i, ()), bdf=ident.pci_bus_id)
-            for i, ident in sorted(identities.items())]
+                    mig_pids[i] = {gi: tuple(p.pid for p in g.processes if p.mig == gi) for gi in g.mig}
+    gpus = []
+    for i, ident in sorted(identities.items()):
+        info = report.GpuInfo(index=i, uuid=ident.uuid, name=ident.name, pids=pids.get(i, ()), bdf=ident.pci_bus_id)
+        if ident.mig_mode and ident.mig:  # judged per MIG instance
+            gpus.extend(report.mig_infos(info, [(m.gi, m.uuid, m.name) for m in ident.mig], mig_pids.get(i, {})))
+        else:
+            gpus.append(info)
     note = None
     if not identities:
         reason = gpu_status.error if gpu_status is not None and gpu_status.error else "no NVIDIA driver or GPU found"

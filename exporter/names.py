@@ -38,5 +38,17 @@ STATES = ("working", "waiting", "idle")
 FINDINGS = (
     "pcie_link_downgraded", "pcie_errors", "numa_mismatch", "cpu_governor_powersave",
     "gpu_clock_throttled", "memory_pressure", "nfs_retransmissions", "gpu_lost",
+    # GPU health (NVML events and ECC counters)
+    "gpu_xid_error", "gpu_memory_errors",
 )
 SEVERITIES = ("critical", "warning", "info")
+
+# ---- GPU health ------------------------------------------------------------------------------------------------
+# What the Xid codes gpufeed raises mean (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors, and its GPU
+# memory error management guide, docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt); which of them are raised, and
+# at which severity, is exporter/thresholds.yaml gpu_xid_error.
+XID_MEANING = {
+    48: "double-bit ECC error", 63: "row remapping / page retirement recorded", 64: "row remapping failed",
+    74: "NVLink error", 79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate",
+    94: "contained ECC error", 95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
+}

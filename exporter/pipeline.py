@@ -89,7 +89,7 @@ def build(
         if not issubclass(cls, Collector):
             raise TypeError(f"stage {name!r} is neither a collector nor the analyzer")
         ctx = CollectorContext(procfs=settings.procfs, sysfs=settings.sysfs, options=options, targets=targets,
-                               nvml=nvml, clock=clock.now)
+                               nvml=nvml, clock=clock.now, background=not inline)
         try:
             collectors.append(cls(ctx))
         except Exception as e:

@@ -16,7 +16,10 @@ The JSON is ``shared/scenarios/SPEC.md``'s, extended the same way in both modes,
 A live run is one phase named ``live``. ``window_s`` is the span the verdicts look back over (the classifier
 window, or the whole run when that is shorter); ``waiting_ratio`` the share of it the GPU waited;
 ``waiting_share`` the share of the whole phase (live: the whole run), from the exact state counters.
-Every GPU of the scenario (or seen by NVML) is present; ``cause`` is null when no verdict was reached.
+Every GPU of the scenario (or seen by NVML) is present; ``cause`` is null when no verdict was reached. A GPU
+in MIG mode is judged per MIG instance: it is listed once per instance, each entry with ``"mig": <GPU
+instance id>`` and the instance's UUID (entries of other GPUs have no ``mig`` key); timeline rows of an
+instance carry ``mig`` too.
 
 Exit codes (:func:`exit_code`, the same in both modes): 0 every GPU healthy or idle and no finding, in every
 phase; 1 anything else (a waiting, throttled or inefficient GPU, a GPU without a verdict, any finding);
@@ -32,7 +35,8 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, TextIO
 
 from exporter.names import QUIET_VERDICTS
-from exporter.samples.derived import DerivedState
+from exporter.samples.derived import DerivedState, GpuActivity, GpuVerdict
+from exporter.samples.gpu import GpuKey
 
 if TYPE_CHECKING:
     from exporter.sim.player import PlayResult
@@ -73,6 +77,11 @@ class GpuInfo:
     name: str = ""
     pids: tuple[int, ...] = ()
     bdf: str = ""
+    mig: int | None = None  # a MIG instance of GPU ``index`` (uuid and name are the instance's)
+
+    @property
+    def key(self) -> GpuKey:
+        return GpuKey(self.index, self.mig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,31 +101,55 @@ def next_check(cause: str | None, pids: Sequence[int], bdf: str) -> str:
     return NEXT_CHECK.get(cause, "").format(pid=pids[0] if pids else "<pid>", bdf=bdf or "<bdf>")
 
 
-def _waiting_share(index: int, end: DerivedState | None, start: DerivedState | None) -> float | None:
-    """Share of the phase the GPU spent waiting, from the state counters at its ends."""
-    if end is None or index not in end.activity:
+def _verdict(state: DerivedState | None, key: GpuKey) -> GpuVerdict | None:
+    if state is None:
         return None
-    a1 = end.activity[index].state_seconds
-    a0 = start.activity[index].state_seconds if start is not None and index in start.activity else {}
+    return state.gpus.get(key.gpu) if key.mig is None else state.mig.get(key)
+
+
+def _activity(state: DerivedState | None, key: GpuKey) -> GpuActivity | None:
+    if state is None:
+        return None
+    return state.activity.get(key.gpu) if key.mig is None else state.mig_activity.get(key)
+
+
+def _waiting_share(key: GpuKey, end: DerivedState | None, start: DerivedState | None) -> float | None:
+    """Share of the phase the GPU (or MIG instance) spent waiting, from the state counters at its ends."""
+    e, s = _activity(end, key), _activity(start, key)
+    if e is None:
+        return None
+    a1 = e.state_seconds
+    a0 = s.state_seconds if s is not None else {}
     total = sum(a1.values()) - sum(a0.values())
     waiting = a1.get("waiting", 0.0) - a0.get("waiting", 0.0)
     return round(waiting / total, 3) if total > 0 else None
 
 
 def gpu_entry(info: GpuInfo, phase: PhaseState) -> dict[str, Any]:
-    """One GPU of one phase."""
-    v = phase.state.gpus.get(info.index) if phase.state is not None else None
-    return {
-        "index": info.index,
+    """One GPU (or MIG instance) of one phase."""
+    v = _verdict(phase.state, info.key)
+    why = phase.state.unjudged.get(info.key) if phase.state is not None else None
+    entry: dict[str, Any] = {"index": info.index}
+    if info.mig is not None:
+        entry["mig"] = info.mig
+    entry.update({
         "uuid": info.uuid,
         "name": info.name,
         "cause": v.cause if v is not None else None,
         "confidence": round(v.confidence, 3) if v is not None else None,
         "waiting_ratio": round(v.waiting_ratio, 3) if v is not None else None,
-        "waiting_share": _waiting_share(info.index, phase.state, phase.start),
-        "evidence": list(v.evidence) if v is not None else [],
+        "waiting_share": _waiting_share(info.key, phase.state, phase.start),
+        "evidence": list(v.evidence) if v is not None else [why] if why else [],
         "next_check": next_check(v.cause if v is not None else None, info.pids, info.bdf),
-    }
+    })
+    return entry
+
+
+def mig_infos(gpu: GpuInfo, instances: Sequence[tuple[int, str, str]],
+              pids_of: Mapping[int, tuple[int, ...]]) -> list[GpuInfo]:
+    """The report entries of a GPU in MIG mode: one per instance ``(gi, uuid, name)``, with its processes."""
+    return [GpuInfo(index=gpu.index, uuid=uuid, name=name, pids=pids_of.get(gi, ()), bdf=gpu.bdf, mig=gi)
+            for gi, uuid, name in instances]
 
 
 def phase_entry(phase: PhaseState, gpus: Sequence[GpuInfo]) -> dict[str, Any]:
@@ -161,14 +194,15 @@ def document(
 
 
 def changes(timeline: Sequence[tuple[float, DerivedState]]) -> list[dict[str, Any]]:
-    """Each GPU's verdict when it first appears and whenever it changes, in time order."""
-    last: dict[int, str | None] = {}
+    """Each GPU's (or MIG instance's) verdict when it first appears and whenever it changes, in time order."""
+    last: dict[Any, str | None] = {}
     rows: list[dict[str, Any]] = []
     for t, state in timeline:
-        for i, v in sorted(state.gpus.items()):
-            if i not in last or last[i] != v.cause:
-                rows.append({"t": round(t, 3), "gpu": i, "cause": v.cause})
-                last[i] = v.cause
+        for k, v in state.verdicts().items():
+            if k not in last or last[k] != v.cause:
+                rows.append({"t": round(t, 3), "gpu": k.gpu, **({} if k.mig is None else {"mig": k.mig}),
+                             "cause": v.cause})
+                last[k] = v.cause
     return rows
 
 
@@ -207,7 +241,8 @@ def print_text(doc: Mapping[str, Any], out: TextIO) -> None:
             wait = "" if g["waiting_ratio"] is None else f"  waiting {round(100 * g['waiting_ratio'])}%"
             conf = "" if g["confidence"] is None else f"  (confidence {g['confidence']:.2f})"
             name = f" {g['name']}" if g.get("name") else ""
-            out.write(f"\nGPU {g['index']}{name}: {(g['cause'] or 'no verdict').upper()}{wait}{conf}\n")
+            mig = f" MIG {g['mig']}" if g.get("mig") is not None else ""
+            out.write(f"\nGPU {g['index']}{mig}{name}: {(g['cause'] or 'no verdict').upper()}{wait}{conf}\n")
             for e in g["evidence"][:3]:
                 out.write(f"  - {e}\n")
             if g.get("next_check"):
@@ -231,8 +266,15 @@ def print_text(doc: Mapping[str, Any], out: TextIO) -> None:
 def scenario_document(res: PlayResult, *, timeline: bool = False) -> dict[str, Any]:
     """The report of a played scenario: every phase and every GPU of the scenario."""
     sc = res.scenario
-    gpus = [GpuInfo(index=g.index, uuid=g.uuid, name=g.name, bdf=g.pci_bus_id,
-                    pids=tuple(p.pid for p in sc.processes if g.index in p.gpus)) for g in sc.gpus]
+    gpus: list[GpuInfo] = []
+    for g in sc.gpus:
+        info = GpuInfo(index=g.index, uuid=g.uuid, name=g.name, bdf=g.pci_bus_id,
+                       pids=tuple(p.pid for p in sc.processes if g.index in p.gpus))
+        if g.mig:  # MIG mode with instances: judged per instance
+            pids = {x.gi: tuple(p.pid for p in sc.processes if g.index in p.gpus and p.mig == x.gi) for x in g.mig}
+            gpus.extend(mig_infos(info, [(x.gi, x.uuid, x.name) for x in g.mig], pids))
+        else:
+            gpus.append(info)
     phases: list[PhaseState] = []
     prev: DerivedState | None = None
     for ph in res.phases:
@@ -254,6 +296,7 @@ def check(res: PlayResult) -> list[str]:
             got = v.cause if v is not None else None
             if got != want:
                 failures.append(f"phase {e.phase!r}: GPU {idx}: expected {want}, got {got or 'no verdict'}")
+        failures.extend(_check_mig(e.phase, e.mig, st))
         found = [] if st is None else [(f.check, f.gpu) for f in st.findings]
         for chk, gpu in e.findings:
             if not any(c == chk and (gpu is None or g == gpu) for c, g in found):
@@ -264,3 +307,14 @@ def check(res: PlayResult) -> list[str]:
             if hits:
                 failures.append(f"phase {e.phase!r}: finding {chk} must not be reported, but was ({', '.join(hits)})")
     return failures
+
+
+def _check_mig(phase: str, expected: Mapping[tuple[int, int], str], st: DerivedState | None) -> list[str]:
+    """The failed MIG-instance verdicts of one expectation (project key ``expect[].mig``)."""
+    out = []
+    for (idx, gi), want in sorted(expected.items()):
+        v = _verdict(st, GpuKey(idx, gi))
+        got = v.cause if v is not None else None
+        if got != want:
+            out.append(f"phase {phase!r}: GPU {idx} MIG {gi}: expected {want}, got {got or 'no verdict'}")
+    return out

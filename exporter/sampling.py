@@ -163,7 +163,9 @@ class CollectorContext:
 
     ``nvml`` is a module-like object with pynvml's API -- the simulator's strict fake or a test's -- or None
     for the real ``pynvml``, imported on first use. ``clock`` is the engine's (virtual time under
-    ``diagnose --scenario``), monotonic seconds.
+    ``diagnose --scenario``), monotonic seconds. ``background`` says whether the collector may run a thread of
+    its own for a source that blocks (the GPU collector's Xid event waiter); False under an inline engine,
+    which then polls such sources from a sampler so a virtual-time run plays the same way every time.
     """
 
     procfs: Path
@@ -172,6 +174,7 @@ class CollectorContext:
     targets: Targets = field(default_factory=Targets)
     nvml: Any = None
     clock: Callable[[], float] = time.monotonic
+    background: bool = False
 
     def proc(self, *parts: str | int) -> Path:
         """A path under --path.procfs."""

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from exporter.durations import parse_duration
+
 PATH = Path(str(resources.files("exporter") / "thresholds.yaml"))
 DEFAULTS: dict[str, Any] = yaml.safe_load(PATH.read_text(encoding="utf-8"))
 
@@ -40,3 +42,17 @@ def _section(name: str, keys: tuple[str, ...]) -> dict[str, float]:
 
 NFS = NfsRetransmissions(**_section("nfs_retransmissions", ("max_retrans_ratio", "min_retrans_per_second")))
 MEMORY = MemoryPressure(**_section("memory_pressure", ("max_available_ratio", "max_memory_stall_ratio")))
+
+
+@dataclass(frozen=True, slots=True)
+class XidErrors:
+    """``gpu_xid_error``: which Xid codes are raised, at which severity, and for how long after the last one."""
+
+    critical: frozenset[int]
+    warning: frozenset[int]
+    hold_s: float
+
+
+_XID = DEFAULTS["gpu_xid_error"]
+XID = XidErrors(critical=frozenset(int(x) for x in _XID["critical_xids"]),
+                warning=frozenset(int(x) for x in _XID["warning_xids"]), hold_s=parse_duration(_XID["window"]))

@@ -100,6 +100,88 @@
             },
           },
           {
+            "alert": "GpufeedGPUXidError",
+            "expr": "increase(gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"}[10m]) > 0\nor\n(gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"} unless gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"} offset 10m)\n",
+            "for": "0m",
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} reported Xid {{ $labels.xid }}",
+              "description": "GPU {{ $labels.gpu }} ({{ with printf `gpufeed_gpu_info{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }}{{ . | first | label `name` }} at {{ . | first | label `pci_bus_id` }}{{ end }}) on {{ $labels.instance }} reported Xid {{ $labels.xid }}{{ if eq $labels.xid `48` }} (double-bit ECC error){{ end }}{{ if eq $labels.xid `63` }} (row remapping / page retirement recorded){{ end }}{{ if eq $labels.xid `64` }} (row remapping failed){{ end }}{{ if eq $labels.xid `74` }} (NVLink error){{ end }}{{ if eq $labels.xid `79` }} (GPU has fallen off the bus){{ end }}{{ if eq $labels.xid `92` }} (high single-bit ECC error rate){{ end }}{{ if eq $labels.xid `94` }} (contained ECC error){{ end }}{{ if eq $labels.xid `95` }} (uncontained ECC error){{ end }}{{ if eq $labels.xid `119` }} (GSP RPC timeout){{ end }}{{ if eq $labels.xid `120` }} (GSP error){{ end }} {{ $value | printf `%.0f` }} times in the last 10m (NVML critical-error events). Drain the host and reset the GPU; recurring hardware Xids mean an RMA.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpuxiderror" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedGPUXidError",
+            "expr": "increase(gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"}[10m]) > 0\nor\n(gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"} unless gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"} offset 10m)\n",
+            "for": "0m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} reported Xid {{ $labels.xid }}",
+              "description": "GPU {{ $labels.gpu }} ({{ with printf `gpufeed_gpu_info{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }}{{ . | first | label `name` }} at {{ . | first | label `pci_bus_id` }}{{ end }}) on {{ $labels.instance }} reported Xid {{ $labels.xid }}{{ if eq $labels.xid `48` }} (double-bit ECC error){{ end }}{{ if eq $labels.xid `63` }} (row remapping / page retirement recorded){{ end }}{{ if eq $labels.xid `64` }} (row remapping failed){{ end }}{{ if eq $labels.xid `74` }} (NVLink error){{ end }}{{ if eq $labels.xid `79` }} (GPU has fallen off the bus){{ end }}{{ if eq $labels.xid `92` }} (high single-bit ECC error rate){{ end }}{{ if eq $labels.xid `94` }} (contained ECC error){{ end }}{{ if eq $labels.xid `95` }} (uncontained ECC error){{ end }}{{ if eq $labels.xid `119` }} (GSP RPC timeout){{ end }}{{ if eq $labels.xid `120` }} (GSP error){{ end }} {{ $value | printf `%.0f` }} times in the last 10m (NVML critical-error events). The GPU kept running: plan a drain and a reset, watch whether it recurs.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpuxiderror" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedGPUMemoryErrors",
+            "expr": "gpufeed_gpu_ecc_errors_total{error=\"uncorrected\",counter=\"volatile\"} > 0",
+            "for": "0m",
+            "labels": {
+              "severity": "critical",
+              "signal": "uncorrected",
+            },
+            "annotations": {
+              "summary": "Uncorrectable ECC errors on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} has had {{ $value | printf `%.0f` }} uncorrectable (double-bit) ECC errors since the driver loaded: the jobs that touched the memory got wrong data or died, and the pages stay retired-pending until the GPU is reset. Drain and reset it.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpumemoryerrors" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedGPUMemoryErrors",
+            "expr": "gpufeed_gpu_row_remap_failure == 1",
+            "for": "0m",
+            "labels": {
+              "severity": "critical",
+              "signal": "remap_failure",
+            },
+            "annotations": {
+              "summary": "Row remapping failed on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} failed to remap a row of its memory to a spare: it cannot repair that memory any more. Drain it and open an RMA.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpumemoryerrors" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedGPUMemoryErrors",
+            "expr": "gpufeed_gpu_row_remap_pending == 1",
+            "for": "0m",
+            "labels": {
+              "severity": "warning",
+              "signal": "remap_pending",
+            },
+            "annotations": {
+              "summary": "Row remap pending on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} has a row remapping waiting for the next GPU reset to take effect. Reset the GPU at the next drain.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpumemoryerrors" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedGPUMemoryErrors",
+            "expr": "increase(gpufeed_gpu_ecc_errors_total{error=\"corrected\",counter=\"volatile\"}[1h]) > 100",
+            "for": "0m",
+            "labels": {
+              "severity": "warning",
+              "signal": "corrected",
+            },
+            "annotations": {
+              "summary": "Corrected ECC errors rising on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} corrected {{ $value | printf `%.0f` }} single-bit ECC errors in the last 1h (threshold 100): its memory is degrading; a rising rate comes before uncorrectable errors.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpumemoryerrors" % $._config),
+            },
+          },
+          {
             "alert": "GpufeedCPUGovernorPowersave",
             "expr": ("gpufeed_cpufreq_governor_cpus{governor=\"powersave\"} > 0\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
             "for": "30m",

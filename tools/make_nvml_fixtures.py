@@ -57,8 +57,7 @@ def devices(host: Path, processes: dict[str, list[int]]) -> list[dict[str, objec
         cur_g, cur_w = _gen(_read(dev / "current_link_speed")), _int(_read(dev / "current_link_width"))
         max_g, max_w = _gen(_read(dev / "max_link_speed")), _int(_read(dev / "max_link_width"))
         if None not in (cur_g, cur_w, max_g, max_w):
-            d["link"] = {"gen": cur_g, "width": cur_w, "max_gen": max_g, "max_width": max_w,
-                         "gpu_max_gen": max_g, "gpu_max_width": max_w}
+            d["link"] = {"gen": cur_g, "width": cur_w, "max_gen": max_g, "max_width": max_w, "gpu_max_gen": max_g}
         cpus = _read(dev / "local_cpulist")
         numa = _int(_read(dev / "numa_node"))
         d["cpu_affinity"] = cpus or None

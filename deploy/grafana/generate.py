@@ -237,10 +237,44 @@ def fleet() -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------- host
 
 
-def verdict_code_expr() -> str:
-    """One series per GPU whose value is the index (1-based) of its current verdict in VERDICTS."""
-    parts = [f'(gpufeed_gpu_bottleneck{{cause="{c}", {HG}}} == 1) * {i}' for i, c in enumerate(VERDICTS, 1)]
-    return "max by (gpu) (\n  " + "\n  or ".join(parts) + "\n)"
+def verdict_code_expr(*, mig: bool = False) -> str:
+    """One series per GPU (``mig``: per MIG instance) whose value is the index (1-based) of its current verdict
+    in VERDICTS. A GPU in MIG mode has no whole-GPU verdict: its instances are judged (mig label)."""
+    sel = 'mig!="", ' if mig else 'mig="", '  # an absent label is the empty one
+    parts = [f'(gpufeed_gpu_bottleneck{{cause="{c}", {sel}{HG}}} == 1) * {i}' for i, c in enumerate(VERDICTS, 1)]
+    return f"max by (gpu{', mig' if mig else ''}) (\n  " + "\n  or ".join(parts) + "\n)"
+
+
+def gpu_health_row(verdict_map: list[dict[str, Any]]) -> tuple[str, list[tuple[Panel, int, int]]]:
+    """Xid errors, ECC and row remapping, and the MIG instances of GPUs in MIG mode."""
+    flags = [{"type": "value", "options": {"0": {"text": "ok", "color": "green", "index": 0},
+                                          "1": {"text": "yes", "color": "red", "index": 1}}}]
+    return ("GPU health and MIG instances", [
+        (panel("timeseries", "Xid errors",
+               "Xid errors NVML reported per GPU and code (gpufeed_gpu_xid_errors_total): 48/63/64/94/95 memory, "
+               "74 NVLink, 79 fell off the bus, 92 single-bit ECC rate, 119/120 GSP. See the runbook.",
+               [target(f"sum by (gpu, xid) (increase(gpufeed_gpu_xid_errors_total{{{HG}}}[{RI}]))",
+                       "GPU {{gpu}} Xid {{xid}}")], custom={"drawStyle": "bars"}), 12, 7),
+        (panel("timeseries", "ECC errors",
+               "ECC errors since the driver loaded (volatile): uncorrected ones need a GPU reset, a rising "
+               "corrected rate comes before them.",
+               [target(f'increase(gpufeed_gpu_ecc_errors_total{{counter="volatile", {HG}}}[{RI}])',
+                       "GPU {{gpu}} {{error}}")]), 12, 7),
+        (panel("state-timeline", "Row remapping pending / failed",
+               "A pending remap takes effect at the next GPU reset; a failed one means the memory cannot be repaired.",
+               [target(f"gpufeed_gpu_row_remap_pending{{{HG}}}", "GPU {{gpu}} remap pending"),
+                target(f"gpufeed_gpu_row_remap_failure{{{HG}}}", "GPU {{gpu}} remap failed")], mappings=flags),
+         12, 6),
+        (panel("state-timeline", "MIG instance verdicts",
+               "GPUs in MIG mode are judged per MIG instance (gpu, mig): each instance's verdict over time.",
+               [target(verdict_code_expr(mig=True), "GPU {{gpu}} MIG {{mig}}")], mappings=verdict_map,
+               options={"showValue": "auto", "mergeValues": True, "rowHeight": 0.8}), 12, 6),
+        (panel("timeseries", "MIG instance time waiting, by cause",
+               "GPU-seconds per second each MIG instance spent waiting, per cause (its own processes' evidence).",
+               [target(f'sum by (gpu, mig, cause) (rate(gpufeed_gpu_waiting_seconds_total{{mig!="", {HG}}}[{RI}]))',
+                       "GPU {{gpu}} MIG {{mig}} {{cause}}")], unit="percentunit", stack=True, minmax=(0, None)),
+         24, 7),
+    ])
 
 
 def host() -> dict[str, Any]:
@@ -350,6 +384,7 @@ def host() -> dict[str, Any]:
             (placement, 12, 7),
             (gpus, 12, 7),
         ]),
+        gpu_health_row(verdict_map),
         ("IO, memory and pressure", [
             (panel("timeseries", "Pressure stall (PSI some)", "Share of wall time tasks stalled on CPU, IO, memory.",
                    [target(f"rate(gpufeed_pressure_stalled_seconds_total{{{H}}}[{RI}])", "{{resource}}")],

@@ -9,6 +9,12 @@ first use. Time is ``ctx.clock``: the engine's (virtual time under ``diagnose --
 On every slow cycle the collector publishes to ``ctx.targets`` the pids per GPU (the ``proc`` and ``numa``
 collectors inspect exactly those) and each GPU's PCI address in sysfs form. No driver, no library or no GPU
 is "not available" (NoDataError), quietly.
+
+A GPU in MIG mode is described per MIG instance as well: ``gpufeed_gpu_mig_info{gpu,mig,...}`` and the
+instance's GPM counters and gauges, memory and processes with a ``mig`` label (the GPU instance id) next to
+``gpu``; series of a GPU that is not in MIG mode have no ``mig`` label. Xid errors are counted from NVML events
+(``gpufeed_gpu_xid_errors_total{gpu,xid}``, exporter/gpu/events.py), ECC and row remapping come from the slow
+fields of exporter/gpu/fields.py.
 """
 
 from __future__ import annotations
@@ -23,13 +29,15 @@ from types import MappingProxyType
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from exporter import names, pci
 from exporter.collectors import register
 from exporter.gpu import fields
 from exporter.gpu.backend import PID_MAX_LIMIT, GpuInitError, GpuUnavailableError, NvmlBackend
 from exporter.gpu.constants import CLOCK_EVENT_REASONS
-from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuSample, GpuSlow
+from exporter.gpu.events import OTHER as XID_OTHER
+from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuKey, GpuSample, GpuSlow
 from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError, Option, SamplerSpec
 from exporter.snapshot import Snapshot
 from exporter.sources import read_bytes, read_text
@@ -111,7 +119,7 @@ class GpuCollector(Collector):
             if self._backend is None:
                 self._backend = NvmlBackend(
                     self._nvml_module, clock=self.ctx.clock, pid_max=self._pid_max, numa_of=self._sysfs_numa_node,
-                    gpu_hardware=self._sysfs_has_nvidia_gpu,
+                    gpu_hardware=self._sysfs_has_nvidia_gpu, event_thread=self.ctx.background,
                 )
             return self._backend
 
@@ -219,13 +227,22 @@ def _identity_families(
     lost_f = GaugeMetricFamily(
         "gpufeed_gpu_lost", "1 while the GPU answers NVML with GPU_IS_LOST (fell off the bus); gpufeed retries "
         "with backoff.", labels=["gpu"])
+    mig_mode = GaugeMetricFamily(
+        "gpufeed_gpu_mig_mode", "1 while the GPU runs in MIG mode: it is judged per MIG instance (the mig label).",
+        labels=["gpu"])
+    mig_info = GaugeMetricFamily(
+        "gpufeed_gpu_mig_info", "A MIG device of a GPU in MIG mode (value 1): mig is its GPU instance id.",
+        labels=["gpu", "mig", "compute_instance", "uuid", "name"])
     for idx, ident in sorted(identities.items()):
         numa = "" if ident.numa_node is None else str(ident.numa_node)
         bus_id = pci.to_nvml(ident.pci_bus_id) if pci.normalize(ident.pci_bus_id) else ident.pci_bus_id
         info.add_metric([str(idx), ident.uuid, ident.name, bus_id, ident.pci_bus_id, numa, ident.uuid, hostname], 1.0)
         lost_f.add_metric([str(idx)], 1.0 if idx in lost else 0.0)
-    yield info
-    yield lost_f
+        if idx not in lost:
+            mig_mode.add_metric([str(idx)], 1.0 if ident.mig_mode else 0.0)
+        for m in ident.mig:
+            mig_info.add_metric([str(idx), str(m.gi), str(m.ci), m.uuid, m.name], 1.0)
+    yield from (info, lost_f, mig_mode, mig_info)
 
 
 def _fast_families(sample: GpuSample) -> Iterator[Metric]:
@@ -240,21 +257,34 @@ def _fast_families(sample: GpuSample) -> Iterator[Metric]:
     dram = GaugeMetricFamily("gpufeed_gpu_dram_active_ratio",
                              "GPM DRAM bandwidth utilisation over the last >=100 ms pair.", labels=["gpu"])
     clock = GaugeMetricFamily("gpufeed_gpu_sm_clock_hertz", "Current SM clock.", labels=["gpu"])
-    # The NVML field table: one family per metric, its entries' constant labels after gpu.
+    families = _field_families(fields.FAST)
+    for gpu, g in _per_gpu(sample, GpuFast):
+        # A GPU in MIG mode has GPM per instance only: its series carry the instance as the mig label.
+        for key, v in ((GpuKey(int(gpu)), g), *((GpuKey(int(gpu), gi), m) for gi, m in sorted(g.mig.items()))):
+            labels = key.labels()
+            _put(sm_s, labels, v.sm_active_seconds)
+            _put(occ, labels, v.sm_occupancy)
+            _put(tensor, labels, v.tensor_active)
+            _put(dram, labels, v.dram_active)
+        _add(clock, [gpu], g.sm_clock_hz)
+        _add_fields(families, gpu, fields.FAST, g.fields)
+    yield from (sm_s, occ, tensor, dram, clock, *families.values())
+
+
+def _field_families(path: str) -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
+    """The NVML field table's families of one sampling path: one per metric, its entries' labels after gpu."""
     families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-    for f in fields.FIELDS:
+    for f in fields.ON_PATH[path]:
         if f.metric not in families:
             kind = CounterMetricFamily if f.kind == fields.COUNTER else GaugeMetricFamily
             families[f.metric] = kind(f.metric, f.help, labels=["gpu", *f.labels])
-    for gpu, g in _per_gpu(sample, GpuFast):
-        _add(sm_s, [gpu], g.sm_active_seconds)
-        _add(occ, [gpu], g.sm_occupancy)
-        _add(tensor, [gpu], g.tensor_active)
-        _add(dram, [gpu], g.dram_active)
-        _add(clock, [gpu], g.sm_clock_hz)
-        for f in fields.FIELDS:
-            _add(families[f.metric], [gpu, *f.labels.values()], g.fields.get(f.key))
-    yield from (sm_s, occ, tensor, dram, clock, *families.values())
+    return families
+
+
+def _add_fields(families: Mapping[str, GaugeMetricFamily | CounterMetricFamily], gpu: str, path: str,
+                values: Mapping[str, float]) -> None:
+    for f in fields.ON_PATH[path]:
+        _add(families[f.metric], [gpu, *f.labels.values()], values.get(f.key))
 
 
 def _buffered_families(sample: GpuSample) -> Iterator[Metric]:
@@ -281,10 +311,14 @@ def _slow_families(sample: GpuSample) -> Iterator[Metric]:
         "design), max (limited by GPU and slot), gpu_max (the GPU's own).", labels=["gpu", "kind"])
     width = GaugeMetricFamily("gpufeed_gpu_pcie_link_width", "PCIe link width as NVML sees it: current, max "
                               "(GPU and slot), gpu_max (the GPU's own).", labels=["gpu", "kind"])
-    pmem = GaugeMetricFamily("gpufeed_gpu_process_memory_bytes", "Device memory used by a compute process.",
-                             labels=["gpu", "pid", "comm"])
+    pmem = GaugeMetricFamily("gpufeed_gpu_process_memory_bytes", "Device memory used by a compute process "
+                             "(mig: the MIG instance it runs on).", labels=["gpu", "pid", "comm"])
     psm = GaugeMetricFamily("gpufeed_gpu_process_sm_ratio", "Share of the GPU's SM time used by the process in "
                             "its latest driver sample (0 when it had none).", labels=["gpu", "pid", "comm"])
+    xid = CounterMetricFamily(
+        "gpufeed_gpu_xid_errors", "Xid errors NVML reported for the GPU since gpufeed started (critical-error "
+        "events; xid=\"other\" past 32 distinct codes).", labels=["gpu", "xid"])
+    families = _field_families(fields.SLOW)
     for gpu, g in _per_gpu(sample, GpuSlow):
         _add(max_clock, [gpu], g.max_sm_clock_hz)
         _add(limit, [gpu], g.power_limit_w)
@@ -294,16 +328,33 @@ def _slow_families(sample: GpuSample) -> Iterator[Metric]:
                 reason.add_metric([gpu, r], 1.0 if r in g.clock_event_reasons else 0.0)
         _add(used, [gpu], g.memory_used_bytes)
         _add(total, [gpu], g.memory_total_bytes)
+        for gi, m in sorted(g.mig.items()):
+            labels = GpuKey(int(gpu), gi).labels()
+            _put(used, labels, m.memory_used_bytes)
+            _put(total, labels, m.memory_total_bytes)
         for kind, gv, wv in (("current", g.link_gen, g.link_width), ("max", g.max_link_gen, g.max_link_width),
-                             ("gpu_max", g.gpu_max_link_gen, g.gpu_max_link_width)):
+                             ("gpu_max", g.gpu_max_link_gen, None)):
             _add(gen, [gpu, kind], gv)
             _add(width, [gpu, kind], wv)
         for p in g.processes:
-            _add(pmem, [gpu, str(p.pid), p.comm], p.used_memory_bytes)
-            _add(psm, [gpu, str(p.pid), p.comm], p.sm_ratio)
-    yield from (max_clock, limit, temp, reason, used, total, gen, width, pmem, psm)
+            labels = {**GpuKey(int(gpu), p.mig).labels(), "pid": str(p.pid), "comm": p.comm}
+            _put(pmem, labels, p.used_memory_bytes)
+            _put(psm, labels, p.sm_ratio)
+        for code, n in sorted(g.xid_errors.items()):
+            xid.add_metric([gpu, "other" if code == XID_OTHER else str(code)], float(n))
+        _add_fields(families, gpu, fields.SLOW, g.fields)
+    yield from (max_clock, limit, temp, reason, used, total, gen, width, pmem, psm, xid, *families.values())
 
 
 def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:
     if value is not None:
         family.add_metric(labels, float(value))
+
+
+def _put(family: GaugeMetricFamily | CounterMetricFamily, labels: Mapping[str, str], value: float | None) -> None:
+    """A sample with its own label set: ``mig`` appears only on a MIG instance's series (a family's samples
+    may have different label names; Prometheus treats an absent label as the empty one)."""
+    if value is None:
+        return
+    name = family.name + "_total" if isinstance(family, CounterMetricFamily) else family.name
+    family.samples.append(Sample(name, dict(labels), float(value), None))

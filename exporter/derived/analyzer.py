@@ -5,10 +5,16 @@ tracking, steers deep sampling, and exports the derived metric families.
 The analyzer is a :class:`~exporter.sampling.Stage` with one non-blocking sampler (``derived``, every second):
 it reads only in-memory ring buffers, so it runs on the event loop. The pipeline (``exporter/pipeline.py``)
 builds it and binds it to the engine; nothing else does. Everything it decides is in ``exporter.derived``.
+
+What it judges is keyed by :class:`~exporter.samples.gpu.GpuKey`: a whole GPU, or -- for a GPU in MIG mode,
+whose whole-GPU utilisation the driver does not report -- each MIG instance on its own (``gpu`` and ``mig``
+labels), with its own state seconds, waiting causes, idle gaps and verdict. Platform findings stay per
+physical GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -20,17 +26,25 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.samples import Sample
 
 from exporter import log, names
 from exporter.derived import findings as fnd
-from exporter.derived.evaluate import Windows, evaluate_gpu, host_findings, overlap_mean
+from exporter.derived.evaluate import (
+    Windows,
+    evaluate_gpu,
+    host_findings,
+    mig_gpu_findings,
+    overlap_mean,
+    unjudged,
+)
 from exporter.derived.gpuview import GpuView
 from exporter.derived.hostshape import io_signals
 from exporter.derived.series import IDLE_LEVEL, Point, bucket_counts
 from exporter.derived.verdict import Candidate, Settled, settle
 from exporter.names import STATES, VERDICTS, WAITING_CAUSES
 from exporter.samples.derived import GAP_BUCKETS, DerivedState, Finding, GpuActivity, GpuVerdict
-from exporter.samples.gpu import GpuSample
+from exporter.samples.gpu import GpuIdentity, GpuKey, GpuSample
 from exporter.sampling import CPU_WINDOW_MAX, NoDataError, Option, SamplerSpec, Stage, Targets
 from exporter.snapshot import Snapshot, Stamped
 
@@ -118,7 +132,7 @@ class Analyzer(Stage):
         self._focus: frozenset[int] | None = None
         self._full_t: float | None = None  # when the last full deep pass was requested while focused
         self._last_t: float | None = None
-        self._gpus: dict[int, _GpuState] = {}
+        self._gpus: dict[GpuKey, _GpuState] = {}
         self._raised: set[tuple[str, str]] = set()
 
     def bind(self, engine: EngineReader) -> None:
@@ -172,62 +186,86 @@ class Analyzer(Stage):
         bdf_index = {ident.pci_bus_id.lower(): i for i, ident in identities.items()}
         gpu_key = {str(i): i for i in identities} | bdf_index
         dt = 0.0 if self._last_t is None else max(0.0, now - self._last_t)
-        verdicts: dict[int, GpuVerdict] = {}
-        activity: dict[int, GpuActivity] = {}
+        verdicts: dict[GpuKey, GpuVerdict] = {}
+        activity: dict[GpuKey, GpuActivity] = {}
+        blind: dict[GpuKey, str] = {}
         found: list[Finding] = []
         busy: list[int] = []
         any_waiting = False
         waiting_pids: set[int] = set()
         by_gpu = self.targets.by_gpu()
         for idx in sorted(identities):
-            st = self._gpus.setdefault(idx, _GpuState())
+            ident: GpuIdentity = identities[idx]
             if idx in lost:
                 found.append(fnd.gpu_lost(idx))
+                st = self._gpus.setdefault(GpuKey(idx), _GpuState())
                 st.settled, st.verdict = None, None
-                activity[idx] = self._activity(st, None, {})
+                activity[GpuKey(idx)] = self._activity(st, None, {})
                 continue
-            prev = st.settled.cause if st.settled else None
-            ev = evaluate_gpu(idx, w, previous=prev)
-            view, cand = ev.view, ev.candidate
-            st.gaps.feed(view.shape_points)
-            st.settled = settle(st.settled, cand.cause, now, self.hold_s)
-            if st.settled.cause != prev:
-                self.log.info("verdict_changed", gpu=idx, cause=st.settled.cause, previous=prev,
-                              confidence=cand.confidence, waiting_ratio=round(cand.waiting_ratio, 3),
-                              evidence=cand.evidence[0] if cand.evidence else "")
-            st.verdict = self._verdict(view, cand, st)
-            verdicts[idx] = st.verdict
-            self._account(st, view.util_points, cand, dt, now)
-            if ev.waiting:
-                any_waiting = True
-                waiting_pids.update(view.pids)
-                waiting_pids.update(by_gpu.get(str(idx), ()))
-            if ev.busy:
-                busy.append(idx)
-            found.extend(ev.findings)
-            activity[idx] = self._activity(st, view, ev.links)
+            # A GPU in MIG mode is judged per instance; its platform findings once, for the physical GPU.
+            keys = [GpuKey(idx, m.gi) for m in ident.mig] if ident.mig_mode and ident.mig else [GpuKey(idx)]
+            views: list[GpuView] = []
+            for key in keys:
+                if key.mig is not None and (why := unjudged(idx, w, key.mig)) is not None:
+                    blind[key] = why
+                    continue
+                st = self._gpus.setdefault(key, _GpuState())
+                prev = st.settled.cause if st.settled else None
+                ev = evaluate_gpu(idx, w, previous=prev, mig=key.mig)
+                view, cand = ev.view, ev.candidate
+                views.append(view)
+                st.gaps.feed(view.shape_points)
+                st.settled = settle(st.settled, cand.cause, now, self.hold_s)
+                if st.settled.cause != prev:
+                    self.log.info("verdict_changed", **key.labels(), cause=st.settled.cause, previous=prev,
+                                  confidence=cand.confidence, waiting_ratio=round(cand.waiting_ratio, 3),
+                                  evidence=cand.evidence[0] if cand.evidence else "")
+                uuid = next((m.uuid for m in ident.mig if m.gi == key.mig), view.uuid)
+                st.verdict = self._verdict(view, cand, st, uuid=uuid)
+                verdicts[key] = st.verdict
+                self._account(st, view.util_points, cand, dt, now)
+                if ev.waiting:
+                    any_waiting = True
+                    waiting_pids.update(view.pids)
+                    if key.mig is None:
+                        waiting_pids.update(by_gpu.get(str(idx), ()))
+                if ev.busy and idx not in busy:
+                    busy.append(idx)
+                found.extend(ev.findings)
+                activity[key] = self._activity(st, view, ev.links)
+            if keys[0].mig is not None:
+                gpu_found, links = mig_gpu_findings(idx, w, views)
+                found.extend(gpu_found)
+                for key in keys:
+                    if key in activity:
+                        activity[key] = dataclasses.replace(activity[key], links=MappingProxyType(dict(links)))
         found.extend(host_findings(w, snap.value(names.NUMA), snap.value(names.CPUFREQ), gpu_key, busy))
         self._adapt_depth(any_waiting, frozenset(waiting_pids), now)
         self._log_findings(found)
         self._last_t = now
         # A GPU missing from this evaluation (its sampler failed once, or it was unplugged) keeps its state:
         # its counters continue where they were if it comes back, instead of resetting. Bounded by the
-        # number of GPUs the host ever had.
+        # number of GPUs (and MIG instances) the host ever had.
         return DerivedState(
-            t=now, gpus=MappingProxyType(verdicts), findings=tuple(found),
-            activity=MappingProxyType(activity), window_s=self.window_s,
+            t=now, gpus=MappingProxyType({k.gpu: v for k, v in verdicts.items() if k.mig is None}),
+            findings=tuple(found),
+            activity=MappingProxyType({k.gpu: a for k, a in activity.items() if k.mig is None}),
+            window_s=self.window_s,
+            mig=MappingProxyType({k: v for k, v in verdicts.items() if k.mig is not None}),
+            mig_activity=MappingProxyType({k: a for k, a in activity.items() if k.mig is not None}),
+            unjudged=MappingProxyType(blind),
         )
 
-    def _verdict(self, view: GpuView, cand: Candidate, st: _GpuState) -> GpuVerdict:
+    def _verdict(self, view: GpuView, cand: Candidate, st: _GpuState, *, uuid: str) -> GpuVerdict:
         """The settled verdict: the candidate's evidence when they agree, else the held one and why."""
         assert st.settled is not None
         if st.settled.cause == cand.cause or st.verdict is None:
-            return GpuVerdict(view.index, view.uuid, cand.cause, cand.confidence, round(cand.waiting_ratio, 4),
-                              cand.evidence)
+            return GpuVerdict(view.index, uuid, cand.cause, cand.confidence, round(cand.waiting_ratio, 4),
+                              cand.evidence, mig=view.mig)
         held = st.verdict
         note = f"holding {held.cause}: newest evidence points to {cand.cause} (needs {self.hold_s:.0f} s to switch)"
-        return GpuVerdict(view.index, view.uuid, held.cause, round(held.confidence * 0.8, 2),
-                          round(cand.waiting_ratio, 4), (*cand.evidence[:1], note))
+        return GpuVerdict(view.index, uuid, held.cause, round(held.confidence * 0.8, 2),
+                          round(cand.waiting_ratio, 4), (*cand.evidence[:1], note), mig=view.mig)
 
     def _account(self, st: _GpuState, util: Sequence[Point], cand: Candidate, dt: float, now: float) -> None:
         """Split ``dt`` into working / waiting (by cause) / idle: counters exact at any scrape interval."""
@@ -339,28 +377,38 @@ class Analyzer(Stage):
         finding = GaugeMetricFamily(
             "gpufeed_finding", "1 for each platform finding currently raised; gpu=\"\" for host-wide ones.",
             labels=["check", "gpu"])
-        for idx, a in sorted(d.activity.items()):
-            g = str(idx)
+        links_done: set[int] = set()
+        acts = {GpuKey(i): a for i, a in d.activity.items()} | dict(d.mig_activity)
+        for key, a in sorted(acts.items()):
+            lab = key.labels()  # a MIG instance's series carry mig next to gpu
             for s in STATES:
-                state.add_metric([g, s], a.state_seconds.get(s, 0.0))
+                _sample(state, "_total", {**lab, "state": s}, a.state_seconds.get(s, 0.0))
             for c in WAITING_CAUSES:
-                waiting.add_metric([g, c], a.waiting_seconds.get(c, 0.0))
-            cum, buckets = 0, []
+                _sample(waiting, "_total", {**lab, "cause": c}, a.waiting_seconds.get(c, 0.0))
+            cum = 0
             for le, n in zip((*map(str, GAP_BUCKETS), "+Inf"), a.gap_buckets, strict=True):
                 cum += n
-                buckets.append((le, float(cum)))
-            gaps.add_metric([g], buckets, a.gap_seconds_sum)
+                _sample(gaps, "_bucket", {**lab, "le": le}, float(cum))
+            _sample(gaps, "_count", lab, float(cum))
+            _sample(gaps, "_sum", lab, a.gap_seconds_sum)
             if a.burstiness is not None:
-                burst.add_metric([g], a.burstiness)
+                _sample(burst, "", lab, a.burstiness)
             if a.idle_ratio is not None:
-                idle.add_metric([g], a.idle_ratio)
-                periodic.add_metric([g], 1.0 if a.periodic_gaps else 0.0)
-            for bdf, flag in sorted(a.links.items()):
-                down.add_metric([g, bdf], 1.0 if flag else 0.0)
-        for idx, v in sorted(d.gpus.items()):
+                _sample(idle, "", lab, a.idle_ratio)
+                _sample(periodic, "", lab, 1.0 if a.periodic_gaps else 0.0)
+            if key.gpu not in links_done:  # the PCIe chain is the physical GPU's: once per GPU
+                links_done.add(key.gpu)
+                for bdf, flag in sorted(a.links.items()):
+                    down.add_metric([str(key.gpu), bdf], 1.0 if flag else 0.0)
+        for key, v in d.verdicts().items():
             for c in VERDICTS:
-                bottleneck.add_metric([str(idx), c], 1.0 if v.cause == c else 0.0)
-            confidence.add_metric([str(idx)], v.confidence)
-        for key in sorted({(f.check, "" if f.gpu is None else str(f.gpu)) for f in d.findings}):
-            finding.add_metric(list(key), 1.0)
+                _sample(bottleneck, "", {**key.labels(), "cause": c}, 1.0 if v.cause == c else 0.0)
+            _sample(confidence, "", key.labels(), v.confidence)
+        for check_gpu in sorted({(f.check, "" if f.gpu is None else str(f.gpu)) for f in d.findings}):
+            finding.add_metric(list(check_gpu), 1.0)
         yield from (state, waiting, bottleneck, confidence, gaps, burst, idle, periodic, down, finding)
+
+
+def _sample(family: Metric, suffix: str, labels: Mapping[str, str], value: float) -> None:
+    """Append one sample with its own label set (``mig`` only on a MIG instance's series)."""
+    family.samples.append(Sample(family.name + suffix, dict(labels), float(value), None))

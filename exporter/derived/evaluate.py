@@ -8,6 +8,7 @@ window), the CPU shape of its processes, the verdict candidate, and the GPU's pl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -20,7 +21,7 @@ from exporter.derived.hostshape import CpuShape, IoSignals, cpu_shape
 from exporter.derived.series import IDLE_LEVEL, Point, gaps
 from exporter.derived.verdict import WAITING_LEAVE, Candidate, classify
 from exporter.samples.derived import Finding
-from exporter.samples.gpu import GpuSample
+from exporter.samples.gpu import GpuIdentity, GpuSample
 from exporter.samples.host import CpufreqSample, CpuSample, MemorySample, ProcSample
 from exporter.samples.topology import NumaSample, PcieSample
 from exporter.snapshot import Stamped
@@ -28,6 +29,15 @@ from exporter.snapshot import Stamped
 # When the mean activity of the last third of the window differs from the whole window's by this much,
 # the condition changed inside the window and the recent part is judged alone (fast onset detection).
 ONSET_CHANGE = 0.25
+
+# What a verdict on a GPU without GPM (Ampere and older, consumer boards) rests on, said in its evidence.
+NO_GPM_NOTE = ("no GPM on this GPU (Ampere or older): judged from the driver's utilisation samples, SM clocks, "
+               "PCIe counters and the host; SM activity and occupancy are not measured, so a busy GPU doing a "
+               "poor job (gpu_inefficient) reads as healthy")
+# Why a MIG instance gets no verdict without GPM (DESIGN.md: a MIG GPU is never called idle for lack of data).
+MIG_NO_GPM = ("no verdict: NVML reports no utilisation for MIG instances (nvml.h: unsupported on MIG) and this "
+              "GPU has no GPM (Hopper and newer), so this instance's activity is not measured -- use DCGM "
+              "profiling (dcgmi dmon -e 1001) for it")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,15 +131,33 @@ def link_capacity(view: GpuView, pcie: Sequence[Stamped[PcieSample]]) -> tuple[f
         return None, ""
 
 
-def _recent_view(index: int, w: Windows, span: float) -> GpuView:
+def _recent_view(index: int, w: Windows, span: float, mig: int | None = None) -> GpuView:
     start = w.now - span
-    return gpu_view(index, since(w.fast, start), since(w.buffered, start - 1.0), w.slow)
+    return gpu_view(index, since(w.fast, start), since(w.buffered, start - 1.0), w.slow, mig=mig)
 
 
-def evaluate_gpu(index: int, w: Windows, *, previous: str | None) -> GpuEvaluation:
-    """Judge GPU ``index`` over ``w``; ``previous`` is its settled verdict (the waiting threshold's
-    hysteresis band depends on it)."""
-    view = gpu_view(index, w.fast, w.buffered, w.slow)
+def identity(w: Windows, index: int) -> GpuIdentity | None:
+    """GPU ``index``'s newest identity in the windows."""
+    for win in (w.slow, w.fast, w.buffered):
+        if win and (ident := win[-1].value.identities.get(index)) is not None:
+            return ident
+    return None
+
+
+def unjudged(index: int, w: Windows, mig: int) -> str | None:
+    """Why MIG instance ``mig`` of GPU ``index`` cannot be judged (None when it can): without GPM nothing
+    measures a MIG instance's activity, and no data is not the same as idle."""
+    ident = identity(w, index)
+    if ident is not None and not ident.gpm:
+        return MIG_NO_GPM
+    return None
+
+
+def evaluate_gpu(index: int, w: Windows, *, previous: str | None, mig: int | None = None) -> GpuEvaluation:
+    """Judge GPU ``index`` (or its MIG instance ``mig``) over ``w``; ``previous`` is its settled verdict (the
+    waiting threshold's hysteresis band depends on it). A MIG instance's evaluation has no platform findings:
+    those belong to its GPU (:func:`mig_gpu_findings`)."""
+    view = gpu_view(index, w.fast, w.buffered, w.slow, mig=mig)
     util_pts = view.util_points
     judged, span = view, w.window_s
     onset = work_onset(util_pts, w.now - w.window_s, w.now)
@@ -138,11 +166,11 @@ def evaluate_gpu(index: int, w: Windows, *, previous: str | None) -> GpuEvaluati
         # Work started inside the window after a long idle stretch: judge only since it started, so a
         # half-idle, half-busy window is not mistaken for a GPU that waits.
         span = max(1.0, w.now - onset)
-        judged = _recent_view(index, w, span)
+        judged = _recent_view(index, w, span, mig)
     elif recent is not None and view.util is not None and abs(recent - view.util) >= ONSET_CHANGE:
         # The activity changed within the window (work stopped or collapsed): judge the recent part.
         span = w.recent_s
-        judged = _recent_view(index, w, span)
+        judged = _recent_view(index, w, span, mig)
     whole = span == w.window_s
     shape = cpu_shape(
         w.procs if whole else since(w.procs, w.now - span),
@@ -150,20 +178,46 @@ def evaluate_gpu(index: int, w: Windows, *, previous: str | None) -> GpuEvaluati
         w.cpus if whole else since(w.cpus, w.now - span), view.pids)
     capacity, link_name = link_capacity(view, w.pcie)
     cand = classify(judged, shape, w.io, capacity=capacity, link_name=link_name, window_s=span, previous=previous)
-    found: list[Finding] = []
-    chain = fnd.chain_links(w.pcie, view.bdf) if w.pcie else fnd.nvml_links(w.slow, index, view.bdf)
-    down = fnd.link_downgrades(view, chain, util_pts)
-    for _bdf, sev, detail in down:
-        found.append(Finding("pcie_link_downgraded", index, sev, detail))
-    links = dict.fromkeys({ls.bdf for ls in chain}, False) | {b: True for b, _, _ in down}
-    for f in (fnd.pcie_errors(view, w.pcie), fnd.clock_throttled(view)):
-        if f is not None:
-            found.append(f)
+    ident = identity(w, index)
+    if mig is None and ident is not None and ident.mig_mode:
+        # MIG mode without any GPU instance: nothing can run on the GPU until one is created.
+        cand = Candidate("idle", 0.9, 0.0, "latency_bound", (
+            f"{view.name} is in MIG mode with no GPU instance: no work can run on it (nvidia-smi mig -lgi)",))
+    elif not view.gpm and cand.cause != "idle":
+        cand = dataclasses.replace(cand, evidence=(*cand.evidence, NO_GPM_NOTE))
+    found, links = gpu_findings(index, view, w) if mig is None else ([], {})
     return GpuEvaluation(
         view=view, candidate=cand, judged_s=span, shape=shape, findings=tuple(found),
         links=MappingProxyType(links), busy=(view.util or 0.0) >= fnd.BUSY_UTIL,
         waiting=cand.cause != "idle" and cand.waiting_ratio >= WAITING_LEAVE,
     )
+
+
+def gpu_findings(index: int, view: GpuView, w: Windows) -> tuple[list[Finding], dict[str, bool]]:
+    """The platform findings of one GPU (link downgrades, PCIe errors, throttling, Xid and memory errors) and
+    each hop of its PCIe chain -> whether it is downgraded while busy."""
+    found: list[Finding] = []
+    chain = fnd.chain_links(w.pcie, view.bdf) if w.pcie else fnd.nvml_links(w.slow, index, view.bdf)
+    down = fnd.link_downgrades(view, chain, view.util_points)
+    for _bdf, sev, detail in down:
+        found.append(Finding("pcie_link_downgraded", index, sev, detail))
+    links = dict.fromkeys({ls.bdf for ls in chain}, False) | {b: True for b, _, _ in down}
+    for f in (fnd.pcie_errors(view, w.pcie), fnd.clock_throttled(view), fnd.xid_errors(w.slow, index, w.now),
+              fnd.memory_errors(w.slow, index)):
+        if f is not None:
+            found.append(f)
+    return found, links
+
+
+def mig_gpu_findings(index: int, w: Windows, instances: Sequence[GpuView]) -> tuple[list[Finding], dict[str, bool]]:
+    """The platform findings of a GPU in MIG mode, judged per physical GPU. Its own utilisation is unsupported;
+    the GPU counts as busy as its busiest instance (at least that busy), so a downgraded link under load, or
+    throttling, is still found."""
+    view = gpu_view(index, w.fast, w.buffered, w.slow)
+    busiest = max((v for v in instances if v.util is not None), key=lambda v: v.util or 0.0, default=None)
+    if busiest is not None:
+        view = dataclasses.replace(view, util=busiest.util, util_points=busiest.util_points)
+    return gpu_findings(index, view, w)
 
 
 def host_findings(

@@ -12,6 +12,7 @@ from exporter import linkmath, thresholds
 from exporter.derived.gpuview import THERMAL_REASONS, GpuView
 from exporter.derived.hostshape import IoSignals
 from exporter.derived.series import Point
+from exporter.names import XID_MEANING
 from exporter.samples.derived import Finding
 from exporter.samples.gpu import GpuSample, GpuSlow
 from exporter.samples.host import CpufreqSample, MemorySample
@@ -255,6 +256,58 @@ def nfs_retransmissions(io: IoSignals, window_s: float) -> Finding | None:
     ratio = f" ({100 * r / io.nfs_calls_per_s:.2f}% of calls)"
     return Finding("nfs_retransmissions", None, "warning",
                    f"NFS client retransmitting {r:.1f} RPCs/s{ratio} over the last {window_s:.0f} s (nfsstat -c)")
+
+
+# ---- GPU health: Xid errors and memory errors -----------------------------------------------------------------
+
+XID = thresholds.XID
+
+
+def _latest_slow(slow: Sequence[Stamped[GpuSample]], index: int) -> GpuSlow | None:
+    for s in reversed(slow):
+        g = s.value.gpus.get(index)
+        if isinstance(g, GpuSlow):
+            return g
+    return None
+
+
+def xid_errors(slow: Sequence[Stamped[GpuSample]], index: int, now: float) -> Finding | None:
+    """A critical Xid NVML reported for the GPU within the hold time (thresholds.yaml gpu_xid_error.window):
+    critical unless every recent one is of the codes the GPU keeps working through."""
+    g = _latest_slow(slow, index)
+    if g is None:
+        return None
+    recent = sorted(x for x, t in g.xid_last_seen.items() if x in XID.critical and now - t <= XID.hold_s)
+    if not recent:
+        return None
+    severity = "warning" if all(x in XID.warning for x in recent) else "critical"
+    parts = [f"Xid {x} ({XID_MEANING.get(x, 'see the Xid catalogue')}), {g.xid_errors.get(x, 0)} since gpufeed "
+             f"started, last {max(0.0, now - g.xid_last_seen[x]):.0f} s ago" for x in recent]
+    return Finding("gpu_xid_error", index, severity,
+                   f"GPU {index}: " + "; ".join(parts) + " (dmesg | grep -i xid; nvidia-smi -q -d ECC,ROW_REMAPPER)")
+
+
+def memory_errors(slow: Sequence[Stamped[GpuSample]], index: int) -> Finding | None:
+    """Uncorrectable ECC errors since the driver loaded, or row remapping pending or failed: standing
+    conditions until a GPU reset (NVIDIA: a pending remap takes effect at reset; a failed one means RMA)."""
+    g = _latest_slow(slow, index)
+    if g is None:
+        return None
+    why: list[str] = []
+    severity = "warning"
+    unc = g.fields.get("ecc_uncorrected_volatile")
+    if unc:
+        why.append(f"{unc:.0f} uncorrectable ECC errors since the driver loaded")
+        severity = "critical"
+    if g.fields.get("row_remap_failure"):
+        why.append("a row remapping failed (spare rows exhausted: RMA)")
+        severity = "critical"
+    if g.fields.get("row_remap_pending"):
+        why.append("a row remapping is pending until the next GPU reset")
+    if not why:
+        return None
+    return Finding("gpu_memory_errors", index, severity,
+                   f"GPU {index}: " + "; ".join(why) + " (nvidia-smi -q -d ECC,ROW_REMAPPER; drain and reset the GPU)")
 
 
 def gpu_lost(index: int) -> Finding:

@@ -1,6 +1,9 @@
 """What one GPU did over the window: utilisation, SM activity, burstiness, clocks, PCIe traffic, link.
 
-Built from the three GPU samplers (``gpu`` fast, ``gpu_samples`` buffered, ``gpu_slow``); pure.
+Built from the three GPU samplers (``gpu`` fast, ``gpu_samples`` buffered, ``gpu_slow``); pure. A MIG instance
+(``mig``: its GPU instance id) is viewed the same way: its activity, SM activity, PCIe rates and processes are
+its own (GPM per instance; MIG has no driver utilisation samples), the clocks, throttle reasons and link are
+its GPU's (shared by every instance).
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ class GpuView:
     lost: bool
     util_points: tuple[Point, ...] = ()  # engine time: what util and the state counters are computed from
     shape_points: tuple[Point, ...] = ()  # what burstiness and idle gaps are computed from
+    mig: int | None = None  # the GPU instance viewed, None for a whole GPU
+
+    @property
+    def name(self) -> str:
+        """How evidence names it: ``GPU 0``, or ``GPU 0 MIG 3`` for a MIG instance."""
+        return f"GPU {self.index}" if self.mig is None else f"GPU {self.index} MIG {self.mig}"
 
 
 def _fast(window: Sequence[Stamped[GpuSample]], index: int) -> list[tuple[float, GpuFast]]:
@@ -151,6 +160,13 @@ def _peak(totals: list[tuple[float, int]], gauges: list[float]) -> float | None:
     return rates[min(len(rates) - 1, int(0.9 * len(rates)))]
 
 
+def _instance(f: list[tuple[float, GpuFast]], mig: int | None) -> list[tuple[float, GpuFast]]:
+    """The fast samples of MIG instance ``mig`` (the GPU's own when None)."""
+    if mig is None:
+        return f
+    return [(t, m) for t, g in f if (m := g.mig.get(mig)) is not None]
+
+
 def gpu_view(
     index: int,
     fast: Sequence[Stamped[GpuSample]],
@@ -158,8 +174,9 @@ def gpu_view(
     slow: Sequence[Stamped[GpuSample]],
     *,
     lost: bool = False,
+    mig: int | None = None,
 ) -> GpuView:
-    """Summarise GPU ``index`` over the windows given."""
+    """Summarise GPU ``index`` (or its MIG instance ``mig``) over the windows given."""
     ident = None
     for w in (fast, slow, buffered):
         if w:
@@ -167,9 +184,11 @@ def gpu_view(
             if ident is not None:
                 break
     gpm = bool(ident and ident.gpm)
-    f = _fast(fast, index)
+    f_gpu = _fast(fast, index)
+    f = _instance(f_gpu, mig)
     sl = _slow(slow, index)
-    util_pts, shape_pts = _activity(f, _buffered(buffered, index), gpm)
+    # A MIG instance has no driver utilisation samples (nvml.h: unsupported on MIG): GPM or nothing.
+    util_pts, shape_pts = _activity(f, _buffered(buffered, index) if mig is None else [], gpm)
     sm_vals = [v for _, v in _gpm_series(f, "sm_active")]
     sm_active = sum(sm_vals) / len(sm_vals) if sm_vals and gpm else None
     util = series.mean(util_pts)
@@ -181,7 +200,7 @@ def gpu_view(
     rx_g = [] if rx_tot else [g.pcie_rx_bytes_per_s for _, g in f if g.pcie_rx_bytes_per_s is not None]
     tx_g = [] if tx_tot else [g.pcie_tx_bytes_per_s for _, g in f if g.pcie_tx_bytes_per_s is not None]
     max_clock = latest.max_sm_clock_hz if latest else None
-    clocks = [g.sm_clock_hz for _, g in f if g.sm_clock_hz is not None]
+    clocks = [g.sm_clock_hz for _, g in f_gpu if g.sm_clock_hz is not None]
     clock_ratio = (sum(clocks) / len(clocks)) / max_clock if clocks and max_clock else None
     reasons: set[str] = set()
     if sl:
@@ -189,17 +208,17 @@ def gpu_view(
             if sum(1 for _, g in sl if r in g.clock_event_reasons) * 2 >= len(sl):
                 reasons.add(r)
     # Throttle-time counters (NVML field values) catch reasons that come and go between slow samples.
-    if len(f) >= 2 and f[-1][0] > f[0][0]:
-        dt = f[-1][0] - f[0][0]
-        for r, v in f[-1][1].throttle_seconds.items():
-            v0 = f[0][1].throttle_seconds.get(r)
+    if len(f_gpu) >= 2 and f_gpu[-1][0] > f_gpu[0][0]:
+        dt = f_gpu[-1][0] - f_gpu[0][0]
+        for r, v in f_gpu[-1][1].throttle_seconds.items():
+            v0 = f_gpu[0][1].throttle_seconds.get(r)
             if r in THROTTLE_REASONS and v0 is not None and (v - v0) / dt >= 0.5:
                 reasons.add(r)
     idle_share = sum(1 for _, g in sl if GPU_IDLE_REASON in g.clock_event_reasons) / len(sl) if sl else None
-    replays = [g.pcie_replays_total for _, g in f if g.pcie_replays_total is not None]
+    replays = [g.pcie_replays_total for _, g in f_gpu if g.pcie_replays_total is not None]
     pids: tuple[int, ...] = ()
     if latest is not None:
-        pids = tuple(sorted({p.pid for _, g in sl for p in g.processes}))
+        pids = tuple(sorted({p.pid for _, g in sl for p in g.processes if mig is None or p.mig == mig}))
     return GpuView(
         index=index,
         uuid=ident.uuid if ident else "",
@@ -225,4 +244,5 @@ def gpu_view(
         lost=lost,
         util_points=util_pts,
         shape_points=shape_pts,
+        mig=mig,
     )

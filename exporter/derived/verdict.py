@@ -184,12 +184,12 @@ def classify(
     """The verdict this window supports for one GPU (before hysteresis)."""
     util = view.util
     if util is None:
-        return Candidate("idle", 0.3, 0.0, "latency_bound", (f"GPU {view.index}: no utilisation data yet",))
+        return Candidate("idle", 0.3, 0.0, "latency_bound", (f"{view.name}: no utilisation data yet",))
     window = f"the last {window_s:.0f} s"
     if util < IDLE_UTIL:
         procs = f"{len(view.pids)} process(es) attached" if view.pids else "no compute process"
         return Candidate("idle", 0.95, 0.0, "latency_bound",
-                         (f"GPU {view.index} utilisation {_pct(util)} over {window}: no work submitted ({procs})",))
+                         (f"{view.name} utilisation {_pct(util)} over {window}: no work submitted ({procs})",))
     waiting = max(0.0, 1.0 - util)
     sm = view.sm_active
     activity = f"utilisation {_pct(util)}" + (f", SM active {_pct(sm)}" if sm is not None else "")
@@ -221,7 +221,7 @@ def classify(
             wwhy.append(f"PCIe at {_pct(link_util)} of the current {link_name} link")
     threshold = WAITING_LEAVE if previous in WAITING_CAUSES_SET else WAITING_ENTER
     if waiting >= threshold:
-        head = f"GPU {view.index} waited {_pct(waiting)} of {window} ({activity})"
+        head = f"{view.name} waited {_pct(waiting)} of {window} ({activity})"
         if view.burst.periodic and view.burst.period_s:
             head += f"; idle gaps recur every {view.burst.period_s:.1f} s (batch boundaries)"
         elif view.burst.gaps:
@@ -232,7 +232,7 @@ def classify(
     if view.clock_ratio is not None and view.clock_ratio < THROTTLED_CLOCK and view.throttle_reasons:
         reasons = ", ".join(sorted(view.throttle_reasons))
         return Candidate("gpu_throttled", 0.9 if thermal else 0.8, waiting, wcause, (
-            f"GPU {view.index} busy ({activity}) but SM clock at {_pct(view.clock_ratio)} of max",
+            f"{view.name} busy ({activity}) but SM clock at {_pct(view.clock_ratio)} of max",
             f"clock-event reasons: {reasons}",
         ))
     # SM activity of (almost) exactly zero while kernels are resident is not a measurement (GPM metric
@@ -242,13 +242,13 @@ def classify(
             # Kernels resident most of the time but tiny (SMs mostly empty) while the launch thread is
             # saturated: the GPU runs launch-overhead-sized kernels as fast as the CPU can submit them.
             return Candidate("launch_bound", round(min(cpu_conf, 0.8), 2), waiting, "launch_bound", (
-                f"GPU {view.index} kernels resident {_pct(util)} of {window} but SM active only {_pct(sm)}: "
+                f"{view.name} kernels resident {_pct(util)} of {window} but SM active only {_pct(sm)}: "
                 "many tiny kernels", *cpu_why))
         return Candidate("gpu_inefficient", 0.85, waiting, wcause, (
-            f"GPU {view.index} kernels resident {_pct(util)} of {window} but SM active only {_pct(sm)}",
+            f"{view.name} kernels resident {_pct(util)} of {window} but SM active only {_pct(sm)}",
             "the GPU is busy doing a poor job, not waiting: look at kernel efficiency, precision, batch size",
         ))
-    ev = [f"GPU {view.index} working: {activity} over {window}"]
+    ev = [f"{view.name} working: {activity} over {window}"]
     if waiting >= MODERATE_WAITING:
         ev.append(f"moderately bound: waiting {_pct(waiting)} (5-20%); most likely on {wcause}")
     return Candidate("healthy", round(min(0.95, 0.5 + util / 2), 2), waiting, wcause, tuple(ev))

@@ -10,7 +10,16 @@ It receives the NVML module through injection (``pynvml``, imported lazily by th
 - :meth:`NvmlBackend.buffered` (default every 1 s): ``nvmlDeviceGetSamples`` for GPU and memory
   utilisation, carrying ``lastSeenTimeStamp`` from the returned samples (driver clock, not ours).
 - :meth:`NvmlBackend.slow` (default every 5 s): PCIe link state, clock-event reasons, temperature, memory,
-  power limit, max SM clock, compute processes and their utilisation.
+  power limit, max SM clock, compute processes and their utilisation, the slow fields of the table (ECC and
+  row-remapping counters, one batched call), MIG mode, and the Xid counts of the event watcher
+  (:mod:`exporter.gpu.events`).
+
+MIG: a GPU whose ``nvmlDeviceGetMigMode`` is enabled is enumerated with its MIG devices
+(``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``, their GPU and compute instance
+ids, UUIDs and names). Its whole-GPU utilisation, samples and per-process utilisation are unsupported by the
+driver, so each instance gets GPM pairs of its own (``nvmlGpmMigSampleGet``), its memory and its compute
+processes (through its MIG handle, which needs no privileges). A change of MIG mode, or an instance that
+answers NOT_FOUND / INVALID_ARGUMENT (destroyed), re-enumerates that GPU's instances on the next slow cycle.
 
 Errors (nvml.h return codes): ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_PERMISSION`` disable that
 call (or field) for that GPU, logged once. ``GPU_IS_LOST`` marks the GPU lost (so do three ``UNKNOWN`` in a
@@ -22,11 +31,18 @@ the library is there but the kernel module is not; anything else) raises :class:
 NVML error and a hint, logged once, retried with exponential backoff up to ``retry_unavailable_s``. Any
 other exception (a bug, or the strict fake's AssertionError) propagates. ``nvmlDeviceGetPcieThroughput`` is
 never called: it blocks ~20 ms per call.
+
+Every NVML name used here exists in the installed binding with the arity used
+(``tests/gpu/test_binding_conformance.py`` reads this module's calls). Versioned calls are explicit where the
+binding's unversioned wrapper can raise outside ``NVMLError``: ``nvmlDeviceGetComputeRunningProcesses`` is
+wrapped in ``throwOnVersionMismatch``, which turns FUNCTION_NOT_FOUND into ``NVMLLibraryMismatchError``, so the
+backend calls ``_v3`` and falls back to ``_v2`` on drivers without it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -42,6 +58,7 @@ from exporter.gpu.binding import (
     DISABLING,
     ERR_DRIVER_NOT_LOADED,
     ERR_GPU_IS_LOST,
+    ERR_INVALID_ARGUMENT,
     ERR_NO_PERMISSION,
     ERR_NOT_FOUND,
     ERR_UNKNOWN,
@@ -58,6 +75,7 @@ from exporter.gpu.binding import (
     sample_value,
 )
 from exporter.gpu.counters import SampleIntegrator, WrappingCounter
+from exporter.gpu.events import XidWatcher
 from exporter.samples.gpu import (
     GpuBuffered,
     GpuFast,
@@ -65,6 +83,8 @@ from exporter.samples.gpu import (
     GpuProcess,
     GpuSample,
     GpuSlow,
+    MigIdentity,
+    MigSlow,
     UtilPoint,
 )
 
@@ -95,6 +115,12 @@ UNKNOWN_STREAK_LOST = 3
 # Longest a fast tick waits so its GPM sample is >= 100 ms after the previous one (scheduling jitter).
 GPM_MAX_WAIT_S = 0.005
 
+MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
+# Compute-process calls, newest struct first (pynvml's unversioned name raises outside NVMLError when the
+# driver lacks the newest one: see the module docstring).
+PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+_NO_FIELDS: Mapping[Any, Any] = MappingProxyType({})
+
 
 class GpuUnavailableError(Exception):
     """NVML cannot be used on this host (no library, no driver, no GPU); the message says which."""
@@ -122,6 +148,30 @@ def _bits(words: Iterable[int]) -> frozenset[int]:
 
 
 @dataclass
+class _Gpm:
+    """One GPM stream -- a GPU's, or one MIG instance's -- its sample pair and the integrals it feeds."""
+
+    samples: list[Any] = field(default_factory=list)
+    mg: Any = None
+    prev: tuple[Any, float] | None = None
+    last: dict[int, float | None] = field(default_factory=dict)
+    sm_active_seconds: float | None = None
+    graphics_seconds: float | None = None
+    # Time the integrals above were integrated up to (the newer sample of the last pair; the first sample
+    # before any pair): GpuFast.counter_t. A tick without a pair leaves it, like the integrals.
+    t: float | None = None
+
+
+@dataclass
+class _Mig:
+    """One MIG device of a GPU in MIG mode."""
+
+    identity: MigIdentity
+    handle: Any
+    gpm: _Gpm = field(default_factory=_Gpm)
+
+
+@dataclass
 class _Gpu:
     """Runtime state of one GPU (only the backend, under its lock, touches it)."""
 
@@ -134,24 +184,20 @@ class _Gpu:
     disabled_fields: set[int] = field(default_factory=set)
     # fast path
     gpm_ok: bool = False
-    gpm_samples: list[Any] = field(default_factory=list)
-    gpm_mg: Any = None
-    gpm_prev: tuple[Any, float] | None = None
-    gpm_last: dict[int, float | None] = field(default_factory=dict)
-    sm_active_seconds: float | None = None
-    graphics_seconds: float | None = None
-    # Time the GPM integrals above were integrated up to (the newer sample of the last pair; the first
-    # sample before any pair): GpuFast.counter_t. A tick without a pair leaves it, like the integrals.
-    gpm_t: float | None = None
+    gpm: _Gpm = field(default_factory=_Gpm)
     # One unwrapping counter per counter field of the table (exporter/gpu/fields.py), by field id.
     counters: dict[int, WrappingCounter] = field(default_factory=lambda: {
         f.field_id: WrappingCounter(f.max_rate) for f in F.FIELDS if f.kind == F.COUNTER})
-    field_values: dict[str, float] = field(default_factory=dict)  # the newest value of every field, base units
+    # The newest value of every field, base units, per sampling path (fast / slow).
+    field_values: dict[str, dict[str, float]] = field(default_factory=lambda: {F.FAST: {}, F.SLOW: {}})
+    fields_prev_t: dict[str, float] = field(default_factory=dict)
     wrap_warned: bool = False
+    # MIG: the instances by GPU instance id, and whether the next slow cycle must enumerate them again
+    mig: dict[int, _Mig] = field(default_factory=dict)
+    mig_stale: bool = False
     # buffered path
     util: SampleIntegrator = field(default_factory=SampleIntegrator)
     mem: SampleIntegrator = field(default_factory=SampleIntegrator)
-    fields_prev_t: float | None = None
     # slow path
     proc_last_seen: int = 0
     link_capacity: float | None = None
@@ -172,6 +218,7 @@ class NvmlBackend:
         retry_unavailable_s: float = 60.0,
         lost_backoff_s: tuple[float, float] = (5.0, 300.0),
         profile: bool = False,
+        event_thread: bool = False,
     ) -> None:
         self._provider = provider
         self._clock = clock
@@ -196,6 +243,8 @@ class NvmlBackend:
         self.driver_version: str | None = None
         self._tag = f"{id(self):x}"
         self._log = log.get_logger(component="gpu_backend")
+        # Xid events: a thread of their own in the daemon, drained by the slow path under an inline engine.
+        self.events = XidWatcher(clock, threaded=event_thread, tag=self._tag)
 
     # ---- public sampling paths -----------------------------------------------------------------------------
 
@@ -208,8 +257,8 @@ class NvmlBackend:
         return self._run(self._buffered_one)
 
     def slow(self) -> GpuSample:
-        """Link state, clock-event reasons, temperature, memory, limits, processes."""
-        return self._run(self._slow_one)
+        """Link state, clock-event reasons, temperature, memory, limits, processes, ECC, MIG, Xid counts."""
+        return self._run(self._slow_one, before=self.events.poll)
 
     @property
     def identities(self) -> Mapping[int, GpuIdentity]:
@@ -218,20 +267,23 @@ class NvmlBackend:
             return MappingProxyType({i: g.identity for i, g in self._gpus.items()})
 
     def close(self) -> None:
-        """Free GPM samples and shut NVML down."""
+        """Stop the Xid watcher, free GPM samples and shut NVML down."""
         with self._lock:
             if self._initialised:
                 self._teardown()
+            self.events.disarm()
 
     # ---- session ------------------------------------------------------------------------------------------------
 
-    def _run(self, one: Callable[[_Gpu, float], object]) -> GpuSample:
+    def _run(self, one: Callable[[_Gpu, float], object], before: Callable[[], None] | None = None) -> GpuSample:
         with self._lock:
             now = self._clock()
             if self._next_reinit is None:
                 self._ensure_init()
             elif now >= self._next_reinit:
                 self._reinit(now)
+            if before is not None:
+                before()
             out: dict[int, object] = {}
             for idx, g in sorted(self._gpus.items()):
                 if g.lost:
@@ -310,10 +362,12 @@ class NvmlBackend:
             self._teardown()
             raise GpuUnavailableError(f"NVML enumeration failed: {errname(e)}") from e
         self._log.info("nvml_initialised", driver=self.driver_version, gpus=len(self._gpus),
-                       gpm=",".join(str(i) for i, g in sorted(self._gpus.items()) if g.gpm_ok) or "none")
+                       gpm=",".join(str(i) for i, g in sorted(self._gpus.items()) if g.gpm_ok) or "none",
+                       mig=",".join(str(i) for i, g in sorted(self._gpus.items()) if g.identity.mig_mode) or "none")
 
     def _teardown(self) -> None:
         nvml = self._nvml
+        self.events.disarm()  # the event set goes before NVML does
         for g in self._gpus.values():
             self._free_gpm(g)
         if self._initialised:
@@ -371,9 +425,11 @@ class NvmlBackend:
                     self._mark_lost(old, now)
                 fresh[old.index] = old
         self._gpus = fresh
+        # The reachable GPUs changed (start, recovery, re-init): watch their Xid events from now on.
+        self.events.arm(nvml, {i: g.handle for i, g in sorted(fresh.items()) if not g.lost and g.handle is not None})
 
     def _setup(self, g: _Gpu) -> None:
-        """Identity, GPM support and affinity of a freshly acquired handle."""
+        """Identity, GPM support, affinity and MIG devices of a freshly acquired handle."""
         nvml, h = self._nvml, g.handle
         name = self._opt(g, "nvmlDeviceGetName", nvml.nvmlDeviceGetName, h)
         info = self._opt(g, "nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, h)
@@ -383,19 +439,10 @@ class NvmlBackend:
             sup = self._opt(g, "nvmlGpmQueryDeviceSupport", nvml.nvmlGpmQueryDeviceSupport, h)
             gpm = bool(sup is not None and sup.isSupportedDevice)
         self._free_gpm(g)
-        if gpm:
-            s1 = self._timed("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
-            s2 = self._timed("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
-            mg = nvml.c_nvmlGpmMetricsGet_t()
-            mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            mg.numMetrics = len(_GPM_METRICS)
-            for i, mid in enumerate(_GPM_METRICS):
-                mg.metrics[i].metricId = mid
-            g.gpm_samples, g.gpm_mg = [s1, s2], mg
-            if g.sm_active_seconds is None:
-                g.sm_active_seconds, g.graphics_seconds = 0.0, 0.0
         g.gpm_ok = gpm
-        g.gpm_prev = None
+        mig_mode = self._mig_mode(g)
+        if gpm and not mig_mode:
+            self._alloc_gpm(g.gpm)
         cpus = None
         words = self._opt(g, "nvmlDeviceGetCpuAffinity", nvml.nvmlDeviceGetCpuAffinity, h, CPU_SET_WORDS)
         if words is not None:
@@ -408,20 +455,108 @@ class NvmlBackend:
                 numa = next(iter(b))
         g.identity = GpuIdentity(
             index=g.index, uuid=g.identity.uuid, name=str(name) if name is not None else "",
-            pci_bus_id=bdf, gpm=gpm, numa_node=numa, cpu_affinity=cpus,
+            pci_bus_id=bdf, gpm=gpm, numa_node=numa, cpu_affinity=cpus, mig_mode=mig_mode,
         )
+        if mig_mode:
+            self._enumerate_mig(g)
 
-    def _free_gpm(self, g: _Gpu) -> None:
-        for s in g.gpm_samples:
+    def _alloc_gpm(self, gpm: _Gpm) -> None:
+        """Two GPM samples and the metrics request of one stream (a GPU's or one MIG instance's)."""
+        nvml = self._nvml
+        s1 = self._timed("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
+        s2 = self._timed("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
+        mg = nvml.c_nvmlGpmMetricsGet_t()
+        mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(_GPM_METRICS)
+        for i, mid in enumerate(_GPM_METRICS):
+            mg.metrics[i].metricId = mid
+        gpm.samples, gpm.mg, gpm.prev = [s1, s2], mg, None
+        if gpm.sm_active_seconds is None:
+            gpm.sm_active_seconds, gpm.graphics_seconds = 0.0, 0.0
+
+    def _free_samples(self, gpm: _Gpm, index: int) -> None:
+        for s in gpm.samples:
             try:
                 self._timed("nvmlGpmSampleFree", self._nvml.nvmlGpmSampleFree, s)
             except self._nvml.NVMLError as e:
-                self._log.debug("gpm_sample_free_failed", gpu=g.index, error=errname(e))
-        g.gpm_samples, g.gpm_mg, g.gpm_prev = [], None, None
+                self._log.debug("gpm_sample_free_failed", gpu=index, error=errname(e))
+        gpm.samples, gpm.mg, gpm.prev = [], None, None
+
+    def _free_gpm(self, g: _Gpu) -> None:
+        self._free_samples(g.gpm, g.index)
+        for m in g.mig.values():
+            self._free_samples(m.gpm, g.index)
+
+    # ---- MIG ------------------------------------------------------------------------------------------------
+
+    def _mig_mode(self, g: _Gpu) -> bool:
+        """Whether the GPU runs in MIG mode now (False where NVML has no MIG: pre-Ampere, consumer boards)."""
+        mode = self._opt(g, "nvmlDeviceGetMigMode", self._nvml.nvmlDeviceGetMigMode, g.handle)
+        return mode is not None and int(mode[0]) == MIG_ENABLED
+
+    def _enumerate_mig(self, g: _Gpu) -> None:
+        """(Re)acquire the GPU's MIG devices; instances that stay (same GPU instance id and UUID) keep their GPM
+        integrals, so a re-enumeration never makes a counter jump."""
+        nvml, h = self._nvml, g.handle
+        g.mig_stale = False
+        n = self._opt(g, "nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        found: dict[int, _Mig] = {}
+        for i in range(int(n)):
+            try:
+                mh = self._timed("nvmlDeviceGetMigDeviceHandleByIndex", nvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+                gi = int(self._timed("nvmlDeviceGetGpuInstanceId", nvml.nvmlDeviceGetGpuInstanceId, mh))
+                ci = int(self._timed("nvmlDeviceGetComputeInstanceId", nvml.nvmlDeviceGetComputeInstanceId, mh))
+                uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, mh))
+                name = str(self._timed("nvmlDeviceGetName", nvml.nvmlDeviceGetName, mh))
+            except nvml.NVMLError as e:
+                if code(e) == ERR_NOT_FOUND:  # an unpopulated slot: fewer instances than the maximum
+                    continue
+                self._failed(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)
+                if "nvmlDeviceGetMigDeviceHandleByIndex" in g.disabled:
+                    break
+                continue
+            ident = MigIdentity(gi=gi, ci=ci, uuid=uuid, name=name)
+            old = g.mig.get(gi)
+            if old is not None and old.identity.uuid == uuid:
+                old.identity, old.handle = ident, mh
+                found[gi] = old
+            else:
+                if old is not None:
+                    self._free_samples(old.gpm, g.index)
+                found[gi] = _Mig(ident, mh)
+        for gi, old in g.mig.items():
+            if gi not in found:
+                self._free_samples(old.gpm, g.index)
+        for m in found.values():
+            if g.gpm_ok and not m.gpm.samples:
+                self._alloc_gpm(m.gpm)
+        g.mig = found
+        g.identity = dataclasses.replace(
+            g.identity, mig_mode=True, mig=tuple(m.identity for _, m in sorted(found.items())))
+        self._log.info("gpu_mig_enumerated", gpu=g.index, instances=",".join(map(str, sorted(found))) or "none")
+
+    def _leave_mig(self, g: _Gpu) -> None:
+        """MIG mode was turned off: back to whole-GPU GPM."""
+        for m in g.mig.values():
+            self._free_samples(m.gpm, g.index)
+        g.mig, g.mig_stale = {}, False
+        g.identity = dataclasses.replace(g.identity, mig_mode=False, mig=())
+        if g.gpm_ok and not g.gpm.samples:
+            self._alloc_gpm(g.gpm)
+        self._log.info("gpu_mig_disabled", gpu=g.index)
+
+    def _mig_gone(self, g: _Gpu, e: BaseException) -> bool:
+        """An instance call failed because the instance is gone (destroyed, reconfigured): re-enumerate."""
+        if code(e) in (ERR_NOT_FOUND, ERR_INVALID_ARGUMENT):
+            g.mig_stale = True
+            return True
+        return False
 
     def _mark_lost(self, g: _Gpu, now: float) -> None:
         g.lost = True
-        g.gpm_prev = None
+        g.gpm.prev = None
+        for m in g.mig.values():
+            m.gpm.prev = None
         if log.once(("gpu_lost", self._tag, str(g.index))):
             self._log.warning("gpu_lost", gpu=g.index, uuid=g.identity.uuid, retry_in=self._backoff)
         if self._next_reinit is None:
@@ -476,13 +611,19 @@ class NvmlBackend:
         st.last = describe(out)
         return out
 
-    def _opt(self, g: _Gpu, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call an NVML function for GPU ``g``: None when unsupported (disabled from now on) or failing."""
+    def _opt(self, g: _Gpu, name: str, fn: Callable[..., Any], *args: Any, raising: bool = False) -> Any:
+        """Call an NVML function for GPU ``g``: None when unsupported (disabled from now on) or failing.
+
+        ``raising`` (MIG instance calls): NOT_FOUND and INVALID_ARGUMENT -- the instance is gone -- are raised
+        to the caller instead, which re-enumerates the GPU's instances.
+        """
         if name in g.disabled:
             return None
         try:
             out = self._timed(name, fn, *args)
         except self._nvml.NVMLError as e:
+            if raising and code(e) in (ERR_NOT_FOUND, ERR_INVALID_ARGUMENT):
+                raise
             return self._failed(g, name, e)
         g.unknown_streak = 0
         return out
@@ -508,8 +649,16 @@ class NvmlBackend:
 
     def _fast_one(self, g: _Gpu, now: float) -> GpuFast:
         nvml, h = self._nvml, g.handle
-        self._gpm(g, now)
-        values = self._fields(g, now)
+        mig: dict[int, GpuFast] = {}
+        if g.identity.mig_mode:
+            now = self._wait_for_pair([m.gpm for m in g.mig.values()], now)
+            for gi, m in sorted(g.mig.items()):
+                self._gpm_pair(g, m.gpm, now, functools.partial(nvml.nvmlGpmMigSampleGet, h, gi),
+                               "nvmlGpmMigSampleGet")
+                mig[gi] = self._gpm_values(g, m.gpm)
+        else:
+            self._gpm(g, now)
+        values = self._fields(g, now, F.FAST)
         clock = self._opt(g, "nvmlDeviceGetClockInfo", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
         power = F.BY_KEY["power"]
         if "power" not in values and power.field_id in g.disabled_fields:
@@ -517,7 +666,19 @@ class NvmlBackend:
             power_mw = self._opt(g, "nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, h)
             if power_mw is not None:
                 values["power"] = float(power_mw) * power.scale
-        last = g.gpm_last
+        return self._gpm_values(g, None if g.identity.mig_mode else g.gpm, fields=MappingProxyType(values),
+                                sm_clock_hz=float(clock) * 1e6 if clock is not None else None,
+                                mig=MappingProxyType(mig) if mig else _NO_FIELDS)
+
+    def _gpm_values(self, g: _Gpu, gpm: _Gpm | None, *, fields: Mapping[str, float] = _NO_FIELDS,
+                    sm_clock_hz: float | None = None, mig: Mapping[int, GpuFast] = _NO_FIELDS) -> GpuFast:
+        """A GpuFast with the GPM values of one stream (None everywhere without GPM, or for ``gpm`` None: a GPU
+        in MIG mode has GPM per instance only) and the given fields, clock and instances."""
+        if not g.gpm_ok or gpm is None:
+            return GpuFast(sm_active=None, sm_occupancy=None, tensor_active=None, dram_active=None,
+                           pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None, fields=fields, sm_clock_hz=sm_clock_hz,
+                           sm_active_seconds=None, busy_seconds=None, mig=mig)
+        last = gpm.last
         return GpuFast(
             sm_active=_scaled(last.get(C.GPM_SM_UTIL), 0.01),
             sm_occupancy=_scaled(last.get(C.GPM_SM_OCCUPANCY), 0.01),
@@ -525,77 +686,98 @@ class NvmlBackend:
             dram_active=_scaled(last.get(C.GPM_DRAM_BW_UTIL), 0.01),
             pcie_tx_bytes_per_s=_scaled(last.get(C.GPM_PCIE_TX_PER_SEC), C.MIB),
             pcie_rx_bytes_per_s=_scaled(last.get(C.GPM_PCIE_RX_PER_SEC), C.MIB),
-            fields=MappingProxyType(values),
-            sm_clock_hz=float(clock) * 1e6 if clock is not None else None,
-            sm_active_seconds=g.sm_active_seconds if g.gpm_ok else None,
-            busy_seconds=g.graphics_seconds if g.gpm_ok else None,
-            counter_t=g.gpm_t if g.gpm_ok else None,
+            fields=fields,
+            sm_clock_hz=sm_clock_hz,
+            sm_active_seconds=gpm.sm_active_seconds,
+            busy_seconds=gpm.graphics_seconds,
+            counter_t=gpm.t,
+            mig=mig,
         )
 
     def _gpm(self, g: _Gpu, now: float) -> None:
-        """Take a GPM sample; with the previous one >= 100 ms old, read the metrics of the pair and integrate."""
+        """The whole GPU's GPM stream: one sample, and the metrics of the pair when it is old enough."""
         if not g.gpm_ok:
             return
-        nvml = self._nvml
-        prev = g.gpm_prev
+        now = self._wait_for_pair([g.gpm], now)
+        self._gpm_pair(g, g.gpm, now, functools.partial(self._nvml.nvmlGpmSampleGet, g.handle), "nvmlGpmSampleGet")
+
+    def _wait_for_pair(self, streams: list[_Gpm], now: float) -> float:
+        """The time to sample at: ``now``, or a few ms later when the newest previous sample of ``streams`` is
+        short of 100 ms only by scheduling jitter (else every other 100 ms pair would be skipped)."""
+        prevs = [s.prev[1] for s in streams if s.prev is not None and s.samples]
+        if not prevs:
+            return now
+        deficit = C.GPM_MIN_PAIR_SECONDS - (now - max(prevs))
+        if deficit <= 1e-6 or deficit > GPM_MAX_WAIT_S:
+            return now
+        self._sleep(deficit)
+        return float(self._clock())
+
+    def _gpm_pair(self, g: _Gpu, gpm: _Gpm, now: float, take: Callable[[Any], Any], name: str) -> None:
+        """Take a GPM sample with ``take``; with the previous one >= 100 ms old, read the pair's metrics and
+        integrate. Too close a pair is skipped: the next tick spans the whole interval."""
+        if not g.gpm_ok or not gpm.samples:
+            return
+        prev = gpm.prev
         if prev is not None and now - prev[1] < C.GPM_MIN_PAIR_SECONDS - 1e-6:
-            # Too close for a valid pair. A tick that is early only by scheduling jitter waits the few ms
-            # left (else every other 100 ms pair would be skipped); otherwise the next tick spans it all.
-            deficit = C.GPM_MIN_PAIR_SECONDS - (now - prev[1])
-            if deficit > GPM_MAX_WAIT_S:
-                return
-            self._sleep(deficit)
-            now = self._clock()
-            if now - prev[1] < C.GPM_MIN_PAIR_SECONDS - 1e-6:
-                return
-        cur = g.gpm_samples[1] if prev is not None and prev[0] is g.gpm_samples[0] else g.gpm_samples[0]
-        got = self._opt(g, "nvmlGpmSampleGet", nvml.nvmlGpmSampleGet, g.handle, cur)
+            return
+        cur = gpm.samples[1] if prev is not None and prev[0] is gpm.samples[0] else gpm.samples[0]
+        try:
+            got = self._opt(g, name, take, cur, raising=g.identity.mig_mode)
+        except self._nvml.NVMLError as e:  # only for MIG instances: the instance is gone
+            self._mig_gone(g, e)
+            gpm.prev = None
+            return
         if got is None:
-            if "nvmlGpmSampleGet" in g.disabled:
-                g.gpm_ok, g.gpm_last = False, {}
+            if name in g.disabled:
+                g.gpm_ok = False
+                gpm.last = {}
                 g.identity = dataclasses.replace(g.identity, gpm=False)
-            g.gpm_prev = None
+            gpm.prev = None
             return
         if prev is None:
-            g.gpm_prev = (cur, now)
-            if g.gpm_t is None:  # the integrals start here (a later re-anchor keeps the last integrated time)
-                g.gpm_t = now
+            gpm.prev = (cur, now)
+            if gpm.t is None:  # the integrals start here (a later re-anchor keeps the last integrated time)
+                gpm.t = now
             return
-        mg = g.gpm_mg
+        nvml = self._nvml
+        mg = gpm.mg
         mg.sample1, mg.sample2 = prev[0], cur
         res = self._opt(g, "nvmlGpmMetricsGet", nvml.nvmlGpmMetricsGet, mg)
-        g.gpm_prev = (cur, now)
+        gpm.prev = (cur, now)
         if res is None:
-            g.gpm_last = {}
+            gpm.last = {}
             return
         dt = now - prev[1]
         vals: dict[int, float | None] = {}
         for mid, (got_id, ret, value) in zip(_GPM_METRICS, read_gpm_metrics(mg, len(_GPM_METRICS)), strict=True):
             vals[mid] = value if ret == SUCCESS and got_id == mid else None
-        g.gpm_last = vals
+        gpm.last = vals
         sm, gr = vals.get(C.GPM_SM_UTIL), vals.get(C.GPM_GRAPHICS_UTIL)
-        if sm is not None and g.sm_active_seconds is not None:
-            g.sm_active_seconds += min(max(sm, 0.0), 100.0) / 100.0 * dt
-            g.gpm_t = now
-        if gr is not None and g.graphics_seconds is not None:
-            g.graphics_seconds += min(max(gr, 0.0), 100.0) / 100.0 * dt
-            g.gpm_t = now
+        if sm is not None and gpm.sm_active_seconds is not None:
+            gpm.sm_active_seconds += min(max(sm, 0.0), 100.0) / 100.0 * dt
+            gpm.t = now
+        if gr is not None and gpm.graphics_seconds is not None:
+            gpm.graphics_seconds += min(max(gr, 0.0), 100.0) / 100.0 * dt
+            gpm.t = now
 
-    def _fields(self, g: _Gpu, now: float) -> dict[str, float]:
-        """One nvmlDeviceGetFieldValues call for every still-supported field of the table; every field's
-        newest value in base units by key (counters unwrapped; a field that failed this once keeps its last)."""
+    def _fields(self, g: _Gpu, now: float, path: str) -> dict[str, float]:
+        """One nvmlDeviceGetFieldValues call for every still-supported field of the table on ``path``; every
+        such field's newest value in base units by key (counters unwrapped; a field that failed this once
+        keeps its last)."""
         nvml = self._nvml
-        ids = [f.field_id for f in F.FIELDS if f.field_id not in g.disabled_fields]
+        ids = [f.field_id for f in F.ON_PATH[path] if f.field_id not in g.disabled_fields]
         if not ids:
             return {}
         arr = self._opt(g, "nvmlDeviceGetFieldValues", nvml.nvmlDeviceGetFieldValues, g.handle, ids)
+        out = g.field_values[path]
         if arr is None:
             if "nvmlDeviceGetFieldValues" in g.disabled:
                 g.disabled_fields.update(f.field_id for f in F.FIELDS)
-            return {k: v for k, v in g.field_values.items() if F.BY_KEY[k].kind == F.COUNTER}
-        spacing = None if g.fields_prev_t is None else now - g.fields_prev_t
-        g.fields_prev_t = now
-        out = g.field_values
+            return {k: v for k, v in out.items() if F.BY_KEY[k].kind == F.COUNTER}
+        prev_t = g.fields_prev_t.get(path)
+        spacing = None if prev_t is None else now - prev_t
+        g.fields_prev_t[path] = now
         for fid, ret, vt, raw in read_field_values(arr):
             f = F.BY_ID.get(fid)
             if f is None:
@@ -680,6 +862,7 @@ class NvmlBackend:
 
     def _slow_one(self, g: _Gpu, now: float) -> GpuSlow:
         nvml, h = self._nvml, g.handle
+        self._check_mig(g)
 
         def get(name: str, *args: Any) -> Any:
             return self._opt(g, name, getattr(nvml, name), h, *args)
@@ -687,8 +870,7 @@ class NvmlBackend:
         link = {k: get(f) for k, f in (
             ("gen", "nvmlDeviceGetCurrPcieLinkGeneration"), ("width", "nvmlDeviceGetCurrPcieLinkWidth"),
             ("max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"), ("max_width", "nvmlDeviceGetMaxPcieLinkWidth"),
-            ("gpu_max_gen", "nvmlDeviceGetGpuMaxPcieLinkGeneration"),
-            ("gpu_max_width", "nvmlDeviceGetGpuMaxPcieLinkWidth"))}
+            ("gpu_max_gen", "nvmlDeviceGetGpuMaxPcieLinkGeneration"))}
         if link["max_gen"] and link["max_width"]:
             g.link_capacity = _link_bytes_per_s(int(link["max_gen"]), int(link["max_width"]))
         mask = None
@@ -703,26 +885,68 @@ class NvmlBackend:
         mem = get("nvmlDeviceGetMemoryInfo")
         limit_mw = get("nvmlDeviceGetEnforcedPowerLimit")
         max_clock = get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
+        processes, mig = self._mig_slow(g) if g.identity.mig_mode else (self._processes(g), {})
+        xids, xid_seen = self.events.counts(g.index)
         return GpuSlow(
             link_gen=_int(link["gen"]), link_width=_int(link["width"]),
             max_link_gen=_int(link["max_gen"]), max_link_width=_int(link["max_width"]),
-            gpu_max_link_gen=_int(link["gpu_max_gen"]), gpu_max_link_width=_int(link["gpu_max_width"]),
+            gpu_max_link_gen=_int(link["gpu_max_gen"]),
             clock_event_reasons=C.decode_reasons(int(mask)) if mask is not None else frozenset(),
             temperature_c=float(temp) if temp is not None else None,
             memory_used_bytes=int(mem.used) if mem is not None else None,
             memory_total_bytes=int(mem.total) if mem is not None else None,
             power_limit_w=float(limit_mw) / 1000.0 if limit_mw is not None else None,
             max_sm_clock_hz=float(max_clock) * 1e6 if max_clock is not None else None,
-            processes=self._processes(g),
+            processes=processes,
             numa_node=g.identity.numa_node,
             clock_event_reasons_supported=supported,
+            fields=MappingProxyType(self._fields(g, now, F.SLOW)),
+            xid_errors=xids, xid_last_seen=xid_seen,
+            mig=MappingProxyType(mig),
         )
 
-    def _processes(self, g: _Gpu) -> tuple[GpuProcess, ...]:
-        """Compute processes with validated pids (driver/binding skew returns garbage) and their SM share."""
+    def _check_mig(self, g: _Gpu) -> None:
+        """Follow MIG reconfiguration: mode switched (it takes effect at a GPU reset) or instances changed."""
+        if "nvmlDeviceGetMigMode" in g.disabled and not g.identity.mig_mode:
+            return
+        mode = self._mig_mode(g)
+        if mode and (not g.identity.mig_mode or g.mig_stale):
+            if not g.identity.mig_mode:
+                self._free_samples(g.gpm, g.index)  # whole-GPU GPM is unsupported in MIG mode
+            self._enumerate_mig(g)
+        elif not mode and g.identity.mig_mode and "nvmlDeviceGetMigMode" not in g.disabled:
+            self._leave_mig(g)
+
+    def _mig_slow(self, g: _Gpu) -> tuple[tuple[GpuProcess, ...], dict[int, MigSlow]]:
+        """Per MIG instance: memory, and its compute processes through its own handle (the whole GPU's list
+        needs privileges in MIG mode). The GPU's processes are the union, each tagged with its instance."""
         nvml = self._nvml
-        procs = self._opt(g, "nvmlDeviceGetComputeRunningProcesses", nvml.nvmlDeviceGetComputeRunningProcesses,
-                          g.handle)
+        procs: list[GpuProcess] = []
+        out: dict[int, MigSlow] = {}
+        for gi, m in sorted(g.mig.items()):
+            try:
+                mem = self._opt(g, "nvmlDeviceGetMemoryInfo:mig", nvml.nvmlDeviceGetMemoryInfo, m.handle, raising=True)
+                found = self._processes(g, m.handle, raising=True)
+            except nvml.NVMLError as e:
+                if not self._mig_gone(g, e):
+                    self._failed(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)
+                continue
+            out[gi] = MigSlow(memory_used_bytes=int(mem.used) if mem is not None else None,
+                              memory_total_bytes=int(mem.total) if mem is not None else None)
+            procs.extend(dataclasses.replace(p, mig=gi, sm_ratio=None) for p in found)
+        return tuple(sorted(procs, key=lambda p: (p.pid, p.mig or 0))), out
+
+    def _processes(self, g: _Gpu, handle: Any = None, *, raising: bool = False) -> tuple[GpuProcess, ...]:
+        """Compute processes of the GPU (or of one MIG device) with validated pids (driver/binding skew returns
+        garbage) and their SM share."""
+        nvml = self._nvml
+        h = g.handle if handle is None else handle
+        procs = None
+        for name in PROCESS_CALLS:
+            if name not in g.disabled:
+                procs = self._opt(g, name, getattr(nvml, name), h, raising=raising)
+                if name not in g.disabled:
+                    break
         if not procs:
             return ()
         mem: dict[int, int | None] = {}
@@ -735,13 +959,13 @@ class NvmlBackend:
             used = getattr(p, "usedGpuMemory", None)
             used_i = int(used) if isinstance(used, int) and 0 <= used < (1 << 62) else None
             if pid in mem and mem[pid] is not None and used_i is not None:
-                mem[pid] = int(mem[pid] or 0) + used_i  # the same process on several MIG instances
+                mem[pid] = int(mem[pid] or 0) + used_i  # the same process listed twice (several contexts)
             elif pid not in mem:
                 mem[pid] = used_i
         if bad and log.once(("gpu_bad_pids", self._tag, str(g.index))):
             self._log.warning("gpu_process_pids_invalid", gpu=g.index, dropped=bad, pid_max=self._pid_max,
                               hint="nvidia-ml-py and driver versions may not match")
-        sm = self._process_util(g, set(mem))
+        sm = self._process_util(g, set(mem)) if handle is None else None
         return tuple(GpuProcess(pid=pid, used_memory_bytes=mem[pid],
                                 sm_ratio=None if sm is None else sm.get(pid, 0.0))
                      for pid in sorted(mem))
@@ -755,7 +979,10 @@ class NvmlBackend:
         try:
             samples = self._timed(name, nvml.nvmlDeviceGetProcessUtilization, g.handle, g.proc_last_seen)
         except nvml.NVMLError as e:
-            if code(e) == ERR_NOT_FOUND:  # no process had non-zero utilisation since lastSeen
+            # NOT_FOUND: no process had non-zero utilisation since lastSeen. SUCCESS: the binding raises
+            # NVMLError(NVML_SUCCESS) when the sizing call finds nothing to return (it expects
+            # INSUFFICIENT_SIZE): the same answer.
+            if code(e) in (ERR_NOT_FOUND, SUCCESS):
                 return {}
             self._failed(g, name, e)
             return None
@@ -771,6 +998,7 @@ class NvmlBackend:
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
+
 
 
 def _scaled(v: float | None, k: float) -> float | None:

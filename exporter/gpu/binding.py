@@ -14,10 +14,12 @@ from typing import Any
 # Error codes (nvml.h nvmlReturn_t); compared by value so this module never imports pynvml itself.
 SUCCESS = 0
 ERR_UNINITIALIZED = 1
+ERR_INVALID_ARGUMENT = 2
 ERR_NOT_SUPPORTED = 3
 ERR_NO_PERMISSION = 4
 ERR_NOT_FOUND = 6
 ERR_DRIVER_NOT_LOADED = 9
+ERR_TIMEOUT = 10
 ERR_LIBRARY_NOT_FOUND = 12
 ERR_FUNCTION_NOT_FOUND = 13
 ERR_GPU_IS_LOST = 15
@@ -70,8 +72,8 @@ def describe(v: Any, depth: int = 0) -> str:
 # nvmlReturn u32 @28, value (8-byte union) @32 -- 40 bytes (nvml.h). c_nvmlGpmMetric_t: metricId u32 @0,
 # nvmlReturn u32 @4, value double @8, metricInfo (3 pointers) @16 -- 40 bytes. Unpacking the raw buffer in one
 # C call avoids pynvml's Python-level __getattribute__ on every field, the bulk of the fast path's cost.
-_FIELD_VALUE = struct.Struct("<IIqqiIQ")
-_GPM_METRIC = struct.Struct("<IId24x")
+FIELD_VALUE = struct.Struct("<IIqqiIQ")
+GPM_METRIC = struct.Struct("<IId24x")
 
 
 def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None]]:
@@ -80,9 +82,9 @@ def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None]]:
         buf = memoryview(arr).cast("B")
     except TypeError:
         buf = None
-    if buf is not None and len(buf) == _FIELD_VALUE.size * len(arr):
+    if buf is not None and len(buf) == FIELD_VALUE.size * len(arr):
         return [(fid, ret, vt, _field_int(vt, raw))
-                for fid, _scope, _ts, _lat, vt, ret, raw in _FIELD_VALUE.iter_unpack(buf)]
+                for fid, _scope, _ts, _lat, vt, ret, raw in FIELD_VALUE.iter_unpack(buf)]
     out: list[tuple[int, int, int, int | None]] = []
     for fv in arr:  # not a ctypes array: read the attributes
         vt = int(fv.valueType)
@@ -116,9 +118,9 @@ def _field_int(vt: int, raw: int) -> int | None:
 def read_gpm_metrics(mg: Any, n: int) -> list[tuple[int, int, float]]:
     """``(metricId, nvmlReturn, value)`` of the first ``n`` metrics of a c_nvmlGpmMetricsGet_t."""
     metrics = mg.metrics
-    if isinstance(metrics, ctypes.Array) and ctypes.sizeof(metrics._type_) == _GPM_METRIC.size:
-        raw = ctypes.string_at(ctypes.addressof(metrics), _GPM_METRIC.size * n)
-        return [(mid, ret, val) for mid, ret, val in _GPM_METRIC.iter_unpack(raw)]
+    if isinstance(metrics, ctypes.Array) and ctypes.sizeof(metrics._type_) == GPM_METRIC.size:
+        raw = ctypes.string_at(ctypes.addressof(metrics), GPM_METRIC.size * n)
+        return [(mid, ret, val) for mid, ret, val in GPM_METRIC.iter_unpack(raw)]
     return [(int(m.metricId), int(m.nvmlReturn), float(m.value)) for m in metrics[:n]]
 
 

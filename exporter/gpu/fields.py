@@ -1,10 +1,13 @@
 """The NVML field values gpufeed reads, declared once: what to ask the driver for and what it becomes.
 
-Every entry is read on the fast path in ONE ``nvmlDeviceGetFieldValues`` call per GPU (a batched driver call:
-the cheapest way to many values, DESIGN.md "GPU access"); the backend unwraps counters and scales units, the GPU
-collector exports each entry as its metric family, and the strict fake NVML answers each one from its device
-state (``fake_key``, starting at ``fake_default``). Adding a field is one entry here plus, when the entry needs
-a state key of its own, nothing else: the fake derives its default from the table (docs/architecture.md).
+Every entry of one path is read in ONE ``nvmlDeviceGetFieldValues`` call per GPU (a batched driver call: the
+cheapest way to many values, DESIGN.md "GPU access"): the ``fast`` entries on the fast path (100 ms: activity,
+power, throttle time), the ``slow`` ones on the slow path (5 s: ECC and row-remapping counters, which change
+rarely and need no sub-second resolution). The backend unwraps counters and scales units, the GPU collector
+exports each entry as its metric family from the sample of its path, and the strict fake NVML answers each one
+from its device state (``fake_key``, starting at ``fake_default``). Adding a field is one entry here plus, when
+the entry needs a state key of its own, nothing else: the fake derives its default from the table
+(docs/architecture.md).
 
 Field ids are nvml.h's ``NVML_FI_DEV_*`` (``nvml_name``; a test checks each against the installed
 ``pynvml``). Counters are cumulative device counters that may wrap (at the width of their value type) or reset
@@ -22,6 +25,8 @@ GAUGE = "gauge"
 # How the driver returns a field (nvmlValueType_t): a 32-bit or 64-bit unsigned integer; "pcie" follows the
 # device's PCIe byte-counter width (32 bits on every driver seen so far; the fake models both).
 UINT, ULL, PCIE = "uint", "ull", "pcie"
+# Which sampling path reads the field (exporter/gpu/backend.py): the fast one, or the slow one.
+FAST, SLOW = "fast", "slow"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class Field:
     fake_key: str = ""  # the fake's device-state key (default: ``key``); "a.b" is key b of mapping a
     fake_default: int = 0
     fake_scale: float = 1.0  # raw value = round(state value x fake_scale)
+    path: str = FAST
 
     @property
     def state_key(self) -> str:
@@ -58,6 +64,27 @@ def _throttle(reason: str, field_id: int, nvml_name: str) -> Field:
         metric="gpufeed_gpu_throttle_seconds", scale=1e-9, value_type=ULL, max_rate=1e9,
         labels=MappingProxyType({"reason": reason}), fake_key=f"throttle_ns.{reason}",
         help="Time the clocks were held down for the reason, from NVML's cumulative clock-event counters.",
+    )
+
+
+def _ecc(error: str, counter: str, field_id: int, nvml_name: str) -> Field:
+    return Field(
+        key=f"ecc_{error}_{counter}", field_id=field_id, nvml_name=nvml_name, kind=COUNTER,
+        metric="gpufeed_gpu_ecc_errors", value_type=ULL, max_rate=1e6, path=SLOW,
+        labels=MappingProxyType({"error": error, "counter": counter}), fake_key=f"ecc.{error}_{counter}",
+        help="ECC errors in device memory, caches and register files (NVML ECC totals): error is corrected "
+             "(single-bit) or uncorrected (double-bit); counter is volatile (since the driver loaded) or "
+             "aggregate (lifetime, from the InfoROM).",
+    )
+
+
+def _remapped(cause: str, field_id: int, nvml_name: str) -> Field:
+    return Field(
+        key=f"remapped_rows_{cause}", field_id=field_id, nvml_name=nvml_name, kind=GAUGE,
+        metric="gpufeed_gpu_remapped_rows", labels=MappingProxyType({"cause": cause}),
+        fake_key=f"remapped_rows.{cause}", path=SLOW,
+        help="Rows of device memory remapped to spare rows (recorded in the InfoROM), by the kind of ECC error "
+             "that caused them.",
     )
 
 
@@ -84,9 +111,32 @@ FIELDS: tuple[Field, ...] = (
     _throttle("sw_thermal", 269, "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
     _throttle("hw_thermal", 270, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
     _throttle("hw_power_brake", 271, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN"),
+    # Memory errors, slow path. ECC totals over every memory of the device (nvml.h: "Total single/double bit
+    # volatile/aggregate ECC errors"); NVML calls single-bit errors corrected and double-bit ones uncorrected
+    # (nvmlMemoryErrorType_t). Volatile counts reset when the driver reloads, aggregate ones persist in the
+    # InfoROM. Absent (NOT_SUPPORTED) on boards without ECC or with ECC off.
+    _ecc("corrected", "volatile", 3, "NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
+    _ecc("uncorrected", "volatile", 4, "NVML_FI_DEV_ECC_DBE_VOL_TOTAL"),
+    _ecc("corrected", "aggregate", 5, "NVML_FI_DEV_ECC_SBE_AGG_TOTAL"),
+    _ecc("uncorrected", "aggregate", 6, "NVML_FI_DEV_ECC_DBE_AGG_TOTAL"),
+    # Row remapping (Ampere and newer; NVIDIA "A100 GPU memory error management"): rows of HBM replaced by
+    # spares, recorded in the InfoROM -- a count that only grows, bounded by the spare rows, so a gauge. A
+    # pending remap takes effect at the next GPU reset; a failure means the spares could not take the row.
+    # nvmlDeviceGetRemappedRows answers the same four values in one getter; the fields batch them with ECC.
+    _remapped("correctable", 142, "NVML_FI_DEV_REMAPPED_COR"),
+    _remapped("uncorrectable", 143, "NVML_FI_DEV_REMAPPED_UNC"),
+    Field("row_remap_pending", 144, "NVML_FI_DEV_REMAPPED_PENDING", GAUGE, "gpufeed_gpu_row_remap_pending",
+          "1 while a row remapping waits for the next GPU reset to take effect (NVML field 144).",
+          fake_key="remapped_rows.pending", path=SLOW),
+    Field("row_remap_failure", 145, "NVML_FI_DEV_REMAPPED_FAILURE", GAUGE, "gpufeed_gpu_row_remap_failure",
+          "1 once a row remapping has failed on this GPU (NVML field 145): its memory cannot be repaired.",
+          fake_key="remapped_rows.failure", path=SLOW),
 )
 BY_ID: Mapping[int, Field] = MappingProxyType({f.field_id: f for f in FIELDS})
 BY_KEY: Mapping[str, Field] = MappingProxyType({f.key: f for f in FIELDS})
+# The entries of each sampling path, in table order.
+ON_PATH: Mapping[str, tuple[Field, ...]] = MappingProxyType(
+    {p: tuple(f for f in FIELDS if f.path == p) for p in (FAST, SLOW)})
 # Throttle reason -> field key, for the consumers that read the time per reason.
 THROTTLE_KEYS: Mapping[str, str] = MappingProxyType(
     {f.labels["reason"]: f.key for f in FIELDS if f.metric == "gpufeed_gpu_throttle_seconds"})

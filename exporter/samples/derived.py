@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
+
+from exporter.samples.gpu import GpuKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +23,12 @@ class GpuVerdict:
     confidence: float  # 0..1
     waiting_ratio: float  # share of the window the GPU was waiting (0..1)
     evidence: tuple[str, ...]  # sentences a human can act on, strongest first
+    mig: int | None = None  # the MIG instance (GPU instance id) judged; uuid is then the instance's
+
+    @property
+    def key(self) -> GpuKey:
+        """The GPU or MIG instance this verdict is about."""
+        return GpuKey(self.index, self.mig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +41,7 @@ class Finding:
     detail: str
 
 
-def _no_activity() -> Mapping[int, GpuActivity]:
+def _no_activity() -> Mapping[Any, Any]:
     return MappingProxyType({})
 
 
@@ -62,10 +71,24 @@ GAP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 @dataclass(frozen=True, slots=True)
 class DerivedState:
-    """The derived layer's newest evaluation at monotonic time ``t``."""
+    """The derived layer's newest evaluation at monotonic time ``t``.
+
+    ``gpus`` / ``activity`` are the whole GPUs, by NVML index. A GPU in MIG mode is judged per MIG instance
+    instead (DESIGN.md): its instances are in ``mig`` / ``mig_activity`` by :class:`GpuKey` (``gpu``, ``mig``),
+    and it has no entry in ``gpus``. ``unjudged`` names the instances nothing measures (MIG without GPM) and
+    why: they have no verdict rather than a made-up ``idle``.
+    """
 
     t: float
     gpus: Mapping[int, GpuVerdict]
     findings: tuple[Finding, ...]
     activity: Mapping[int, GpuActivity] = field(default_factory=_no_activity)
     window_s: float = 15.0
+    mig: Mapping[GpuKey, GpuVerdict] = field(default_factory=_no_activity)
+    mig_activity: Mapping[GpuKey, GpuActivity] = field(default_factory=_no_activity)
+    unjudged: Mapping[GpuKey, str] = field(default_factory=_no_activity)
+
+    def verdicts(self) -> dict[GpuKey, GpuVerdict]:
+        """Every verdict, whole GPUs and MIG instances, by key, in key order."""
+        out = {GpuKey(i): v for i, v in self.gpus.items()} | dict(self.mig)
+        return dict(sorted(out.items()))

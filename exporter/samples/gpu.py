@@ -3,9 +3,42 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from exporter.gpu.fields import THROTTLE_KEYS
+
+
+def _empty() -> Mapping[Any, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GpuKey:
+    """What the derived layer judges: a whole GPU (``mig`` None) or one MIG instance of it (``mig`` is the GPU
+    instance id). Its labels are ``gpu`` (the NVML index) and, for an instance, ``mig`` (DESIGN.md)."""
+
+    gpu: int
+    mig: int | None = None
+
+    def labels(self) -> dict[str, str]:
+        """The Prometheus labels naming this GPU or instance."""
+        return {"gpu": str(self.gpu)} if self.mig is None else {"gpu": str(self.gpu), "mig": str(self.mig)}
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu}" if self.mig is None else f"GPU {self.gpu} MIG {self.mig}"
+
+
+@dataclass(frozen=True, slots=True)
+class MigIdentity:
+    """One MIG device of a GPU in MIG mode: its GPU instance (``gi``, the ``mig`` label), compute instance,
+    UUID (``MIG-...``) and name."""
+
+    gi: int
+    ci: int
+    uuid: str
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +54,9 @@ class GpuIdentity:
     # CPUs NVML calls ideal for it (nvmlDeviceGetCpuAffinity); None when unknown.
     numa_node: int | None = None
     cpu_affinity: frozenset[int] | None = None
+    # MIG mode (nvmlDeviceGetMigMode current) and its MIG devices; a GPU in MIG mode is judged per instance.
+    mig_mode: bool = False
+    mig: tuple[MigIdentity, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +77,10 @@ class GpuFast:
     and ratios with the same ``counter_t``: pair values with ``counter_t``, not with the sample's stamp,
     and drop repeats (paired with the stamp, a repeat reads as an idle interval followed by one above
     100%). None without GPM, and from producers that do not set it (then the stamp is the best time).
+
+    ``mig`` maps each MIG instance (GPU instance id) of a GPU in MIG mode to that instance's own GPM values,
+    as a GpuFast with only the GPM fields set (nvmlGpmMigSampleGet pairs); the whole GPU's GPM fields are
+    then None (the driver judges a MIG-mode GPU per instance).
     """
 
     sm_active: float | None
@@ -54,6 +94,7 @@ class GpuFast:
     sm_active_seconds: float | None
     busy_seconds: float | None
     counter_t: float | None = None
+    mig: Mapping[int, GpuFast] = field(default_factory=_empty)
 
     def _int(self, key: str) -> int | None:
         v = self.fields.get(key)
@@ -93,6 +134,16 @@ class GpuProcess:
     used_memory_bytes: int | None
     sm_ratio: float | None
     comm: str = ""  # /proc/<pid>/comm, "" when unreadable (another pid namespace, already gone)
+    mig: int | None = None  # the GPU instance it runs on, on a GPU in MIG mode
+
+
+@dataclass(frozen=True, slots=True)
+class MigSlow:
+    """Slow path of one MIG instance: its share of the GPU's memory (its processes are the GPU's with
+    ``GpuProcess.mig`` set to it)."""
+
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +154,7 @@ class GpuSlow:
     link_width: int | None
     max_link_gen: int | None
     max_link_width: int | None
-    gpu_max_link_gen: int | None
-    gpu_max_link_width: int | None
+    gpu_max_link_gen: int | None  # NVML has no call for the GPU's own maximum width
     clock_event_reasons: frozenset[str]
     temperature_c: float | None
     memory_used_bytes: int | None
@@ -115,6 +165,13 @@ class GpuSlow:
     numa_node: int | None
     # False when the driver does not report clock-event reasons (then clock_event_reasons is empty).
     clock_event_reasons_supported: bool = True
+    # The slow-path NVML fields of exporter/gpu/fields.py (ECC, row remapping) by key, in base units.
+    fields: Mapping[str, float] = field(default_factory=_empty)
+    # Xid errors NVML reported since gpufeed started (nvmlEventTypeXidCriticalError): count and newest time
+    # (the backend's clock) per Xid code; code -1 counts the codes past the per-GPU cap on distinct codes.
+    xid_errors: Mapping[int, int] = field(default_factory=_empty)
+    xid_last_seen: Mapping[int, float] = field(default_factory=_empty)
+    mig: Mapping[int, MigSlow] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True, slots=True)

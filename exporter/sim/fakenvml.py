@@ -1,16 +1,24 @@
 """A strict fake of the ``pynvml`` module, so the real GPU backend runs in CI and under ``--simulate``.
 
-``FakeNvml`` is a module-like object: the backend gets it instead of ``pynvml`` (through
-``ctx.shared["nvml"]``) and calls the same function names. It
+``FakeNvml`` is a module-like object: the backend gets it instead of ``pynvml`` (through ``ctx.nvml``) and
+calls the same function names. It is strict about the surface of the *installed* binding (nvidia-ml-py):
 
-- raises the *real* ``pynvml.NVMLError`` subclasses (``NVMLError(NVML_ERROR_NOT_SUPPORTED)`` is an
-  ``NVMLError_NotSupported``),
-- returns the real ``pynvml`` ctypes structs where the binding does (``nvmlPciInfo_t``,
-  ``c_nvmlFieldValue_t`` arrays, ``c_nvmlSample_t``, ``c_nvmlMemory_t``, ``c_nvmlUtilization_t``,
-  ``c_nvmlProcessUtilizationSample_t``), and objects with the same attribute names otherwise,
-- forwards constants (``NVML_*``, ``nvmlClocks*``) and the ``NVMLError*`` classes from the real module,
-- fails loudly (``AssertionError("FakeNvml: unexpected call ...")``) on any other attribute, on a field
-  id or GPM metric it does not model, and on ``nvmlDeviceGetPcieThroughput`` (blocks ~20 ms; banned).
+- every function it offers exists in ``pynvml`` with the same signature (parameter names, kinds, defaults;
+  ``tests/gpu/test_binding_conformance.py`` checks it, and checks every name the backend uses);
+- a name the real module lacks raises ``AttributeError``, as ``pynvml`` itself does (a backend calling a
+  function the binding does not define fails here exactly as it would on a real host);
+- a name the binding has but the fake does not model, a field id or GPM metric it does not model, and
+  ``nvmlDeviceGetPcieThroughput`` (blocks ~20 ms; banned) raise ``AssertionError("FakeNvml: ...")``;
+- it raises the *real* ``pynvml.NVMLError`` subclasses (``NVMLError(NVML_ERROR_NOT_SUPPORTED)`` is an
+  ``NVMLError_NotSupported``);
+- it returns the real binding's types: device handles are ``c_nvmlDevice_t`` pointers (the same pointer for
+  the same device every time, as NVML does), GPM samples ``c_nvmlGpmSample_t``, event sets
+  ``c_nvmlEventSet_t``; ``nvmlPciInfo_t``, ``c_nvmlFieldValue_t`` arrays, ``c_nvmlSample_t``,
+  ``c_nvmlMemory_t``, ``c_nvmlUtilization_t``, ``c_nvmlProcessUtilizationSample_t``, ``c_nvmlGpmSupport_t``,
+  ``c_nvmlEventData_t``, and processes as the binding's ``nvmlFriendlyObject`` of ``c_nvmlProcessInfo_v3_t``;
+  ``nvmlGpmMetricsGet`` fills the real ``c_nvmlGpmMetricsGet_t``;
+- forwards constants (``NVML_*``, ``nvmlClocks*``, ``nvmlEventType*``), the structs and the ``NVMLError*``
+  classes from the real module.
 
 Its whole device state is one plain JSON-serialisable dict, so a simulator can compute it in one process,
 write it to a file, and the daemon's ``FakeNvml.from_file(path)`` reloads it whenever the file changes
@@ -49,10 +57,17 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
                   "pcie_replays": 0              field 94 (NVML_FI_DEV_PCIE_REPLAY_COUNTER)
                   "throttle_ns": {reason: ns}    cumulative clock-event time, fields 74/76/269/270/271 for
                                                  sw_power_cap, sync_boost, sw_thermal, hw_thermal, hw_power_brake
+                  "energy_mj": 0                 field 83 (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), millijoules
+                  "ecc": {"corrected_volatile", "uncorrected_volatile", "corrected_aggregate",
+                          "uncorrected_aggregate"}      ECC totals, fields 3/4/5/6 (absent key: 0)
+                  "remapped_rows": {"correctable", "uncorrectable", "pending", "failure"}
+                                                 row remapping, fields 142/143/144/145 (absent key: 0)
                   "graphics_active_integral", "sm_active_integral", "sm_occupancy_integral",
                   "tensor_active_integral", "dram_active_integral": 0.0
                                                  integral over time of the ratio (0..1) in seconds; a GPM pair
                                                  (s1 at t1, s2 at t2) answers 100*(I2-I1)/(t2-t1) percent
+                  Every field of exporter/gpu/fields.py is answered from its ``fake_key`` (the table says which);
+                  a field the table lacks is an AssertionError.
     buffers       "util_samples": [[ts_us, percent], ...]       nvmlDeviceGetSamples(GPU_UTILIZATION_SAMPLES):
                                                  each value is the utilisation over the period ending at ts_us.
                                                  Entries with ts_us > lastSeenTimeStamp are returned, oldest
@@ -61,21 +76,45 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
                   "util_acc": [start_s, gpu_integral, mem_integral]  advance_device's partial sample period
                   "process_util": [{"pid", "ts_us", "sm_pct", "mem_pct"}]  nvmlDeviceGetProcessUtilization,
                                                  the same lastSeen/NOT_FOUND rule
-                  "energy_mj": 0                 field 83 (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), millijoules
-                  Every field of exporter/gpu/fields.py is answered from its ``fake_key`` (the table says which);
-                  a field the table lacks is an AssertionError.
+    events        "xid_events": [{"t": s, "xid": n, "gi": id | null}, ...]
+                                                 Xid errors the driver reports (nvmlEventTypeXidCriticalError),
+                                                 in time order: nvmlEventSetWait_v2 on an event set the device
+                                                 is registered with delivers each event once, as soon as the
+                                                 fake's ``t`` reaches its ``t`` -- the fake remembers how far it
+                                                 delivered in time, so the list may be a sliding window of
+                                                 recent events (a looping simulator's is). ``gi`` is the GPU
+                                                 instance of a MIG device (null: the whole GPU)
     instantaneous "sm_clock_mhz": 345, "max_sm_clock_mhz": 1980, "power_w": 70.0, "power_limit_w": 700.0,
                   "temperature_c": 40, "memory_used_bytes": 0, "memory_total_bytes": 85899345920,
-                  "link": {"gen", "width", "max_gen", "max_width", "gpu_max_gen", "gpu_max_width"}
-                                                 current / system-limited max / GPU's own max (default 5/16 all)
+                  "link": {"gen", "width", "max_gen", "max_width", "gpu_max_gen"}
+                                                 current / system-limited max / GPU's own max generation
+                                                 (default 5/16 all; NVML has no "GPU's own max width" call)
                   "clock_event_reasons": ["gpu_idle"]   names of SPEC.md (exporter.gpu.constants)
-                  "processes": [{"pid": int, "used_memory_bytes": int | null}]   compute processes; pids are
-                                                 returned exactly as given, so garbage (0, -1, 2**32-1) tests
-                                                 the backend's validation
+                  "processes": [{"pid": int, "used_memory_bytes": int | null}]   compute processes; pids go
+                                                 into the binding's c_uint field as given (so garbage like 0,
+                                                 2**32-1 tests the backend's validation; -1 reads back as
+                                                 2**32-1, as from the driver); null memory -> None
                   "cpu_affinity": "0-15" | null  cpulist for nvmlDeviceGetCpuAffinity (null -> NOT_SUPPORTED)
                   "memory_affinity": "0" | null  nodelist for nvmlDeviceGetMemoryAffinity (null -> NOT_SUPPORTED)
                   "numa_node_id": null           nvmlDeviceGetNumaNodeId (only coherent GPU-as-NUMA-node
                                                  platforms answer; null -> NOT_SUPPORTED, as on x86 PCIe)
+    MIG           "mig": null | [instance, ...]  null: MIG mode off. A list (possibly empty): MIG mode on, with
+                                                 these GPU instances, one MIG device each, in
+                                                 nvmlDeviceGetMigDeviceHandleByIndex order. In MIG mode the
+                                                 whole GPU answers NOT_SUPPORTED to utilisation samples and rates,
+                                                 per-process utilisation and GPM (nvml.h: not supported on MIG),
+                                                 its compute processes are its instances' (``processes`` must
+                                                 be empty), and per-instance GPM is nvmlGpmMigSampleGet
+                  "max_mig_devices": 7           nvmlDeviceGetMaxMigDeviceCount
+
+A MIG instance (an entry of ``mig``)::
+
+                  "gi": int (required, unique)   GPU instance id (nvmlDeviceGetGpuInstanceId)
+                  "ci": 0                        compute instance id
+                  "uuid": "MIG-<gpu uuid>-<gi>", "name": "<gpu name> MIG <gi>"
+                  "memory_used_bytes": 0, "memory_total_bytes": 10737418240   nvmlDeviceGetMemoryInfo(MIG)
+                  the five GPM integrals and "pcie_tx_bytes" / "pcie_rx_bytes", as on a device (per instance)
+                  "processes": [{"pid", "used_memory_bytes"}]   the instance's compute processes
 
 Error names are NVML_ERROR_* without the prefix, lower case: ``not_supported``, ``gpu_is_lost``,
 ``unknown``, ``library_not_found``, ``driver_not_loaded``, ``not_found``, ``timeout``, ...
@@ -84,20 +123,23 @@ Error names are NVML_ERROR_* without the prefix, lower case: ``not_supported``, 
 integrals and sample buffers forward consistently (the simulator may use them or compute its own).
 
 Test hooks on the object: ``set_state(dict)``, ``state`` (a deep copy), ``calls`` (Counter of function
-names), ``gpm_short_pairs`` (GPM pairs taken < 100 ms apart -- must stay 0), ``reload_errors``.
+names), ``gpm_short_pairs`` (GPM pairs taken < 100 ms apart -- must stay 0), ``reload_errors``,
+``event_sets`` (live event sets).
 """
 
 from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 import json
 import math
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from ctypes import c_ulonglong
+from ctypes import c_ulonglong, c_void_p
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +149,7 @@ import pynvml
 from exporter.cpulist import parse_cpulist
 from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
 from exporter.gpu import fields
+from exporter.gpu.binding import FIELD_VALUE
 
 TOP_KEYS = frozenset({"t", "driver_version", "init_error", "devices"})
 
@@ -125,6 +168,8 @@ DEVICE_DEFAULTS: Mapping[str, Any] = {
     "pcie_rx_bytes": 0,
     "pcie_replays": 0,
     "throttle_ns": {},
+    "ecc": {},
+    "remapped_rows": {},
     "graphics_active_integral": 0.0,
     "sm_active_integral": 0.0,
     "sm_occupancy_integral": 0.0,
@@ -134,6 +179,7 @@ DEVICE_DEFAULTS: Mapping[str, Any] = {
     "mem_util_samples": [],
     "util_acc": None,
     "process_util": [],
+    "xid_events": [],
     "sm_clock_mhz": 345,
     "max_sm_clock_mhz": 1980,
     "power_w": 70.0,
@@ -148,11 +194,33 @@ DEVICE_DEFAULTS: Mapping[str, Any] = {
     "cpu_affinity": None,
     "memory_affinity": None,
     "numa_node_id": None,
+    "mig": None,
+    "max_mig_devices": 7,
 }
-LINK_KEYS = ("gen", "width", "max_gen", "max_width", "gpu_max_gen", "gpu_max_width")
-LINK_DEFAULTS = {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16, "gpu_max_gen": 5, "gpu_max_width": 16}
+LINK_KEYS = ("gen", "width", "max_gen", "max_width", "gpu_max_gen")
+LINK_DEFAULTS = {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16, "gpu_max_gen": 5}
+# The subkeys of the mapping-valued state keys the field table reads (``ecc.corrected_volatile`` ...).
+FIELD_SUBKEYS: Mapping[str, frozenset[str]] = {
+    head: frozenset(f.state_key.partition(".")[2] for f in fields.FIELDS if f.state_key.partition(".")[0] == head)
+    for head in ("ecc", "remapped_rows")
+}
+GPM_INTEGRALS = ("graphics_active_integral", "sm_active_integral", "sm_occupancy_integral",
+                 "tensor_active_integral", "dram_active_integral")
+MIG_DEFAULTS: Mapping[str, Any] = {
+    "gi": None, "ci": 0, "uuid": None, "name": None, "memory_used_bytes": 0, "memory_total_bytes": 10737418240,
+    **dict.fromkeys(GPM_INTEGRALS, 0.0), "pcie_tx_bytes": 0, "pcie_rx_bytes": 0, "processes": [],
+}
+# A MIG-mode GPU answers NOT_SUPPORTED to these on its whole-GPU handle (nvml.h: utilisation samples, rates
+# and per-process utilisation "not currently supported" on MIG-enabled GPUs; GPM per instance instead).
+MIG_UNSUPPORTED = frozenset({"nvmlDeviceGetSamples", "nvmlDeviceGetUtilizationRates",
+                             "nvmlDeviceGetProcessUtilization", "nvmlGpmSampleGet"})
+# The functions the fake answers for a MIG device handle; any other one given a MIG handle is not modelled.
+MIG_HANDLE_CALLS = frozenset({"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
+                              "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
+                              "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"})
+NO_ID = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of a process or event outside any MIG instance
 
-# GPM metric id -> (device integral key, scale) for ratio metrics, or the byte counter for PCIe rates.
+# GPM metric id -> the integral key it averages, or the byte counter of a PCIe rate.
 _GPM_RATIO = {
     C.GPM_GRAPHICS_UTIL: "graphics_active_integral",
     C.GPM_SM_UTIL: "sm_active_integral",
@@ -162,8 +230,11 @@ _GPM_RATIO = {
 }
 _GPM_BYTES = {C.GPM_PCIE_TX_PER_SEC: "pcie_tx_bytes", C.GPM_PCIE_RX_PER_SEC: "pcie_rx_bytes"}
 
-_FORWARDED_PREFIXES = ("NVML_", "nvmlClocksEventReason", "nvmlClocksThrottleReason", "NVMLError")
+_FORWARDED_PREFIXES = ("NVML_", "nvmlClocksEventReason", "nvmlClocksThrottleReason", "nvmlEventType", "NVMLError",
+                       "c_nvml", "nvmlPciInfo", "struct_c_nvml", "nvmlFriendlyObject", "nvmlStructToFriendlyObject")
 _BANNED = {"nvmlDeviceGetPcieThroughput": "blocks ~20 ms per call; use fields 197/198 (DESIGN.md)"}
+# Longest slice an event wait sleeps before looking at the state again (a state file may have changed).
+_EVENT_POLL_S = 0.05
 
 
 class StateError(ValueError):
@@ -181,6 +252,64 @@ def nvml_error(name: str) -> pynvml.NVMLError:
 def _check_error_name(name: object, where: str) -> None:
     if not isinstance(name, str) or not isinstance(getattr(pynvml, f"NVML_ERROR_{name.upper()}", None), int):
         raise StateError(f"{where}: unknown NVML error name {name!r}")
+
+
+def _check_processes(procs: object, where: str) -> None:
+    if not isinstance(procs, list):
+        raise StateError(f"{where} must be a list")
+    for i, p in enumerate(procs):
+        if not isinstance(p, Mapping) or "pid" not in p or set(p) - {"pid", "used_memory_bytes"}:
+            raise StateError(f"{where}[{i}] must be {{pid, used_memory_bytes}}")
+
+
+def _normalize_mig(dev: dict[str, Any], where: str) -> None:
+    """Fill in and check the MIG instances of one device (``dev["mig"]`` not None)."""
+    if not isinstance(dev["mig"], list):
+        raise StateError(f"{where}.mig must be null or a list of instances")
+    if dev["processes"]:
+        raise StateError(f"{where}: a MIG-mode device's compute processes belong to its instances "
+                         "(mig[].processes), not to processes")
+    if not isinstance(dev["max_mig_devices"], int) or len(dev["mig"]) > dev["max_mig_devices"]:
+        raise StateError(f"{where}: more MIG instances than max_mig_devices ({dev['max_mig_devices']})")
+    seen: set[int] = set()
+    out = []
+    for i, raw in enumerate(dev["mig"]):
+        w = f"{where}.mig[{i}]"
+        if not isinstance(raw, Mapping):
+            raise StateError(f"{w} must be a mapping")
+        bad = set(raw) - set(MIG_DEFAULTS)
+        if bad:
+            raise StateError(f"{w}: unknown key(s) {sorted(bad)}")
+        inst = {k: copy.deepcopy(raw.get(k, v)) for k, v in MIG_DEFAULTS.items()}
+        gi = inst["gi"]
+        if not isinstance(gi, int) or isinstance(gi, bool) or gi < 0 or gi in seen:
+            raise StateError(f"{w}.gi must be a unique non-negative integer, not {gi!r}")
+        seen.add(gi)
+        if inst["uuid"] is None:
+            inst["uuid"] = f"MIG-{dev['uuid'].removeprefix('GPU-')}-{gi}"
+        if inst["name"] is None:
+            inst["name"] = f"{dev['name']} MIG {gi}"
+        _check_processes(inst["processes"], f"{w}.processes")
+        out.append(inst)
+    dev["mig"] = out
+
+
+def _check_xid_events(events: object, dev: Mapping[str, Any], where: str) -> None:
+    if not isinstance(events, list):
+        raise StateError(f"{where}.xid_events must be a list")
+    gis = {m["gi"] for m in dev["mig"] or ()}
+    prev_t = -math.inf
+    for i, e in enumerate(events):
+        w = f"{where}.xid_events[{i}]"
+        if not isinstance(e, Mapping) or not {"t", "xid"} <= set(e) or set(e) - {"t", "xid", "gi"}:
+            raise StateError(f"{w} must be {{t, xid, gi}} (gi optional)")
+        if not isinstance(e["xid"], int) or not 0 <= e["xid"] < 1 << 64:
+            raise StateError(f"{w}.xid must be an unsigned integer")
+        if not isinstance(e["t"], int | float) or float(e["t"]) < prev_t:
+            raise StateError(f"{w}.t must be a number, in time order")
+        prev_t = float(e["t"])
+        if e.get("gi") is not None and e["gi"] not in gis:
+            raise StateError(f"{w}.gi {e['gi']!r} is not a MIG instance of this device")
 
 
 def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -234,20 +363,38 @@ def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
             raise StateError(f"{where}: {e}") from e
         if set(dev["throttle_ns"]) - set(fields.THROTTLE_KEYS):
             raise StateError(f"{where}: throttle_ns keys must be from {sorted(fields.THROTTLE_KEYS)}")
+        for head, keys in FIELD_SUBKEYS.items():
+            if not isinstance(dev[head], Mapping) or set(dev[head]) - keys:
+                raise StateError(f"{where}: {head} must be a mapping with keys from {sorted(keys)}")
+        for fn in dev["unsupported"]:
+            if not (isinstance(fn, str) and (fn.startswith("field:") or callable(getattr(pynvml, fn, None)))):
+                raise StateError(f"{where}.unsupported: {fn!r} is neither a function of the installed pynvml "
+                                 "nor 'field:<id>'")
         for fn, err in dict(dev["errors"]).items():
+            if not callable(getattr(pynvml, str(fn), None)):
+                raise StateError(f"{where}.errors: {fn!r} is not a function of the installed pynvml")
             _check_error_name(err, f"{where}.errors[{fn!r}]")
         _check_error_name(dev["lost_error"], f"{where}.lost_error")
-        for i, p in enumerate(dev["processes"]):
-            if not isinstance(p, Mapping) or "pid" not in p or set(p) - {"pid", "used_memory_bytes"}:
-                raise StateError(f"{where}.processes[{i}] must be {{pid, used_memory_bytes}}")
+        _check_processes(dev["processes"], f"{where}.processes")
         for i, p in enumerate(dev["process_util"]):
             if not isinstance(p, Mapping) or set(p) != {"pid", "ts_us", "sm_pct", "mem_pct"}:
                 raise StateError(f"{where}.process_util[{i}] must be {{pid, ts_us, sm_pct, mem_pct}}")
+        if dev["mig"] is not None:
+            _normalize_mig(dev, where)
+        _check_xid_events(dev["xid_events"], dev, where)
         out["devices"].append(dev)
     return out
 
 
 # ---- evolving a state (optional helpers for simulators and tests) -------------------------------------------
+
+
+def _advance_activity(target: dict[str, Any], dt: float, ratios: Mapping[str, float], tx: float, rx: float) -> None:
+    """GPM integrals and PCIe byte totals of a device or a MIG instance, over ``dt`` at constant rates."""
+    for key in GPM_INTEGRALS:
+        target[key] = float(target.get(key, 0.0)) + ratios.get(key, 0.0) * dt
+    for key, rate in (("pcie_tx_bytes", tx), ("pcie_rx_bytes", rx)):
+        target[key] = round(int(target.get(key, 0)) + rate * dt)
 
 
 def advance_device(
@@ -266,6 +413,7 @@ def advance_device(
     pcie_rx_bytes_per_s: float = 0.0,
     pcie_replays_per_s: float = 0.0,
     throttle: Mapping[str, float] | None = None,
+    mig: Mapping[int, Mapping[str, float]] | None = None,
     sample_period_s: float = 1 / 6,
     buffer_len: int = 240,
 ) -> None:
@@ -274,6 +422,9 @@ def advance_device(
     Counters and integrals grow by rate x dt; the driver's utilisation buffers get one sample per
     ``sample_period_s`` boundary, each the average over its own period (so integrating the samples gives
     back the true busy time, to the driver's integer-percent resolution); buffers keep ``buffer_len``.
+    ``mig`` maps a GPU instance id to that instance's rates (``graphics_active``, ``sm_active``,
+    ``sm_occupancy``, ``tensor_active``, ``dram_active``, ``pcie_tx_bytes_per_s``, ``pcie_rx_bytes_per_s``);
+    the instances' PCIe traffic also counts on the whole GPU's byte counters (one link).
     """
     dt = t1 - t0
     if dt < 0:
@@ -281,13 +432,19 @@ def advance_device(
     if dt == 0:
         return
     ga = gpu_util if graphics_active is None else graphics_active
-    for key, ratio in (("graphics_active_integral", ga), ("sm_active_integral", sm_active),
-                       ("sm_occupancy_integral", sm_occupancy), ("tensor_active_integral", tensor_active),
-                       ("dram_active_integral", dram_active)):
-        dev[key] = float(dev.get(key, 0.0)) + ratio * dt
-    for key, rate in (("pcie_tx_bytes", pcie_tx_bytes_per_s), ("pcie_rx_bytes", pcie_rx_bytes_per_s),
-                      ("pcie_replays", pcie_replays_per_s)):
-        dev[key] = round(int(dev.get(key, 0)) + rate * dt)
+    _advance_activity(dev, dt, {"graphics_active_integral": ga, "sm_active_integral": sm_active,
+                                "sm_occupancy_integral": sm_occupancy, "tensor_active_integral": tensor_active,
+                                "dram_active_integral": dram_active}, pcie_tx_bytes_per_s, pcie_rx_bytes_per_s)
+    for gi, r in (mig or {}).items():
+        inst = next((m for m in dev.get("mig") or () if m["gi"] == gi), None)
+        if inst is None:
+            raise ValueError(f"device has no MIG instance {gi}")
+        tx, rx = float(r.get("pcie_tx_bytes_per_s", 0.0)), float(r.get("pcie_rx_bytes_per_s", 0.0))
+        _advance_activity(inst, dt, {f"{k}_integral": float(r.get(k, 0.0)) for k in (
+            "graphics_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active")}, tx, rx)
+        dev["pcie_tx_bytes"] = round(int(dev.get("pcie_tx_bytes", 0)) + tx * dt)
+        dev["pcie_rx_bytes"] = round(int(dev.get("pcie_rx_bytes", 0)) + rx * dt)
+    dev["pcie_replays"] = round(int(dev.get("pcie_replays", 0)) + pcie_replays_per_s * dt)
     # The energy counter (field 83) integrates the power the state shows over the step.
     dev["energy_mj"] = round(int(dev.get("energy_mj", 0)) + float(dev.get("power_w", 0.0)) * dt * 1e3)
     th = dict(dev.get("throttle_ns", {}))
@@ -340,77 +497,78 @@ def _state_value(dev: Mapping[str, Any], key: str) -> Any:
 # ---- the fake module -------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FakeHandle:
-    """An nvmlDevice_t: remembers the device's UUID (NVML handles stay valid across re-init)."""
+def _address(ptr: object) -> int | None:
+    """The address a ctypes pointer holds (None for NULL or a non-pointer)."""
+    if not isinstance(ptr, ctypes._Pointer):
+        return None
+    return ctypes.cast(ptr, c_void_p).value
 
-    index: int
+
+@dataclass(frozen=True)
+class _HandleKey:
+    """What a device handle stands for: a GPU (by UUID: NVML handles stay valid across re-init) or one of its
+    MIG devices (by GPU instance id)."""
+
     uuid: str
+    gi: int | None = None
 
 
 @dataclass
-class FakeGpmSample:
-    """An nvmlGpmSample_t: a snapshot of the device's integrals at sample time."""
+class _GpmSample:
+    """What the fake keeps behind one ``c_nvmlGpmSample_t``: a snapshot of integrals at sample time."""
 
     freed: bool = False
-    uuid: str | None = None
+    source: tuple[str, int | None] | None = None  # (device uuid, GPU instance id or None)
     t: float = 0.0
     values: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class FakeGpmMetric:
-    """One entry of ``c_nvmlGpmMetricsGet_t.metrics``."""
+class _Opaque:
+    """Objects the fake keeps behind opaque binding pointers (``c_nvmlGpmSample_t``, ``c_nvmlEventSet_t``): each
+    new one is a pointer to a struct the fake keeps alive, found again by the address it holds."""
 
-    metricId: int = 0  # noqa: N815 - pynvml's field name
-    nvmlReturn: int = 0  # noqa: N815
-    value: float = 0.0
-    metricInfo: Any = None  # noqa: N815
+    def __init__(self, struct: type[Any], pointer: type[Any]) -> None:
+        self._struct, self._pointer = struct, pointer
+        self._by_address: dict[int, tuple[Any, Any]] = {}
 
+    def new(self, obj: Any) -> Any:
+        struct = self._struct()
+        self._by_address[ctypes.addressof(struct)] = (struct, obj)
+        return ctypes.pointer(struct)
 
-class FakeGpmMetricsGet(ctypes.Structure):
-    """Stands in for ``pynvml.c_nvmlGpmMetricsGet_t`` with the same memory layout; the two sample fields hold
-    the fake's sample objects (``py_object``, pointer-sized like the real ``nvmlGpmSample_t``)."""
+    def get(self, ptr: object) -> Any:
+        """The object behind ``ptr``; INVALID_ARGUMENT for anything else or a freed one, as NVML answers."""
+        addr = _address(ptr) if isinstance(ptr, self._pointer) else None
+        entry = self._by_address.get(addr) if addr is not None else None
+        if entry is None or entry[1].freed:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return entry[1]
 
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        ("numMetrics", ctypes.c_uint),
-        ("sample1", ctypes.py_object),
-        ("sample2", ctypes.py_object),
-        ("metrics", pynvml.c_nvmlGpmMetric_t * int(pynvml.NVML_GPM_METRIC_MAX)),
-    ]
-
-
-@dataclass
-class FakeGpmSupport:
-    """``c_nvmlGpmSupport_t``."""
-
-    version: int
-    isSupportedDevice: int  # noqa: N815
+    def live(self) -> list[Any]:
+        return [obj for _, obj in self._by_address.values() if not obj.freed]
 
 
 @dataclass
-class FakeProcessInfo:
-    """What pynvml's nvmlStructToFriendlyObject gives for a running process."""
+class _EventSet:
+    """What the fake keeps behind one ``c_nvmlEventSet_t``: the devices registered and for which types."""
 
-    pid: int
-    usedGpuMemory: int | None  # noqa: N815
-    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
-    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    types: dict[str, int] = field(default_factory=dict)  # device uuid -> event type mask
+    freed: bool = False
 
 
 def _api(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Count the call, reload the state file if it changed, then run the fake function under the lock."""
+    """Count the call, reload the state file if it changed, then run the fake function under the lock. The
+    wrapper keeps the function's signature (``inspect.signature`` follows ``__wrapped__``), which the
+    conformance test compares with the real binding's."""
     name = fn.__name__
 
-    def wrapper(self: FakeNvml, *args: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(self: FakeNvml, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
             self.calls[name] += 1
             self._maybe_reload()
-            return fn(self, *args)
+            return fn(self, *args, **kwargs)
 
-    wrapper.__name__ = name
-    wrapper.__doc__ = fn.__doc__
     return wrapper
 
 
@@ -418,15 +576,24 @@ class FakeNvml:
     """The fake ``pynvml`` module (see the module docstring for the state it serves)."""
 
     NVMLError = pynvml.NVMLError
-    c_nvmlGpmMetricsGet_t = FakeGpmMetricsGet  # noqa: N815 - pynvml's name
 
     def __init__(self, state: Mapping[str, Any] | None = None) -> None:
         self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._state = normalize_state(state or {"devices": []})
         self._path: Path | None = None
         self._stamp: tuple[int, int] | None = None
         self._init_count = 0
         self._lost_calls: Counter[str] = Counter()
+        # Handles, samples and event sets are real binding pointers to objects the fake keeps alive; the
+        # address a pointer holds says which one it is.
+        self._handle_ptrs: dict[_HandleKey, Any] = {}
+        self._handle_keys: dict[int, _HandleKey] = {}  # by the address the pointer holds
+        self._handle_ids: dict[int, _HandleKey] = {}  # by id() of the one pointer object handed out (kept alive)
+        self._samples = _Opaque(pynvml.struct_c_nvmlGpmSample_t, pynvml.c_nvmlGpmSample_t)
+        self._event_sets = _Opaque(pynvml.struct_c_nvmlEventSet_t, pynvml.c_nvmlEventSet_t)
+        # Per device UUID: (time of the newest event delivered, how many events at exactly that time were).
+        self._xid_delivered: dict[str, tuple[float, int]] = {}
         self.calls: Counter[str] = Counter()
         self.gpm_short_pairs = 0
         self.reload_errors = 0
@@ -450,12 +617,23 @@ class FakeNvml:
             for dev in norm["devices"]:
                 if not dev["lost"]:
                     self._lost_calls.pop(dev["uuid"], None)
+                # Time went back (a test restarted the clock): deliver from the new time on.
+                done = self._xid_delivered.get(dev["uuid"])
+                if done is not None and done[0] > float(norm["t"]):
+                    self._xid_delivered.pop(dev["uuid"])
+            self._cond.notify_all()
 
     @property
     def state(self) -> dict[str, Any]:
         """A deep copy of the current (normalised) state."""
         with self._lock:
             return copy.deepcopy(self._state)
+
+    @property
+    def event_sets(self) -> int:
+        """Event sets created and not freed yet."""
+        with self._lock:
+            return len(self._event_sets.live())
 
     def _maybe_reload(self) -> None:
         if self._path is None:
@@ -472,11 +650,15 @@ class FakeNvml:
             self.reload_errors += 1
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name.startswith("_"):
+        if name.startswith("_"):
             raise AttributeError(name)
+        if not hasattr(pynvml, name):
+            # Exactly what the real module does: a name the installed binding lacks does not exist.
+            raise AttributeError(f"module 'pynvml' has no attribute {name!r} (the installed nvidia-ml-py "
+                                 f"{getattr(pynvml, '__version__', '')} does not define it)")
         if name in _BANNED:
             raise AssertionError(f"FakeNvml: {name} must never be called: {_BANNED[name]}")
-        if name.startswith(_FORWARDED_PREFIXES) and hasattr(pynvml, name):
+        if name.startswith(_FORWARDED_PREFIXES):
             return getattr(pynvml, name)
         raise AssertionError(f"FakeNvml: unexpected call {name} (not modelled by the fake)")
 
@@ -486,16 +668,46 @@ class FakeNvml:
         if self._init_count <= 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
 
-    def _device(self, handle: object, fn: str) -> dict[str, Any]:
-        """The device behind ``handle``, after the lost/error/unsupported injections for call ``fn``."""
+    def _handle(self, key: _HandleKey) -> Any:
+        """The one ``c_nvmlDevice_t`` for ``key`` (the same pointer every time, as NVML's handles are)."""
+        ptr = self._handle_ptrs.get(key)
+        if ptr is None:
+            ptr = self._handle_ptrs[key] = ctypes.pointer(pynvml.struct_c_nvmlDevice_t())
+            self._handle_keys[ctypes.addressof(ptr.contents)] = key
+            self._handle_ids[id(ptr)] = key
+        return ptr
+
+    def _resolve(self, handle: object, fn: str) -> tuple[_HandleKey, dict[str, Any]]:
+        """The key and device behind ``handle``, after the lost/error/unsupported injections for ``fn``."""
         self._need_init()
-        if not isinstance(handle, FakeHandle):
-            raise AssertionError(f"FakeNvml: {fn} got a handle that is not from nvmlDeviceGetHandleByIndex: {handle!r}")
-        dev: dict[str, Any] | None = next((d for d in self._state["devices"] if d["uuid"] == handle.uuid), None)
+        key = self._handle_ids.get(id(handle))
+        if key is None or self._handle_ptrs.get(key) is not handle:
+            # A copy of a handle (a struct field read back, e.g. c_nvmlEventData_t.device): by address.
+            addr = _address(handle) if isinstance(handle, pynvml.c_nvmlDevice_t) else None
+            key = self._handle_keys.get(addr) if addr is not None else None
+        if key is None:
+            raise AssertionError(f"FakeNvml: {fn} got a handle that is not from nvmlDeviceGetHandleByIndex or "
+                                 f"nvmlDeviceGetMigDeviceHandleByIndex: {handle!r}")
+        dev: dict[str, Any] | None = next((d for d in self._state["devices"] if d["uuid"] == key.uuid), None)
         if dev is None:  # the device left the bus between enumeration and this call
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if key.gi is not None and fn not in MIG_HANDLE_CALLS:
+            raise AssertionError(f"FakeNvml: {fn} is not modelled for a MIG device handle")
         self._inject(dev, fn)
-        return dev
+        if key.gi is None and dev["mig"] is not None and fn in MIG_UNSUPPORTED:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return key, dev
+
+    def _device(self, handle: object, fn: str) -> dict[str, Any]:
+        """The whole-GPU device behind ``handle``."""
+        return self._resolve(handle, fn)[1]
+
+    def _instance(self, dev: Mapping[str, Any], gi: int) -> dict[str, Any]:
+        """MIG instance ``gi`` of ``dev``; NOT_FOUND when the instance is gone (destroyed since enumeration)."""
+        for m in dev["mig"] or ():
+            if m["gi"] == gi:
+                return dict(m)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
     def _inject(self, dev: Mapping[str, Any], fn: str) -> None:
         if dev["lost"]:
@@ -523,9 +735,13 @@ class FakeNvml:
 
     @_api
     def nvmlShutdown(self) -> None:  # noqa: N802
-        """Drop one init reference."""
+        """Drop one init reference; the last one invalidates every event set (NVML frees them)."""
         self._need_init()
         self._init_count -= 1
+        if self._init_count == 0:
+            for es in self._event_sets.live():
+                es.freed = True
+            self._cond.notify_all()
 
     @_api
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
@@ -540,26 +756,28 @@ class FakeNvml:
         return len(self._state["devices"])
 
     @_api
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:  # noqa: N802
-        """A handle; a lost GPU raises GPU_IS_LOST already here."""
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:  # noqa: N802
+        """A ``c_nvmlDevice_t``; a lost GPU raises GPU_IS_LOST already here."""
         self._need_init()
         devs = self._state["devices"]
         if not isinstance(index, int) or not 0 <= index < len(devs):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dev = devs[index]
         self._inject(dev, "nvmlDeviceGetHandleByIndex")
-        return FakeHandle(index, dev["uuid"])
+        return self._handle(_HandleKey(dev["uuid"]))
 
     @_api
-    def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:  # noqa: N802
-        return str(self._device(handle, "nvmlDeviceGetUUID")["uuid"])
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
+        key, dev = self._resolve(handle, "nvmlDeviceGetUUID")
+        return str(dev["uuid"] if key.gi is None else self._instance(dev, key.gi)["uuid"])
 
     @_api
-    def nvmlDeviceGetName(self, handle: FakeHandle) -> str:  # noqa: N802
-        return str(self._device(handle, "nvmlDeviceGetName")["name"])
+    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
+        key, dev = self._resolve(handle, "nvmlDeviceGetName")
+        return str(dev["name"] if key.gi is None else self._instance(dev, key.gi)["name"])
 
     @_api
-    def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> Any:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
         """``nvmlPciInfo_t`` with busId in NVML's 8-hex-digit-domain upper-case form."""
         dev = self._device(handle, "nvmlDeviceGetPciInfo")
         domain, bus, devfn = dev["pci_bus_id"].split(":")
@@ -571,74 +789,126 @@ class FakeNvml:
         info.device = int(devfn.split(".")[0], 16)
         return info
 
+    # ---- MIG ------------------------------------------------------------------------------------------------
+
+    @_api
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:  # noqa: N802
+        """``[current, pending]``, NVML_DEVICE_MIG_ENABLE while the state lists MIG instances (even none)."""
+        dev = self._device(device, "nvmlDeviceGetMigMode")
+        mode = pynvml.NVML_DEVICE_MIG_DISABLE if dev["mig"] is None else pynvml.NVML_DEVICE_MIG_ENABLE
+        return [mode, mode]
+
+    @_api
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:  # noqa: N802
+        return int(self._device(device, "nvmlDeviceGetMaxMigDeviceCount")["max_mig_devices"])
+
+    @_api
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:  # noqa: N802
+        """The MIG device at ``index`` (instance list order); NOT_FOUND past the existing instances, as NVML
+        answers for an unpopulated slot; INVALID_ARGUMENT past max_mig_devices."""
+        dev = self._device(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if not isinstance(index, int) or not 0 <= index < int(dev["max_mig_devices"]):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if dev["mig"] is None or index >= len(dev["mig"]):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return self._handle(_HandleKey(dev["uuid"], int(dev["mig"][index]["gi"])))
+
+    @_api
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:  # noqa: N802
+        key, dev = self._resolve(device, "nvmlDeviceGetGpuInstanceId")
+        if key.gi is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not a MIG device handle
+        return int(self._instance(dev, key.gi)["gi"])
+
+    @_api
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:  # noqa: N802
+        key, dev = self._resolve(device, "nvmlDeviceGetComputeInstanceId")
+        if key.gi is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(self._instance(dev, key.gi)["ci"])
+
     # ---- fast path ------------------------------------------------------------------------------------------
 
     @_api
-    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, field_ids: list[Any]) -> Any:  # noqa: N802
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:  # noqa: N802, N803
         """An array of ``c_nvmlFieldValue_t`` with per-field nvmlReturn, like the binding returns."""
         dev = self._device(handle, "nvmlDeviceGetFieldValues")
-        arr = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        arr = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         now = self._now_us()
-        for i, requested in enumerate(field_ids):
+        # Filled as the driver does, through the struct's memory (the layout test ties this format to the
+        # binding's c_nvmlFieldValue_t); per-attribute writes through pynvml's hooks were most of the cost.
+        packed = bytearray()
+        for requested in fieldIds:
             fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
-            fv = arr[i]
-            fv.fieldId, fv.scopeId, fv.timestamp, fv.latencyUsec = fid, scope, now, 0
             if f"field:{fid}" in dev["unsupported"]:
-                fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                packed += FIELD_VALUE.pack(fid, scope, now, 0, 0, pynvml.NVML_ERROR_NOT_SUPPORTED, 0)
                 continue
             f = fields.BY_ID.get(fid)
             if f is None:
                 raise AssertionError(f"FakeNvml: nvmlDeviceGetFieldValues asked for unmodelled field id {fid}")
-            fv.nvmlReturn = pynvml.NVML_SUCCESS
             raw = _state_value(dev, f.state_key)
             value = round(float(raw) * f.fake_scale) if f.fake_scale != 1.0 else int(raw)
             bits = {fields.PCIE: dev["pcie_counter_bits"], fields.UINT: 32}.get(f.value_type, 64)
-            if bits == 32:
-                fv.valueType, fv.value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, value % (1 << 32)
-            else:
-                fv.valueType, fv.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, value % (1 << 64)
+            vt = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT if bits == 32 else pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            packed += FIELD_VALUE.pack(fid, scope, now, 0, vt, pynvml.NVML_SUCCESS, value % (1 << bits))
+        ctypes.memmove(arr, bytes(packed), len(packed))
         return arr
 
     @_api
-    def nvmlGpmQueryDeviceSupport(self, handle: FakeHandle) -> FakeGpmSupport:  # noqa: N802
-        dev = self._device(handle, "nvmlGpmQueryDeviceSupport")
-        return FakeGpmSupport(version=int(pynvml.NVML_GPM_SUPPORT_VERSION), isSupportedDevice=int(bool(dev["gpm"])))
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:  # noqa: N802
+        dev = self._device(device, "nvmlGpmQueryDeviceSupport")
+        sup = pynvml.c_nvmlGpmSupport_t()
+        sup.version, sup.isSupportedDevice = int(pynvml.NVML_GPM_SUPPORT_VERSION), int(bool(dev["gpm"]))
+        return sup
 
     @_api
-    def nvmlGpmSampleAlloc(self) -> FakeGpmSample:  # noqa: N802
+    def nvmlGpmSampleAlloc(self) -> Any:  # noqa: N802
+        """A ``c_nvmlGpmSample_t``."""
         self._need_init()
-        return FakeGpmSample()
+        return self._samples.new(_GpmSample())
 
-    @_api
-    def nvmlGpmSampleFree(self, sample: FakeGpmSample) -> None:  # noqa: N802
-        if not isinstance(sample, FakeGpmSample) or sample.freed:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        sample.freed = True
-
-    @_api
-    def nvmlGpmSampleGet(self, handle: FakeHandle, sample: FakeGpmSample) -> FakeGpmSample:  # noqa: N802
-        """Snapshot the device's integrals and PCIe byte totals into ``sample``."""
-        dev = self._device(handle, "nvmlGpmSampleGet")
-        if not dev["gpm"]:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if not isinstance(sample, FakeGpmSample) or sample.freed:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        sample.uuid, sample.t = dev["uuid"], float(self._state["t"])
-        sample.values = {k: float(dev[k]) for k in (*_GPM_RATIO.values(), *_GPM_BYTES.values())}
+    def _sample(self, ptr: object) -> _GpmSample:
+        sample: _GpmSample = self._samples.get(ptr)
         return sample
 
     @_api
-    def nvmlGpmMetricsGet(self, mg: FakeGpmMetricsGet) -> FakeGpmMetricsGet:  # noqa: N802
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:  # noqa: N802, N803
+        self._sample(gpmSample).freed = True
+
+    def _snapshot(self, sample: _GpmSample, source: tuple[str, int | None], values: Mapping[str, Any]) -> None:
+        sample.source, sample.t = source, float(self._state["t"])
+        sample.values = {k: float(values[k]) for k in (*_GPM_RATIO.values(), *_GPM_BYTES.values())}
+
+    @_api
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:  # noqa: N802, N803
+        """Snapshot the device's integrals and PCIe byte totals into ``gpmSample``."""
+        dev = self._device(device, "nvmlGpmSampleGet")
+        if not dev["gpm"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._snapshot(self._sample(gpmSample), (dev["uuid"], None), dev)
+        return gpmSample
+
+    @_api
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:  # noqa: N802, N803
+        """Snapshot one MIG instance's integrals (``device`` is the whole GPU's handle, as in nvml.h)."""
+        dev = self._device(device, "nvmlGpmMigSampleGet")
+        if not dev["gpm"] or dev["mig"] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        inst = self._instance(dev, gpuInstanceId)
+        self._snapshot(self._sample(gpmSample), (dev["uuid"], int(gpuInstanceId)), inst)
+        return gpmSample
+
+    @_api
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:  # noqa: N802, N803
         """Averages over the two samples: 100*(I2-I1)/(t2-t1) for ratios, MiB/s for PCIe."""
         self._need_init()
-        if not isinstance(mg, FakeGpmMetricsGet) or mg.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+        mg = metricsGet
+        if not isinstance(mg, pynvml.c_nvmlGpmMetricsGet_t):
+            raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet wants a c_nvmlGpmMetricsGet_t, not {mg!r}")
+        if mg.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        try:
-            s1, s2 = mg.sample1, mg.sample2
-        except ValueError:  # a py_object field never set
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
-        if not isinstance(s1, FakeGpmSample) or not isinstance(s2, FakeGpmSample) or s1.freed or s2.freed \
-                or s1.uuid is None or s1.uuid != s2.uuid:
+        s1, s2 = self._sample(mg.sample1), self._sample(mg.sample2)
+        if s1.source is None or s1.source != s2.source:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = s2.t - s1.t
         if 0 < dt < C.GPM_MIN_PAIR_SECONDS - 1e-6:
@@ -660,35 +930,35 @@ class FakeNvml:
         return mg
 
     @_api
-    def nvmlDeviceGetClockInfo(self, handle: FakeHandle, clock_type: int) -> int:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:  # noqa: N802
         dev = self._device(handle, "nvmlDeviceGetClockInfo")
-        if clock_type not in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
-            raise AssertionError(f"FakeNvml: nvmlDeviceGetClockInfo clock type {clock_type} not modelled")
+        if type not in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            raise AssertionError(f"FakeNvml: nvmlDeviceGetClockInfo clock type {type} not modelled")
         return int(dev["sm_clock_mhz"])
 
     @_api
-    def nvmlDeviceGetMaxClockInfo(self, handle: FakeHandle, clock_type: int) -> int:  # noqa: N802
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:  # noqa: N802
         dev = self._device(handle, "nvmlDeviceGetMaxClockInfo")
-        if clock_type not in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
-            raise AssertionError(f"FakeNvml: nvmlDeviceGetMaxClockInfo clock type {clock_type} not modelled")
+        if type not in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            raise AssertionError(f"FakeNvml: nvmlDeviceGetMaxClockInfo clock type {type} not modelled")
         return int(dev["max_sm_clock_mhz"])
 
     @_api
-    def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:  # noqa: N802
         """Milliwatts."""
         return round(float(self._device(handle, "nvmlDeviceGetPowerUsage")["power_w"]) * 1000)
 
     @_api
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:  # noqa: N802
         """Milliwatts."""
         return round(float(self._device(handle, "nvmlDeviceGetEnforcedPowerLimit")["power_limit_w"]) * 1000)
 
     # ---- buffered samples -------------------------------------------------------------------------------------
 
     @_api
-    def nvmlDeviceGetSamples(self, handle: FakeHandle, sampling_type: int, last_seen: int) -> Any:  # noqa: N802
-        """``(valueType, [c_nvmlSample_t])`` newer than ``last_seen`` µs; NOT_FOUND when there are none."""
-        dev = self._device(handle, "nvmlDeviceGetSamples")
+    def nvmlDeviceGetSamples(self, device: Any, sampling_type: int, timeStamp: int) -> Any:  # noqa: N802, N803
+        """``(valueType, [c_nvmlSample_t])`` newer than ``timeStamp`` µs; NOT_FOUND when there are none."""
+        dev = self._device(device, "nvmlDeviceGetSamples")
         if sampling_type == C.GPU_UTILIZATION_SAMPLES:
             buf = dev["util_samples"]
         elif sampling_type == C.MEMORY_UTILIZATION_SAMPLES:
@@ -697,7 +967,7 @@ class FakeNvml:
             raise AssertionError(f"FakeNvml: nvmlDeviceGetSamples type {sampling_type} not modelled")
         out = []
         for ts, val in buf:
-            if int(ts) > int(last_seen):
+            if int(ts) > int(timeStamp):
                 s = pynvml.c_nvmlSample_t()
                 s.timeStamp = int(ts)
                 s.sampleValue.uiVal = int(val)
@@ -707,7 +977,7 @@ class FakeNvml:
         return (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, out)
 
     @_api
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> Any:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:  # noqa: N802
         """``c_nvmlUtilization_t`` from the newest buffered samples (0 when the buffers are empty)."""
         dev = self._device(handle, "nvmlDeviceGetUtilizationRates")
         u = pynvml.c_nvmlUtilization_t()
@@ -718,70 +988,101 @@ class FakeNvml:
     # ---- slow path ----------------------------------------------------------------------------------------------
 
     @_api
-    def nvmlDeviceGetTemperature(self, handle: FakeHandle, sensor: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:  # noqa: N802
         dev = self._device(handle, "nvmlDeviceGetTemperature")
         if sensor != pynvml.NVML_TEMPERATURE_GPU:
             raise AssertionError(f"FakeNvml: nvmlDeviceGetTemperature sensor {sensor} not modelled")
         return round(float(dev["temperature_c"]))
 
     @_api
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle) -> Any:  # noqa: N802
-        dev = self._device(handle, "nvmlDeviceGetMemoryInfo")
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:  # noqa: N802
+        """``c_nvmlMemory_t`` of the GPU, or of one MIG instance for a MIG device handle."""
+        if version:
+            raise AssertionError("FakeNvml: nvmlDeviceGetMemoryInfo version 2 (c_nvmlMemory_v2_t) not modelled")
+        key, dev = self._resolve(handle, "nvmlDeviceGetMemoryInfo")
+        src = dev if key.gi is None else self._instance(dev, key.gi)
         m = pynvml.c_nvmlMemory_t()
-        m.total, m.used = int(dev["memory_total_bytes"]), int(dev["memory_used_bytes"])
+        m.total, m.used = int(src["memory_total_bytes"]), int(src["memory_used_bytes"])
         m.free = max(0, m.total - m.used)
         return m
 
-    def _link(self, handle: FakeHandle, fn: str, key: str) -> int:
+    def _link(self, handle: Any, fn: str, key: str) -> int:
         return int(self._device(handle, fn)["link"][key])
 
     @_api
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:  # noqa: N802
         return self._link(handle, "nvmlDeviceGetCurrPcieLinkGeneration", "gen")
 
     @_api
-    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:  # noqa: N802
         return self._link(handle, "nvmlDeviceGetCurrPcieLinkWidth", "width")
 
     @_api
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:  # noqa: N802
         return self._link(handle, "nvmlDeviceGetMaxPcieLinkGeneration", "max_gen")
 
     @_api
-    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:  # noqa: N802
         return self._link(handle, "nvmlDeviceGetMaxPcieLinkWidth", "max_width")
 
     @_api
-    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle: Any) -> int:  # noqa: N802
         return self._link(handle, "nvmlDeviceGetGpuMaxPcieLinkGeneration", "gpu_max_gen")
 
     @_api
-    def nvmlDeviceGetGpuMaxPcieLinkWidth(self, handle: FakeHandle) -> int:  # noqa: N802
-        return self._link(handle, "nvmlDeviceGetGpuMaxPcieLinkWidth", "gpu_max_width")
-
-    @_api
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:  # noqa: N802
         dev = self._device(handle, "nvmlDeviceGetCurrentClocksEventReasons")
         return C.encode_reasons(dev["clock_event_reasons"])
 
     @_api
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:  # noqa: N802
         """The pre-R535 name of the same bitmask."""
         dev = self._device(handle, "nvmlDeviceGetCurrentClocksThrottleReasons")
         return C.encode_reasons(dev["clock_event_reasons"])
 
-    @_api
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[FakeProcessInfo]:  # noqa: N802
-        dev = self._device(handle, "nvmlDeviceGetComputeRunningProcesses")
-        return [FakeProcessInfo(pid=p["pid"], usedGpuMemory=p.get("used_memory_bytes")) for p in dev["processes"]]
+    @staticmethod
+    def _process_objects(procs: list[Mapping[str, Any]], gi: int, ci: int) -> list[Any]:
+        """What the binding returns: ``nvmlFriendlyObject`` of ``c_nvmlProcessInfo_v3_t`` per process, with
+        NVML_VALUE_NOT_AVAILABLE memory as None (pynvml's own rule)."""
+        out = []
+        for p in procs:
+            c = pynvml.c_nvmlProcessInfo_v3_t()
+            c.pid = int(p["pid"]) % (1 << 32)
+            used = p.get("used_memory_bytes")
+            c.usedGpuMemory = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if used is None else int(used)
+            c.gpuInstanceId, c.computeInstanceId = gi, ci
+            obj = pynvml.nvmlStructToFriendlyObject(c)
+            if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                obj.usedGpuMemory = None
+            out.append(obj)
+        return out
+
+    def _compute_processes(self, handle: Any, fn: str) -> list[Any]:
+        key, dev = self._resolve(handle, fn)
+        if key.gi is not None:
+            inst = self._instance(dev, key.gi)
+            return self._process_objects(inst["processes"], int(inst["gi"]), int(inst["ci"]))
+        if dev["mig"] is None:
+            return self._process_objects(dev["processes"], NO_ID, NO_ID)
+        # The whole GPU of a MIG-mode device lists every instance's processes (NVML does with privileges).
+        return [o for m in dev["mig"] for o in self._process_objects(m["processes"], int(m["gi"]), int(m["ci"]))]
 
     @_api
-    def nvmlDeviceGetProcessUtilization(self, handle: FakeHandle, last_seen: int) -> list[Any]:  # noqa: N802
-        """``c_nvmlProcessUtilizationSample_t`` newer than ``last_seen``; NOT_FOUND when none."""
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:  # noqa: N802
+        return self._compute_processes(handle, "nvmlDeviceGetComputeRunningProcesses_v3")
+
+    @_api
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:  # noqa: N802
+        """Drivers before the v3 struct; the same list."""
+        return self._compute_processes(handle, "nvmlDeviceGetComputeRunningProcesses_v2")
+
+    @_api
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:  # noqa: N802, N803
+        """``c_nvmlProcessUtilizationSample_t`` newer than ``timeStamp``; NOT_FOUND when none."""
         dev = self._device(handle, "nvmlDeviceGetProcessUtilization")
         out = []
         for p in dev["process_util"]:
-            if int(p["ts_us"]) > int(last_seen):
+            if int(p["ts_us"]) > int(timeStamp):
                 s = pynvml.c_nvmlProcessUtilizationSample_t()
                 s.pid, s.timeStamp = int(p["pid"]) % (1 << 32), int(p["ts_us"])
                 s.smUtil, s.memUtil, s.encUtil, s.decUtil = int(p["sm_pct"]), int(p["mem_pct"]), 0, 0
@@ -799,24 +1100,111 @@ class FakeNvml:
         return arr
 
     @_api
-    def nvmlDeviceGetCpuAffinity(self, handle: FakeHandle, cpu_set_size: int) -> Any:  # noqa: N802
-        """Array of ``cpu_set_size`` 64-bit words, bit i = CPU i."""
+    def nvmlDeviceGetCpuAffinity(self, handle: Any, cpuSetSize: int) -> Any:  # noqa: N802, N803
+        """Array of ``cpuSetSize`` 64-bit words, bit i = CPU i."""
         dev = self._device(handle, "nvmlDeviceGetCpuAffinity")
         if dev["cpu_affinity"] is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return self._mask(parse_cpulist(dev["cpu_affinity"]), cpu_set_size)
+        return self._mask(parse_cpulist(dev["cpu_affinity"]), cpuSetSize)
 
     @_api
-    def nvmlDeviceGetMemoryAffinity(self, handle: FakeHandle, node_set_size: int, scope: int) -> Any:  # noqa: N802
-        """Array of ``node_set_size`` 64-bit words, bit i = NUMA node i."""
+    def nvmlDeviceGetMemoryAffinity(self, handle: Any, nodeSetSize: int, scope: int) -> Any:  # noqa: N802, N803
+        """Array of ``nodeSetSize`` 64-bit words, bit i = NUMA node i."""
         dev = self._device(handle, "nvmlDeviceGetMemoryAffinity")
         if dev["memory_affinity"] is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return self._mask(parse_cpulist(dev["memory_affinity"]), node_set_size)
+        return self._mask(parse_cpulist(dev["memory_affinity"]), nodeSetSize)
 
     @_api
-    def nvmlDeviceGetNumaNodeId(self, handle: FakeHandle) -> int:  # noqa: N802
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:  # noqa: N802
         dev = self._device(handle, "nvmlDeviceGetNumaNodeId")
         if dev["numa_node_id"] is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(dev["numa_node_id"])
+
+    # ---- events ---------------------------------------------------------------------------------------------
+
+    @_api
+    def nvmlEventSetCreate(self) -> Any:  # noqa: N802
+        """A ``c_nvmlEventSet_t``."""
+        self._need_init()
+        return self._event_sets.new(_EventSet())
+
+    def _event_set(self, ptr: object) -> _EventSet:
+        es: _EventSet = self._event_sets.get(ptr)
+        return es
+
+    @_api
+    def nvmlEventSetFree(self, eventSet: Any) -> None:  # noqa: N802, N803
+        self._event_set(eventSet).freed = True
+        self._cond.notify_all()
+
+    @_api
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:  # noqa: N802
+        """Xid critical errors and the ECC events on every fake GPU."""
+        self._device(handle, "nvmlDeviceGetSupportedEventTypes")
+        return int(pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError
+                   | pynvml.nvmlEventTypeDoubleBitEccError)
+
+    @_api
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:  # noqa: N802, N803
+        dev = self._device(handle, "nvmlDeviceRegisterEvents")
+        es = self._event_set(eventSet)
+        modelled = int(pynvml.nvmlEventTypeXidCriticalError)
+        if int(eventTypes) & ~modelled:
+            raise AssertionError(f"FakeNvml: nvmlDeviceRegisterEvents types {int(eventTypes):#x} not modelled "
+                                 "(only nvmlEventTypeXidCriticalError)")
+        es.types[dev["uuid"]] = es.types.get(dev["uuid"], 0) | int(eventTypes)
+
+    def _next_event(self, es: _EventSet) -> Any | None:
+        """The oldest due, undelivered Xid event of a registered device, as ``c_nvmlEventData_t``."""
+        t = float(self._state["t"])
+        due: list[tuple[float, int, dict[str, Any], dict[str, Any]]] = []
+        for pos, dev in enumerate(self._state["devices"]):
+            if not es.types.get(dev["uuid"], 0) & pynvml.nvmlEventTypeXidCriticalError:
+                continue
+            if dev["lost"]:
+                raise nvml_error("gpu_is_lost")
+            last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
+            seen_at_last = 0
+            for ev in dev["xid_events"]:
+                et = float(ev["t"])
+                if et > t:
+                    break
+                if et == last:
+                    seen_at_last += 1
+                    if seen_at_last <= n_at_last:
+                        continue
+                if et >= last:
+                    due.append((et, pos, dev, ev))
+                    break
+        if not due:
+            return None
+        et, _, dev, ev = min(due, key=lambda d: (d[0], d[1]))
+        last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
+        self._xid_delivered[dev["uuid"]] = (et, n_at_last + 1 if et == last else 1)
+        data = pynvml.c_nvmlEventData_t()
+        gi = ev.get("gi")
+        data.device = self._handle(_HandleKey(dev["uuid"]))  # the whole GPU; a MIG instance is gpuInstanceId
+        data.eventType = pynvml.nvmlEventTypeXidCriticalError
+        data.eventData = int(ev["xid"])
+        data.gpuInstanceId = NO_ID if gi is None else int(gi)
+        data.computeInstanceId = NO_ID
+        return data
+
+    @_api
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:  # noqa: N802, N803
+        """The next due event of the set's devices; waits (real time) up to ``timeoutms`` for one, then raises
+        NVML_ERROR_TIMEOUT as the binding does. A lost registered GPU raises GPU_IS_LOST."""
+        deadline = time.monotonic() + max(0, int(timeoutms)) / 1000.0
+        while True:
+            self._need_init()
+            es = self._event_set(eventSet)
+            data = self._next_event(es)
+            if data is not None:
+                return data
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+            self._cond.wait(min(left, _EVENT_POLL_S))  # releases the lock; set_state notifies
+            self._maybe_reload()

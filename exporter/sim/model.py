@@ -24,7 +24,9 @@ from exporter.sim.spec import (
     CPU_MODES,
     DISK_KEYS,
     FRACTION,
+    GPU_HEALTH_NUMERIC,
     GPU_NUMERIC,
+    MIG_NUMERIC,
     NFS_OPS,
     NONNEG,
     PSI_KEYS,
@@ -38,6 +40,7 @@ from exporter.sim.spec import (
 )
 
 IDLE_SM_CLOCK_MHZ = 345.0  # SPEC: sm_clock_mhz default when gpu_util is 0
+FRACTION_KEYS = frozenset(k for k, rng in MIG_NUMERIC.items() if rng == FRACTION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,7 @@ class Model:
         self._ends = [p.end_s for p in sc.phases]
         self.gpu_tracks: dict[int, dict[str, Track]] = {}
         self.reason_tracks: dict[int, dict[str, Track]] = {}
+        self.mig_tracks: dict[int, dict[int, dict[str, Track]]] = {}  # GPU -> GPU instance -> key -> track
         for g in sc.gpus:
             self._build_gpu(g)
         self.core_tracks: list[dict[str, Track]] = []
@@ -112,6 +116,13 @@ class Model:
             if k in ("sm_clock_mhz", "power_w"):
                 continue
             tracks[k] = self._track(lambda ph, k=k: getattr(ph.gpus[g.index], k), f"gpus.{g.index}.{k}", rng)
+        for k, rng in GPU_HEALTH_NUMERIC.items():
+            tracks[k] = self._track(lambda ph, k=k: getattr(ph.gpus[g.index], k), f"gpus.{g.index}.{k}", rng)
+        for k in ("row_remap_pending", "row_remap_failure"):
+            tracks[k] = Track([Piecewise.const(1.0 if getattr(ph.gpus[g.index], k) else 0.0, ph.duration_s)
+                               for ph in self.sc.phases], self._starts)
+        if g.mig is not None:
+            self._build_mig(g, tracks)
         util = tracks["gpu_util"]
         clock: list[Piecewise] = []
         power: list[Piecewise] = []
@@ -140,6 +151,36 @@ class Model:
         tracks["power_w"] = Track(power, self._starts)
         self.gpu_tracks[g.index] = tracks
         self.reason_tracks[g.index] = {r: Track(v, self._starts) for r, v in reasons.items()}
+
+    def _build_mig(self, g: Gpu, tracks: dict[str, Track]) -> None:
+        """A GPU in MIG mode: each instance's activity tracks; the GPU's own are derived from them -- its
+        utilisation (for the clock, power and gpu_idle defaults) is its busiest instance's, its PCIe traffic
+        and memory the instances' sum (one link, one memory)."""
+        inst: dict[int, dict[str, Track]] = {}
+        for x in g.mig or ():
+            inst[x.gi] = {k: self._track(lambda ph, k=k, gi=x.gi: getattr(ph.gpus[g.index].mig[gi], k),
+                                         f"gpus.{g.index}.mig.{x.gi}.{k}", rng) for k, rng in MIG_NUMERIC.items()}
+        self.mig_tracks[g.index] = inst
+        for k in MIG_NUMERIC:
+            parts = tuple(t[k] for t in inst.values())
+            if not parts:
+                continue  # MIG mode with no instance: nothing runs, the GPU keeps its zero tracks
+            how = (lambda *xs: max(xs)) if k in FRACTION_KEYS else (lambda *xs: sum(xs))
+            tracks[k] = self._combined(how, parts)
+
+    def xid_events(self, index: int, t: float, window_s: float) -> list[tuple[float, int, int | None]]:
+        """The GPU's Xid events at scenario times in (t - window_s, t], oldest first, as (time, xid, instance);
+        a looping timeline repeats them every pass."""
+        out: list[tuple[float, int, int | None]] = []
+        lo = t - window_s
+        first, last = max(0, math.floor(lo / self.length)), self.loops(t)
+        for loop in range(first, last + 1):
+            for ph in self.sc.phases:
+                for e in ph.gpus[index].xid_events:
+                    at = loop * self.length + ph.start_s + e.at_s
+                    if lo < at <= t:
+                        out.append((at, e.xid, e.mig))
+        return sorted(out, key=lambda e: e[0])
 
     def _build_cpu(self) -> None:
         sc = self.sc

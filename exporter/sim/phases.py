@@ -13,7 +13,9 @@ from exporter.sim.spec import (
     CPU_MODES,
     DISK_KEYS,
     FRACTION,
+    GPU_HEALTH_NUMERIC,
     GPU_NUMERIC,
+    MIG_NUMERIC,
     NFS_OPS,
     NONNEG,
     PSI_KEYS,
@@ -26,12 +28,14 @@ from exporter.sim.spec import (
     HostState,
     Link,
     MemoryState,
+    MigState,
     NfsState,
     Phase,
     Process,
     ProcessState,
     ThreadGroup,
     Value,
+    XidEvent,
 )
 
 # ---- phases: partial dicts, merged key by key -------------------------------------------------------------------
@@ -51,15 +55,21 @@ def _merge(base: Partial, over: Mapping[str, Any]) -> Partial:
 
 
 _GPU_STATE_KEYS = (*GPU_NUMERIC, "link", "clock_event_reasons", "lost")
+# Project keys (docs/simulator.md): ECC, row remapping, Xid events, MIG instances.
+_GPU_PROJECT_KEYS = (*GPU_HEALTH_NUMERIC, "row_remap_pending", "row_remap_failure", "xid_events", "mig")
 
 
 def _gpu_partial(r: Reader, v: object, path: str, gpu: Gpu) -> Partial:
     m = r.mapping(v if v is not None else {}, path)
-    r.keys(m, path, _GPU_STATE_KEYS)
+    r.keys(m, path, (*_GPU_STATE_KEYS, *_GPU_PROJECT_KEYS))
     out: Partial = {}
     for k, raw in m.items():
         kp = join(path, k)
-        if k in GPU_NUMERIC:
+        if k in _GPU_PROJECT_KEYS:
+            out[k] = _gpu_project_value(r, k, raw, kp, gpu)
+        elif k in MIG_NUMERIC and gpu.mig is not None:
+            raise r.fail(kp, f"GPU {gpu.index} is in MIG mode: set {k} per instance under {join(path, 'mig')}.<gi>")
+        elif k in GPU_NUMERIC:
             out[k] = r.value(raw, kp, GPU_NUMERIC[k])
         elif k == "link":
             lm = r.mapping(raw, kp)
@@ -87,6 +97,39 @@ def _gpu_partial(r: Reader, v: object, path: str, gpu: Gpu) -> Partial:
             out[k] = tuple(reasons)
         else:
             out[k] = r.boolean(raw, kp)
+    return out
+
+
+def _gpu_project_value(r: Reader, k: str, raw: object, kp: str, gpu: Gpu) -> Any:
+    """One project key of a GPU's phase state (docs/simulator.md)."""
+    if k in GPU_HEALTH_NUMERIC:
+        return r.value(raw, kp, GPU_HEALTH_NUMERIC[k])
+    if k in ("row_remap_pending", "row_remap_failure"):
+        return r.boolean(raw, kp)
+    gis = {x.gi for x in gpu.mig or ()}
+    if k == "xid_events":
+        events: list[XidEvent] = []
+        for j, e in enumerate(r.seq(raw, kp)):
+            ep = item(kp, j)
+            em = r.mapping(e, ep)
+            r.keys(em, ep, ("at_s", "xid", "mig"), ("at_s", "xid"))
+            mig = None
+            if em.get("mig") is not None:
+                mig = r.integer(em["mig"], ep + ".mig")
+                if mig not in gis:
+                    raise r.fail(ep + ".mig", f"GPU {gpu.index} has no GPU instance {mig}")
+            events.append(XidEvent(r.number(em["at_s"], ep + ".at_s", 0.0), r.integer(em["xid"], ep + ".xid", 0, 2**32),
+                                   mig))
+        return tuple(sorted(events, key=lambda e: e.at_s))
+    # mig: per-instance state, merged key by key like the GPU's own
+    if gpu.mig is None:
+        raise r.fail(kp, f"GPU {gpu.index} is not in MIG mode (gpus[].mig)")
+    out: Partial = {}
+    for gi, st in indexed(r, r.mapping(raw, kp), kp, gis, "GPU instance").items():
+        ip = f"{kp}.{gi}"
+        sm = r.mapping(st if st is not None else {}, ip)
+        r.keys(sm, ip, tuple(MIG_NUMERIC))
+        out[str(gi)] = {x: r.value(y, join(ip, x), MIG_NUMERIC[x]) for x, y in sm.items()}
     return out
 
 
@@ -211,13 +254,20 @@ def phases_of(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...], procs: tu
         gpus_m = r.mapping(m.get("gpus") or {}, p + ".gpus")
         for idx, gv in indexed(r, gpus_m, p + ".gpus", set(gpu_by), "GPU").items():
             gstate[idx] = _merge(gstate[idx], _gpu_partial(r, gv, f"{p}.gpus.{idx}", gpu_by[idx]))
+            late = [e.at_s for e in gstate[idx].get("xid_events", ()) if e.at_s >= duration]
+            if late:
+                raise r.fail(f"{p}.gpus.{idx}.xid_events", f"an event at {late[0]:g} s is past the phase's "
+                             f"duration_s {duration:g}")
         procs_m = r.mapping(m.get("processes") or {}, p + ".processes")
         for pid, pv in indexed(r, procs_m, p + ".processes", set(proc_by), "pid").items():
             pstate[pid] = _merge(pstate[pid], _proc_partial(r, pv, f"{p}.processes.{pid}", proc_by[pid], host))
         hstate = _merge(hstate, _host_partial(r, m.get("host") or {}, p + ".host", host))
+        resolved = {g: _gpu_state(gstate[g], gpu_by[g]) for g in sorted(gstate)}
+        for partial in gstate.values():
+            partial.pop("xid_events", None)  # an event happens in its phase only: never carried over
         out.append(Phase(
             name=name, duration_s=duration, start_s=start, index=i,
-            gpus=MappingProxyType({g: _gpu_state(gstate[g], gpu_by[g]) for g in sorted(gstate)}),
+            gpus=MappingProxyType(resolved),
             processes=MappingProxyType({q: _proc_state(pstate[q], proc_by[q]) for q in sorted(pstate)}),
             host=_host_state(hstate, host),
         ))
@@ -236,7 +286,21 @@ def _gpu_state(s: Partial, gpu: Gpu) -> GpuState:
         clock_event_reasons=s.get("clock_event_reasons"), memory_used_bytes=s.get("memory_used_bytes", 0.0),
         pcie_replays_per_s=s.get("pcie_replays_per_s", 0.0), aer_correctable_per_s=s.get("aer_correctable_per_s", 0.0),
         lost=bool(s.get("lost", False)),
+        **_gpu_project_state(s, gpu),
     )
+
+
+def _gpu_project_state(s: Partial, gpu: Gpu) -> dict[str, Any]:
+    """The project keys of a resolved GPU state (docs/simulator.md); every MIG instance gets a state."""
+    mig = s.get("mig", {})
+    return {
+        **{k: s.get(k, 0.0) for k in GPU_HEALTH_NUMERIC},
+        "row_remap_pending": bool(s.get("row_remap_pending", False)),
+        "row_remap_failure": bool(s.get("row_remap_failure", False)),
+        "xid_events": s.get("xid_events", ()),
+        "mig": MappingProxyType({
+            x.gi: MigState(**{k: mig.get(str(x.gi), {}).get(k, 0.0) for k in MIG_NUMERIC}) for x in gpu.mig or ()}),
+    }
 
 
 def _proc_state(s: Partial, proc: Process) -> ProcessState:

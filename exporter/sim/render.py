@@ -377,6 +377,7 @@ def _status(p: Process, state: str, cpus: frozenset[int], mems: frozenset[int]) 
 
 UTIL_SAMPLE_PERIOD_S = 1 / 6  # the driver's utilisation sample period on most products (anchors-gpu-nvml 4.2)
 UTIL_BUFFER_S = 3.0  # how much of the driver's sample buffer the state carries (the reader polls every 1 s)
+XID_WINDOW_S = 600.0  # how far back the state lists Xid events (the fake delivers each once; readers poll at 5 s)
 
 
 def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool = True,
@@ -407,7 +408,7 @@ def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool 
         procs = [q for q in sc.processes if g.index in q.gpus]
         now_util = util.at(t)
         mem_used = int(tr["memory_used_bytes"].at(t))
-        devices.append({
+        dev = {
             "index": g.index, "uuid": g.uuid, "name": g.name, "pci_bus_id": g.pci_bus_id, "gpm": g.gpm,
             "pcie_counter_bits": counter_bits, "lost": model.lost_since(g.index, t),
             "pcie_tx_bytes": int(tr["pcie_tx_bytes_per_s"].integral(t)),
@@ -430,14 +431,55 @@ def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool 
             "temperature_c": round(tr["temperature_c"].at(t)),
             "memory_used_bytes": mem_used, "memory_total_bytes": g.memory_total_bytes,
             "link": {"gen": link.gen, "width": link.width, "max_gen": g.pcie.max_gen, "max_width": g.pcie.max_width,
-                     "gpu_max_gen": g.pcie.gpu_max_gen, "gpu_max_width": g.pcie.gpu_max_width},
+                     "gpu_max_gen": g.pcie.gpu_max_gen},
             "clock_event_reasons": list(model.reasons_at(g.index, t)),
             "processes": [{"pid": q.pid, "used_memory_bytes": mem_used // len(procs)} for q in procs],
             "cpu_affinity": format_cpulist(sc.host.numa_nodes[g.numa_node]) if g.numa_node >= 0 else None,
             "memory_affinity": str(g.numa_node) if g.numa_node >= 0 else None,
             "numa_node_id": None,
-        })
+        }
+        dev.update(_nvml_health(model, g, t))
+        if g.mig is not None:
+            dev.update(_nvml_mig(model, g, t, procs))
+        devices.append(dev)
     return {"t": t, "driver_version": "550.54.15", "init_error": None, "devices": devices}
+
+
+def _nvml_health(model: Model, g: Gpu, t: float) -> dict[str, Any]:
+    """ECC counts (exact integrals of the scenario's rates; the aggregate counts equal the volatile ones: the
+    simulated GPU's InfoROM starts clean), row remapping, and the Xid events of the last XID_WINDOW_S."""
+    tr = model.gpu_tracks[g.index]
+    corrected, uncorrected = int(tr["ecc_corrected_per_s"].integral(t)), int(tr["ecc_uncorrected_per_s"].integral(t))
+    return {
+        "ecc": {"corrected_volatile": corrected, "uncorrected_volatile": uncorrected,
+                "corrected_aggregate": corrected, "uncorrected_aggregate": uncorrected},
+        "remapped_rows": {"correctable": int(tr["remapped_rows_correctable"].at(t)),
+                          "uncorrectable": int(tr["remapped_rows_uncorrectable"].at(t)),
+                          "pending": int(tr["row_remap_pending"].at(t)), "failure": int(tr["row_remap_failure"].at(t))},
+        "xid_events": [{"t": at, "xid": xid, "gi": gi} for at, xid, gi in model.xid_events(g.index, t, XID_WINDOW_S)],
+    }
+
+
+def _nvml_mig(model: Model, g: Gpu, t: float, procs: list[Process]) -> dict[str, Any]:
+    """A GPU in MIG mode: its instances with their own GPM integrals, PCIe bytes, memory and processes (the
+    GPU's own process list is theirs: the fake derives it)."""
+    instances = []
+    for x in g.mig or ():
+        tr = model.mig_tracks[g.index][x.gi]
+        mine = [q for q in procs if q.mig == x.gi]
+        used = int(tr["memory_used_bytes"].at(t))
+        instances.append({
+            "gi": x.gi, "ci": x.ci, "uuid": x.uuid, "name": x.name,
+            "memory_used_bytes": used, "memory_total_bytes": x.memory_total_bytes,
+            "graphics_active_integral": tr["gpu_util"].integral(t), "sm_active_integral": tr["sm_active"].integral(t),
+            "sm_occupancy_integral": tr["sm_occupancy"].integral(t),
+            "tensor_active_integral": tr["tensor_active"].integral(t),
+            "dram_active_integral": tr["dram_active"].integral(t),
+            "pcie_tx_bytes": int(tr["pcie_tx_bytes_per_s"].integral(t)),
+            "pcie_rx_bytes": int(tr["pcie_rx_bytes_per_s"].integral(t)),
+            "processes": [{"pid": q.pid, "used_memory_bytes": used // len(mine)} for q in mine],
+        })
+    return {"mig": instances, "processes": [], "process_util": []}
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:

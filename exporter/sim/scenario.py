@@ -10,6 +10,7 @@ processes) and the expectations (this module), and the phases (:mod:`exporter.si
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -39,6 +40,7 @@ from exporter.sim.spec import (  # the model is part of this module's interface
     HostState,
     Link,
     MemoryState,
+    MigInstance,
     NfsState,
     Noise,
     PcieCaps,
@@ -156,7 +158,7 @@ def _gpus(r: Reader, v: object, host: Host) -> tuple[Gpu, ...]:
         p = item("gpus", i)
         m = r.mapping(g, p)
         r.keys(m, p, ("index", "name", "uuid", "pci_bus_id", "numa_node", "pcie", "upstream", "gpm",
-                      "max_sm_clock_mhz", "power_limit_w", "memory_total_bytes"), ("pci_bus_id",))
+                      "max_sm_clock_mhz", "power_limit_w", "memory_total_bytes", "mig"), ("pci_bus_id",))
         index = r.integer(m.get("index", i), p + ".index", 0, 1023)
         if index in indices:
             raise r.fail(p + ".index", f"GPU index {index} used twice")
@@ -184,13 +186,16 @@ def _gpus(r: Reader, v: object, host: Host) -> tuple[Gpu, ...]:
             upstream.append(Bridge(bb, generation(r, bm.get("max_gen", pcie.max_gen), bp + ".max_gen"),
                                    width(r, bm.get("max_width", pcie.max_width), bp + ".max_width")))
         uuid = r.string(m.get("uuid", f"GPU-00000000-0000-0000-0000-{index:012d}"), p + ".uuid")
+        name = r.string(m.get("name", "NVIDIA H100 80GB HBM3"), p + ".name")
+        memory = r.integer(m.get("memory_total_bytes", 85899345920), p + ".memory_total_bytes", 1)
         out.append(Gpu(
-            index=index, name=r.string(m.get("name", "NVIDIA H100 80GB HBM3"), p + ".name"), uuid=uuid,
+            index=index, name=name, uuid=uuid,
             pci_bus_id=bdf, numa_node=numa, pcie=pcie, upstream=tuple(upstream),
             gpm=r.boolean(m.get("gpm", True), p + ".gpm"),
             max_sm_clock_mhz=r._positive(m.get("max_sm_clock_mhz", 1980), p + ".max_sm_clock_mhz"),
             power_limit_w=r._positive(m.get("power_limit_w", 700), p + ".power_limit_w"),
-            memory_total_bytes=r.integer(m.get("memory_total_bytes", 85899345920), p + ".memory_total_bytes", 1),
+            memory_total_bytes=memory,
+            mig=None if m.get("mig") is None else _mig_instances(r, m["mig"], p + ".mig", uuid, name, memory=memory),
         ))
     # A bridge address may be shared by several GPUs' chains (a switch above two GPUs) but must then be the
     # same device: same position relative to the root is not required, same caps are.
@@ -204,6 +209,50 @@ def _gpus(r: Reader, v: object, host: Host) -> tuple[Gpu, ...]:
                 raise r.fail(f"gpus (index {g.index}).upstream", f"bridge {b.bdf} has different max_gen/max_width "
                              f"than under GPU {prev[2]}")
     return tuple(out)
+
+
+MAX_MIG_INSTANCES = 7  # GPU instances per GPU on A100/H100/B200 (NVIDIA MIG user guide)
+
+
+def _mig_instances(r: Reader, v: object, path: str, uuid: str, name: str, *, memory: int) -> tuple[MigInstance, ...]:
+    """Project key ``gpus[].mig``: the GPU is in MIG mode with these GPU instances (docs/simulator.md)."""
+    lst = r.seq(v, path)
+    if len(lst) > MAX_MIG_INSTANCES:
+        raise r.fail(path, f"{len(lst)} instances: a GPU has at most {MAX_MIG_INSTANCES}")
+    out: list[MigInstance] = []
+    for i, raw in enumerate(lst):
+        ip = item(path, i)
+        m = r.mapping(raw, ip)
+        r.keys(m, ip, ("gi", "ci", "uuid", "name", "memory_total_bytes"), ("gi",))
+        gi = r.integer(m["gi"], ip + ".gi", 0, 1023)
+        if any(x.gi == gi for x in out):
+            raise r.fail(ip + ".gi", f"GPU instance {gi} listed twice")
+        out.append(MigInstance(
+            gi=gi, ci=r.integer(m.get("ci", 0), ip + ".ci", 0, 1023),
+            uuid=r.string(m.get("uuid", f"MIG-{uuid.removeprefix('GPU-')}-{gi}"), ip + ".uuid"),
+            name=r.string(m.get("name", f"{name} MIG {gi}"), ip + ".name"),
+            memory_total_bytes=r.integer(m.get("memory_total_bytes", memory // max(1, len(lst))),
+                                         ip + ".memory_total_bytes", 1),
+        ))
+    return tuple(out)
+
+
+def _process_mig(r: Reader, m: Mapping[str, object], p: str, gl: list[int], gpus: tuple[Gpu, ...]) -> int | None:
+    """Project key ``processes[].mig``: the GPU instance a process runs on; required on a MIG-mode GPU."""
+    by_index = {g.index: g for g in gpus}
+    mig_gpus = [i for i in gl if by_index[i].mig is not None]
+    if "mig" not in m:
+        if mig_gpus:
+            raise r.fail(p, f"GPU {mig_gpus[0]} is in MIG mode: name the instance the process runs on (mig: <gi>)")
+        return None
+    gi = r.integer(m["mig"], p + ".mig", 0, 1023)
+    for i in gl:
+        inst = by_index[i].mig
+        if inst is None:
+            raise r.fail(p + ".mig", f"GPU {i} is not in MIG mode (gpus[].mig)")
+        if all(x.gi != gi for x in inst):
+            raise r.fail(p + ".mig", f"GPU {i} has no GPU instance {gi} (has: {list_str({x.gi for x in inst})})")
+    return gi
 
 
 def _bdf(r: Reader, v: object, path: str) -> str:
@@ -231,7 +280,7 @@ def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple
     for i, pr in enumerate(lst):
         p = item("processes", i)
         m = r.mapping(pr, p)
-        r.keys(m, p, ("pid", "comm", "gpus", "cpus_allowed", "mems_allowed", "threads"), ("pid", "gpus"))
+        r.keys(m, p, ("pid", "comm", "gpus", "cpus_allowed", "mems_allowed", "threads", "mig"), ("pid", "gpus"))
         pid = r.integer(m["pid"], p + ".pid", 1, 4194304)
         threads = r.integer(m.get("threads", 1), p + ".threads", 1, 100000)
         if pid + threads - 1 > 4194304:
@@ -256,7 +305,8 @@ def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple
             olo, ohi = other.pid, other.pid + other.threads - 1
             if lo <= ohi and olo <= hi:
                 raise r.fail(p + ".pid", f"tids {lo}..{hi} overlap process {other.pid} (tids {olo}..{ohi})")
-        out.append(Process(pid=pid, comm=comm, gpus=tuple(gl), cpus_allowed=cpus, mems_allowed=mems, threads=threads))
+        out.append(Process(pid=pid, comm=comm, gpus=tuple(gl), cpus_allowed=cpus, mems_allowed=mems, threads=threads,
+                           mig=_process_mig(r, m, p, gl, gpus)))
     return tuple(out)
 
 
@@ -268,7 +318,7 @@ def _expect(r: Reader, v: object, phases: tuple[Phase, ...], gpus: tuple[Gpu, ..
     for i, e in enumerate(lst):
         p = item("expect", i)
         m = r.mapping(e, p)
-        r.keys(m, p, ("phase", "gpus", "findings", "no_findings"), ("phase",))
+        r.keys(m, p, ("phase", "gpus", "findings", "no_findings", "mig"), ("phase",))
         phase = r.string(m["phase"], p + ".phase")
         if phase not in names:
             raise r.fail(p + ".phase", f"unknown phase {phase!r} (phases: {', '.join(q.name for q in phases)})")
@@ -277,6 +327,9 @@ def _expect(r: Reader, v: object, phases: tuple[Phase, ...], gpus: tuple[Gpu, ..
             c = r.string(cause, f"{p}.gpus.{idx}")
             if c not in VERDICTS:
                 raise r.fail(f"{p}.gpus.{idx}", f"unknown verdict {c!r} (known: {', '.join(VERDICTS)})")
+            if any(g.index == idx and g.mig is not None for g in gpus):
+                raise r.fail(f"{p}.gpus.{idx}", f"GPU {idx} is in MIG mode and judged per instance: give its "
+                             f"instances' verdicts under {p}.mig.{idx}")
             verdicts[idx] = c
         findings: list[tuple[str, int | None]] = []
         for j, f in enumerate(r.seq(m.get("findings") or [], p + ".findings")):
@@ -298,8 +351,26 @@ def _expect(r: Reader, v: object, phases: tuple[Phase, ...], gpus: tuple[Gpu, ..
             if s not in FINDINGS:
                 raise r.fail(item(p + ".no_findings", j), f"unknown finding {s!r} (known: {', '.join(FINDINGS)})")
             nof.append(s)
-        out.append(Expectation(phase, MappingProxyType(verdicts), tuple(findings), tuple(nof)))
+        out.append(Expectation(phase, MappingProxyType(verdicts), tuple(findings), tuple(nof),
+                               mig=_expect_mig(r, m.get("mig"), p + ".mig", gpus)))
     return tuple(out)
+
+
+def _expect_mig(r: Reader, v: object, path: str, gpus: tuple[Gpu, ...]) -> MappingProxyType[tuple[int, int], str]:
+    """Project key ``expect[].mig``: ``{<gpu index>: {<GPU instance id>: verdict}}``."""
+    out: dict[tuple[int, int], str] = {}
+    if v is None:
+        return MappingProxyType(out)
+    mig_gpus = {g.index: g for g in gpus if g.mig is not None}
+    for idx, per in indexed(r, r.mapping(v, path), path, set(mig_gpus), "MIG-mode GPU").items():
+        gp = f"{path}.{idx}"
+        known = {x.gi for x in mig_gpus[idx].mig or ()}
+        for gi, cause in indexed(r, r.mapping(per, gp), gp, known, "GPU instance").items():
+            c = r.string(cause, f"{gp}.{gi}")
+            if c not in VERDICTS:
+                raise r.fail(f"{gp}.{gi}", f"unknown verdict {c!r} (known: {', '.join(VERDICTS)})")
+            out[(idx, gi)] = c
+    return MappingProxyType(out)
 
 
 __all__ = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Union
 
@@ -56,6 +56,19 @@ GPU_NUMERIC: Mapping[str, tuple[float, float]] = MappingProxyType({
     "memory_used_bytes": NONNEG, "pcie_replays_per_s": NONNEG, "aer_correctable_per_s": NONNEG,
 })
 
+# ---- GPU health and MIG (project keys, docs/simulator.md; SPEC.md leaves MIG and Xid to the project) ---------
+# Numeric GPU state keys for ECC and row remapping: rates of the volatile ECC counts, remapped-row counts.
+GPU_HEALTH_NUMERIC: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "ecc_corrected_per_s": NONNEG, "ecc_uncorrected_per_s": NONNEG,
+    "remapped_rows_correctable": NONNEG, "remapped_rows_uncorrectable": NONNEG,
+})
+# The activity of a GPU in MIG mode belongs to its instances: these GPU state keys are set per instance
+# (``phases[].gpus.<i>.mig.<gi>``) and the GPU's own are derived from them.
+MIG_NUMERIC: Mapping[str, tuple[float, float]] = MappingProxyType({
+    k: GPU_NUMERIC[k] for k in ("gpu_util", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+                                "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "memory_used_bytes")
+})
+
 
 # ---- static parts -----------------------------------------------------------------------------------------
 
@@ -80,8 +93,19 @@ class PcieCaps:
 
 
 @dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG device of a GPU in MIG mode (project key ``gpus[].mig``)."""
+
+    gi: int
+    ci: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Gpu:
-    """A GPU as the host sees it."""
+    """A GPU as the host sees it. ``mig`` is None when MIG mode is off, else its instances (maybe none)."""
 
     index: int
     name: str
@@ -94,11 +118,13 @@ class Gpu:
     max_sm_clock_mhz: float
     power_limit_w: float
     memory_total_bytes: int
+    mig: tuple[MigInstance, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Process:
-    """A process using GPUs; its tids are ``pid .. pid+threads-1``."""
+    """A process using GPUs; its tids are ``pid .. pid+threads-1``. ``mig`` is the GPU instance it runs on
+    when its GPUs are in MIG mode (project key ``processes[].mig``)."""
 
     pid: int
     comm: str
@@ -106,6 +132,7 @@ class Process:
     cpus_allowed: frozenset[int]
     mems_allowed: frozenset[int]
     threads: int
+    mig: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +160,35 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True)
+class MigState:
+    """Resolved state of one MIG instance in a phase (the activity keys of a GPU, per instance)."""
+
+    gpu_util: Value
+    sm_active: Value
+    sm_occupancy: Value
+    tensor_active: Value
+    dram_active: Value
+    pcie_tx_bytes_per_s: Value
+    pcie_rx_bytes_per_s: Value
+    memory_used_bytes: Value
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """An Xid error the driver reports ``at_s`` seconds into its phase (on MIG instance ``mig``, if given)."""
+
+    at_s: float
+    xid: int
+    mig: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuState:
-    """Resolved GPU state in a phase. ``None`` means "the spec's derived default" (it depends on gpu_util)."""
+    """Resolved GPU state in a phase. ``None`` means "the spec's derived default" (it depends on gpu_util).
+
+    Project keys (docs/simulator.md): ECC rates and remapped rows, row-remap flags, the phase's Xid events
+    (not carried over: an event happens once) and, on a GPU in MIG mode, each instance's state.
+    """
 
     gpu_util: Value
     sm_active: Value
@@ -152,6 +206,14 @@ class GpuState:
     pcie_replays_per_s: Value
     aer_correctable_per_s: Value
     lost: bool
+    ecc_corrected_per_s: Value = 0.0
+    ecc_uncorrected_per_s: Value = 0.0
+    remapped_rows_correctable: Value = 0.0
+    remapped_rows_uncorrectable: Value = 0.0
+    row_remap_pending: bool = False
+    row_remap_failure: bool = False
+    xid_events: tuple[XidEvent, ...] = ()
+    mig: Mapping[int, MigState] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +322,7 @@ class Expectation:
     gpus: Mapping[int, str]
     findings: tuple[tuple[str, int | None], ...]
     no_findings: tuple[str, ...]
+    mig: Mapping[tuple[int, int], str] = field(default_factory=lambda: MappingProxyType({}))  # (GPU, instance)
 
 
 @dataclass(frozen=True, slots=True)

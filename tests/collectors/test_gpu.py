@@ -127,10 +127,11 @@ def test_ampere_without_gpm_reports_no_sm_activity_and_never_calls_gpm(rig: Make
 
 
 CONSUMER_UNSUPPORTED = [
-    "nvmlDeviceGetSamples", "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetProcessUtilization",
-    "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
-    "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetGpuMaxPcieLinkWidth",
-    "nvmlDeviceGetCpuAffinity", "nvmlDeviceGetMemoryAffinity",
+    "nvmlDeviceGetSamples", "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetMigMode", "nvmlDeviceGetCpuAffinity",
+    "nvmlDeviceGetMemoryAffinity",
     "field:94", "field:186", "field:74", "field:76", "field:269", "field:270", "field:271",
 ]
 
@@ -143,8 +144,9 @@ def test_consumer_card_with_most_calls_not_supported_keeps_what_works_and_stops_
         r.run_until(30.0)
     assert r.failures() == {}
     # Each unsupported call was tried once, then disabled for this GPU.
-    for fn in ("nvmlDeviceGetSamples", "nvmlDeviceGetComputeRunningProcesses",
-               "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetEnforcedPowerLimit"):
+    for fn in ("nvmlDeviceGetSamples", "nvmlDeviceGetComputeRunningProcesses_v3",
+               "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetCurrentClocksEventReasons",
+               "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetMigMode"):
         assert r.fake.calls[fn] <= 2, fn  # GetSamples: one try per sample type
     disabled = [e for e in logs if e["event"] == "gpu_call_disabled"]
     assert len(disabled) == len({(e["gpu"], e["call"]) for e in disabled}), "logged once per call"
@@ -315,18 +317,20 @@ def test_samplers_run_at_their_configured_rates(rig: MakeRig) -> None:
     assert len(r.history("gpu")) == 101
     assert len(r.history("gpu_samples")) == 11
     assert len(r.history("gpu_slow")) == 3
-    assert r.fake.calls["nvmlDeviceGetFieldValues"] == 101, "one field-values call per GPU per fast tick"
+    assert r.fake.calls["nvmlDeviceGetFieldValues"] == 101 + 3, "one field-values call per GPU per fast/slow tick"
     assert r.fake.calls["nvmlDeviceGetPcieThroughput"] == 0
 
 
 def test_link_state_as_nvml_sees_it(rig: MakeRig) -> None:
-    r = rig([device(0, link={"gen": 1, "width": 16, "max_gen": 4, "max_width": 16, "gpu_max_gen": 5,
-                             "gpu_max_width": 16}, temperature_c=71, memory_used_bytes=123,
-                    clock_event_reasons=["gpu_idle"])])
+    r = rig([device(0, link={"gen": 1, "width": 16, "max_gen": 4, "max_width": 16, "gpu_max_gen": 5},
+                    temperature_c=71, memory_used_bytes=123, clock_event_reasons=["gpu_idle"])])
     r.run_until(1.0)
     for kind, gen in (("current", 1), ("max", 4), ("gpu_max", 5)):
         assert r.value("gpufeed_gpu_pcie_link_generation", gpu="0", kind=kind) == gen
+    for kind in ("current", "max"):
         assert r.value("gpufeed_gpu_pcie_link_width", gpu="0", kind=kind) == 16
+    # NVML has no call for the GPU's own maximum width (nvidia-ml-py defines no GetGpuMaxPcieLinkWidth).
+    assert r.value("gpufeed_gpu_pcie_link_width", gpu="0", kind="gpu_max") is None
     assert r.value("gpufeed_gpu_temperature_celsius", gpu="0") == 71.0
     assert r.value("gpufeed_gpu_memory_used_bytes", gpu="0") == 123.0
     assert r.value("gpufeed_gpu_sm_clock_max_hertz", gpu="0") == 1980e6

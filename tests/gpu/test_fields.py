@@ -29,11 +29,22 @@ def test_entries_sharing_a_family_agree_on_kind_help_and_label_names() -> None:
         assert len({tuple(e.labels.values()) for e in entries}) == len(entries), metric
 
 
-def test_all_fields_come_from_one_driver_call_per_gpu_per_tick(rig: MakeRig) -> None:
+def test_all_fields_of_a_path_come_from_one_driver_call_per_gpu_per_tick(rig: MakeRig) -> None:
     r = rig([device(0), device(1)])
     r.run_until(1.0)
-    ticks = len(r.history("gpu"))
+    ticks = len(r.history("gpu")) + len(r.history("gpu_slow"))
     assert r.fake.calls["nvmlDeviceGetFieldValues"] == 2 * ticks
+
+
+def test_fast_fields_are_read_on_the_fast_path_and_slow_fields_on_the_slow_one(rig: MakeRig) -> None:
+    r = rig([device(0, ecc={"corrected_volatile": 7})])
+    r.run_until(6.0)
+    fast = r.history("gpu")[-1][1].gpus[0]
+    slow = r.history("gpu_slow")[-1][1].gpus[0]
+    assert set(fast.fields) == {f.key for f in fields.ON_PATH[fields.FAST]}
+    assert set(slow.fields) == {f.key for f in fields.ON_PATH[fields.SLOW]}
+    assert slow.fields["ecc_corrected_volatile"] == 7
+    assert {f.path for f in fields.FIELDS} == {fields.FAST, fields.SLOW}
 
 
 def test_every_table_entry_is_exported_with_its_labels_and_unit(rig: MakeRig) -> None:

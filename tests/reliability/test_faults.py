@@ -22,6 +22,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter import log
+from tests.support.nvmlsurface import backend_functions
 
 from .faults import GPU1, GPU_PID, OTHER_GPU_PID, Host, nvml_state, scratch_dir
 
@@ -243,15 +244,13 @@ def test_gpu_lost_is_reported_for_that_gpu_only_and_it_comes_back(host: Host) ->
 
 
 def test_every_nvml_call_not_supported_keeps_identity_and_host_signals(host: Host) -> None:
-    calls = ["nvmlDeviceGetClockInfo", "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetCpuAffinity",
-             "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
-             "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
-             "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetFieldValues", "nvmlDeviceGetGpuMaxPcieLinkGeneration",
-             "nvmlDeviceGetGpuMaxPcieLinkWidth", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetMaxPcieLinkGeneration",
-             "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetMemoryAffinity", "nvmlDeviceGetMemoryInfo",
-             "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetProcessUtilization",
-             "nvmlDeviceGetSamples", "nvmlDeviceGetTemperature", "nvmlDeviceGetUtilizationRates",
-             "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleGet", "nvmlGpmMetricsGet"]
+    # Every function the backend calls (read from its source), but the ones that set up NVML itself.
+    calls = [fn for fn in backend_functions() if fn not in ("nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion",
+                                                            "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
+                                                            "nvmlDeviceGetUUID", "nvmlGpmSampleAlloc",
+                                                            "nvmlGpmSampleFree", "nvmlEventSetCreate",
+                                                            "nvmlEventSetFree", "nvmlEventSetWait_v2")]
+    assert "nvmlDeviceGetMigMode" in calls and "nvmlDeviceRegisterEvents" in calls
     with capture_logs() as logs:
         h = Host(host.root.parent / "unsupported", nvml=nvml_state())  # same scratch dir
         h.nvml(lambda st: [d.update(unsupported=calls) for d in st["devices"]])

@@ -34,6 +34,8 @@ import yaml
 
 from tests.rules.conftest import ALERTS, GRAFANA, REPO
 
+HERE = Path(__file__).resolve().parent
+
 pytestmark = pytest.mark.integration
 
 SPEED = 2.0  # scenario seconds per real second: fast enough to loop in a minute, slow enough to stay realistic
@@ -44,6 +46,7 @@ SCENARIOS = {
     "healthy": "healthy_training.yaml",
     "idle": "idle_downshift.yaml",
     "nfs": "io_bound_nfs.yaml",  # no alert asserted: it gives the NFS and IO panels data
+    "mig": "mig_gpu_health.yaml",  # MIG instances and an Xid per loop: the GPU health and MIG panels
 }
 # Measures the test machine (five exporters, Prometheus and Alertmanager on shared CI cores), not the
 # scenario: a sampler overrunning here says nothing about the simulated host.
@@ -53,7 +56,7 @@ _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y"
 
 
 def scenario_path(name: str) -> Path:
-    for base in (REPO / "tests" / "scenarios", REPO.parent / "shared" / "scenarios"):
+    for base in (REPO / "tests" / "scenarios", HERE / "scenarios", REPO.parent / "shared" / "scenarios"):
         if (base / name).exists():
             return base / name
     pytest.fail(f"scenario {name} not found under tests/scenarios or ../shared/scenarios")
@@ -75,6 +78,7 @@ def shrink_rules(src: Path, dst: Path) -> None:
             if "for" in rule:
                 rule["for"] = shrink(rule["for"])
             rule["expr"] = re.sub(r"\[([0-9a-z]+)\]", lambda m: f"[{shrink(m.group(1))}]", rule["expr"])
+            rule["expr"] = re.sub(r"offset ([0-9a-z]+)", lambda m: f"offset {shrink(m.group(1))}", rule["expr"])
     dst.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -290,6 +294,14 @@ def test_numa_scenario_pages_numa_mismatch_through_alertmanager(stack: Stack) ->
     # The GPU hangs off node 0; the process 27431 is pinned to node 1.
     assert "NUMA node 0," in alert["annotations:description"]
     assert "python[27431]" in alert["annotations:description"], alert["annotations:description"]
+
+
+def test_mig_scenario_pages_the_xid_of_one_instance_and_exports_per_instance_verdicts(stack: Stack) -> None:
+    alert = _wait_for_page(stack, "GpufeedGPUXidError", "mig")
+    assert (alert["gpu"], alert["xid"], alert["severity"]) == ("0", "94", "warning")
+    assert "Xid 94 (contained ECC error)" in alert["annotations:description"]
+    r = stack.query(f'gpufeed_gpu_bottleneck{{instance="{stack.instances["mig"]}", mig!=""}} == 1')
+    assert {(s["metric"]["gpu"], s["metric"]["mig"]) for s in r["data"]["result"]} == {("0", "1"), ("0", "2")}
 
 
 def _alerts_fired(stack: Stack, scenario: str) -> set[tuple[str, ...]]:

@@ -110,7 +110,7 @@ def gpu_windows(
                 reasons.add("gpu_idle")
             per2[g.index] = GpuSlow(
                 link_gen=g.link[0], link_width=g.link[1], max_link_gen=g.max_link[0], max_link_width=g.max_link[1],
-                gpu_max_link_gen=g.max_link[0], gpu_max_link_width=g.max_link[1],
+                gpu_max_link_gen=g.max_link[0],
                 clock_event_reasons=frozenset(reasons), temperature_c=None, memory_used_bytes=None,
                 memory_total_bytes=None, power_limit_w=None, max_sm_clock_hz=g.max_clock_hz,
                 processes=tuple(GpuProcess(p, None, None) for p in g.pids), numa_node=0,
