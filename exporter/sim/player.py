@@ -44,6 +44,8 @@ SAMPLER_GROUPS: Mapping[str, frozenset[str]] = {
     names.GPU_SAMPLES: frozenset({"nvml", "nvml_samples"}),
     names.GPU_SLOW: frozenset({"nvml"}),
     names.DERIVED: frozenset(),
+    names.WORKLOAD: frozenset({"procs", "cgroups"}),
+    names.KUBERNETES: frozenset(),
 }
 _ALL = frozenset({*GROUPS, "nvml", "nvml_samples"})
 _EPS = 1e-9

@@ -189,7 +189,7 @@ class WorkloadRenderer:
         """(nr_periods, nr_throttled): periods with a quota set elapse at 1/period; throttled ones are capped."""
         if cg.cpu_quota_cores is None:
             return 0, 0
-        periods = int(math.floor(t * 1e6 / cg.cpu_period_us))
+        periods = math.floor(t * 1e6 / cg.cpu_period_us)
         return periods, min(periods, int(throttled))
 
     def _members(self, cg: Cgroup, t: float) -> str:

@@ -337,8 +337,7 @@ def workload(r: Reader, v: object, path: str, known: set[int]) -> Mapping[int, M
         r.keys(labels, gp, WORKLOAD_LABELS)
         vals: dict[str, str] = {}
         for k, x in labels.items():
-            if isinstance(x, int) and not isinstance(x, bool):
-                x = str(x)  # a Slurm job id written as a number
-            vals[k] = r.string(x, join(gp, k))
+            # A Slurm job id written as a number is still its label value.
+            vals[k] = r.string(str(x) if isinstance(x, int) and not isinstance(x, bool) else x, join(gp, k))
         out[idx] = MappingProxyType(vals)
     return MappingProxyType(out)
