@@ -33,6 +33,15 @@ class MemoryPressure:
     max_memory_stall_ratio: float
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadChecks:
+    """``cpu_quota_throttled``, ``cpu_contention`` and ``gpu_memory_full`` (DESIGN.md "Workloads")."""
+
+    min_throttled_ratio: float
+    min_run_delay_ratio: float
+    min_gpu_memory_used_ratio: float
+
+
 def _section(name: str, keys: tuple[str, ...]) -> dict[str, float]:
     sec = DEFAULTS[name]
     return {k: float(sec[k]) for k in keys}
@@ -40,3 +49,8 @@ def _section(name: str, keys: tuple[str, ...]) -> dict[str, float]:
 
 NFS = NfsRetransmissions(**_section("nfs_retransmissions", ("max_retrans_ratio", "min_retrans_per_second")))
 MEMORY = MemoryPressure(**_section("memory_pressure", ("max_available_ratio", "max_memory_stall_ratio")))
+WORKLOAD = WorkloadChecks(
+    min_throttled_ratio=_section("cpu_quota_throttled", ("min_throttled_ratio",))["min_throttled_ratio"],
+    min_run_delay_ratio=_section("cpu_contention", ("min_run_delay_ratio",))["min_run_delay_ratio"],
+    min_gpu_memory_used_ratio=_section("gpu_memory_full", ("min_gpu_memory_used_ratio",))["min_gpu_memory_used_ratio"],
+)

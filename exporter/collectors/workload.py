@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -222,12 +222,12 @@ class WorkloadCollector(Collector):
             errors.append(f"{path}: {e.strerror or e}")
             return None
 
-    def _parsed(self, path: Path, errors: list[str], fn: object) -> object | None:
+    def _parsed(self, path: Path, errors: list[str], fn: Callable[[str], object]) -> object | None:
         text = self._read(path, errors)
         if text is None:
             return None
         try:
-            return fn(text)  # type: ignore[operator]
+            return fn(text)
         except (cg.CgroupFormatError, CpulistError, ValueError) as e:
             errors.append(f"{path}: {e}")
             return None

@@ -19,10 +19,12 @@ from exporter.derived.gpuview import GpuView, gpu_view
 from exporter.derived.hostshape import CpuShape, IoSignals, cpu_shape
 from exporter.derived.series import IDLE_LEVEL, Point, gaps
 from exporter.derived.verdict import WAITING_LEAVE, Candidate, classify
+from exporter.derived.workload import Workload, enrich, group_signals
 from exporter.samples.derived import Finding
 from exporter.samples.gpu import GpuSample
 from exporter.samples.host import CpufreqSample, CpuSample, MemorySample, ProcSample
 from exporter.samples.topology import NumaSample, PcieSample
+from exporter.samples.workload import WorkloadSample
 from exporter.snapshot import Stamped
 
 # When the mean activity of the last third of the window differs from the whole window's by this much,
@@ -51,6 +53,7 @@ class Windows:
     pcie: Sequence[Stamped[PcieSample]]
     memory: Sequence[Stamped[MemorySample]]
     io: IoSignals
+    workload: Sequence[Stamped[WorkloadSample]] = ()  # the workload collector's samples over the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +129,10 @@ def _recent_view(index: int, w: Windows, span: float) -> GpuView:
     return gpu_view(index, since(w.fast, start), since(w.buffered, start - 1.0), w.slow)
 
 
-def evaluate_gpu(index: int, w: Windows, *, previous: str | None) -> GpuEvaluation:
+def evaluate_gpu(index: int, w: Windows, *, previous: str | None, workload: Workload | None = None) -> GpuEvaluation:
     """Judge GPU ``index`` over ``w``; ``previous`` is its settled verdict (the waiting threshold's
-    hysteresis band depends on it)."""
+    hysteresis band depends on it). ``workload`` (:mod:`exporter.derived.workload`) is what feeds the GPU;
+    without it the CPU evidence is the GPU's NVML processes alone."""
     view = gpu_view(index, w.fast, w.buffered, w.slow)
     util_pts = view.util_points
     judged, span = view, w.window_s
@@ -144,13 +148,29 @@ def evaluate_gpu(index: int, w: Windows, *, previous: str | None) -> GpuEvaluati
         span = w.recent_s
         judged = _recent_view(index, w, span)
     whole = span == w.window_s
+    members = workload.members if workload is not None and workload.members else view.pids
+    context = workload.context if workload is not None else None
     shape = cpu_shape(
         w.procs if whole else since(w.procs, w.now - span),
         w.deep if whole else _since_keep2(w.deep, w.now - span),
-        w.cpus if whole else since(w.cpus, w.now - span), view.pids)
+        w.cpus if whole else since(w.cpus, w.now - span), members, context)
+    sig = None
+    if workload is not None and workload.group is not None:
+        sig = group_signals(w.workload if whole else _since_keep2(w.workload, w.now - span), workload.group.path)
+    shape = enrich(shape, workload, sig)
     capacity, link_name = link_capacity(view, w.pcie)
     cand = classify(judged, shape, w.io, capacity=capacity, link_name=link_name, window_s=span, previous=previous)
     found: list[Finding] = []
+    waiting = cand.cause != "idle" and cand.waiting_ratio >= WAITING_LEAVE
+    for f in (fnd.quota_throttled(index, shape, waiting), fnd.cpu_contention(index, shape, waiting),
+              fnd.gpu_memory_full(view, w.slow)):
+        if f is not None:
+            found.append(f)
+    if sig is not None and workload is not None and workload.group is not None:
+        f = fnd.workload_memory_pressure(index, workload.describe(), sig.memory_events, sig.psi,
+                                         workload.group.memory_max)
+        if f is not None:
+            found.append(f)
     chain = fnd.chain_links(w.pcie, view.bdf) if w.pcie else fnd.nvml_links(w.slow, index, view.bdf)
     down = fnd.link_downgrades(view, chain, util_pts)
     for _bdf, sev, detail in down:
@@ -162,7 +182,7 @@ def evaluate_gpu(index: int, w: Windows, *, previous: str | None) -> GpuEvaluati
     return GpuEvaluation(
         view=view, candidate=cand, judged_s=span, shape=shape, findings=tuple(found),
         links=MappingProxyType(links), busy=(view.util or 0.0) >= fnd.BUSY_UTIL,
-        waiting=cand.cause != "idle" and cand.waiting_ratio >= WAITING_LEAVE,
+        waiting=waiting,
     )
 
 

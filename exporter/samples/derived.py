@@ -61,6 +61,21 @@ GAP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadSummary:
+    """What feeds one GPU, as exported: the attribution labels of ``gpufeed_workload_info`` (only those
+    known), how many processes its workload has, the CPU they use and may use (cores; None when unknown)."""
+
+    labels: Mapping[str, str]
+    processes: int
+    cpu_cores: float | None
+    capacity_cores: float | None
+
+
+def _no_workloads() -> Mapping[int, WorkloadSummary]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
 class DerivedState:
     """The derived layer's newest evaluation at monotonic time ``t``."""
 
@@ -69,3 +84,4 @@ class DerivedState:
     findings: tuple[Finding, ...]
     activity: Mapping[int, GpuActivity] = field(default_factory=_no_activity)
     window_s: float = 15.0
+    workloads: Mapping[int, WorkloadSummary] = field(default_factory=_no_workloads)

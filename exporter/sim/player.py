@@ -86,6 +86,8 @@ def play(
     workdir: Path | None = None,
 ) -> PlayResult:
     """Run the whole scenario once in virtual time; ``flags`` are extra settings (``collector.x.interval``...)."""
+    # Expectations over a phase's evaluations (SPEC v2 within_s, no_findings_anytime) need the timeline.
+    timeline = timeline or any(e.within_s is not None or e.no_findings_anytime for e in sc.expect)
     with tempfile.TemporaryDirectory(prefix="gpufeed-sim-", dir=workdir or fast_tmpdir()) as tmp:
         root = Path(tmp)
         model = Model(sc)

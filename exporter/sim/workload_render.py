@@ -71,12 +71,12 @@ class WorkloadRenderer:
         """The cgroup hierarchy and the processes in /proc at t=0."""
         v1 = self.sc.host.cgroup_version == 1
         if v1:
-            for d in V1_DIRS:
-                (self.cgroot / d).mkdir(parents=True, exist_ok=True)
+            for sub in V1_DIRS:
+                (self.cgroot / sub).mkdir(parents=True, exist_ok=True)
             for name in ("cpu", "cpuacct"):
-                link = self.cgroot / name
-                if not link.is_symlink() and not link.exists():
-                    os.symlink("cpu,cpuacct", link)
+                alias = self.cgroot / name
+                if not alias.is_symlink() and not alias.exists():
+                    os.symlink("cpu,cpuacct", alias)
         else:
             self.cgroot.mkdir(parents=True, exist_ok=True)
             self.r.write(self.cgroot / "cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc\n")
