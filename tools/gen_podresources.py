@@ -1,4 +1,4 @@
-"""Regenerate exporter/kubelet/api_pb2.py, api_pb2.pyi and api_pb2_grpc.py from exporter/kubelet/api.proto
+"""Regenerate exporter/kubelet/api_pb2.py and api_pb2_grpc.py from exporter/kubelet/api.proto
 (the kubelet's pod-resources API v1, committed as it is upstream).
 
     python tools/gen_podresources.py          # rewrite the generated modules
@@ -20,16 +20,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PROTO = Path("exporter/kubelet/api.proto")
-OUTPUTS = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+OUTPUTS = ("api_pb2.py", "api_pb2_grpc.py")
 
 
 def generate(out: Path) -> None:
     """Run protoc (grpcio-tools) on the proto; the modules land under ``out``/exporter/kubelet."""
-    from grpc_tools import protoc  # type: ignore[import-untyped]
+    from grpc_tools import protoc
 
     (out / PROTO.parent).mkdir(parents=True, exist_ok=True)
-    args = ["grpc_tools.protoc", f"-I{REPO}", f"--python_out={out}", f"--pyi_out={out}", f"--grpc_python_out={out}",
-            str(REPO / PROTO)]
+    args = ["grpc_tools.protoc", f"-I{REPO}", f"--python_out={out}", f"--grpc_python_out={out}", str(REPO / PROTO)]
     if protoc.main(args) != 0:
         raise SystemExit(f"protoc failed on {PROTO}")
 

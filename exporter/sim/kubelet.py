@@ -7,6 +7,8 @@ device plugin registers them. The server is grpcio's, on its own small thread po
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 from concurrent import futures
 from pathlib import Path
@@ -19,8 +21,7 @@ RESOURCE = "nvidia.com/gpu"
 
 def answer(sc: Scenario) -> Any:
     """The ``ListPodResourcesResponse`` of the scenario's pods."""
-    from exporter.kubelet import api_pb2 as pb
-
+    pb: Any = importlib.import_module("exporter.kubelet.api_pb2")
     uuids = {g.index: g.uuid for g in sc.gpus}
     resp = pb.ListPodResourcesResponse()
     k8s = sc.host.kubernetes
@@ -37,17 +38,16 @@ class Kubelet:
     """The pod-resources server of one scenario, on ``path`` (a unix socket, created by the server)."""
 
     def __init__(self, sc: Scenario, path: Path) -> None:
-        import grpc
-
-        from exporter.kubelet import api_pb2 as pb
-        from exporter.kubelet import api_pb2_grpc as rpc
+        grpc: Any = importlib.import_module("grpc")
+        pb: Any = importlib.import_module("exporter.kubelet.api_pb2")
+        rpc: Any = importlib.import_module("exporter.kubelet.api_pb2_grpc")
 
         self.path = path
         listed = answer(sc)
         allocatable = pb.AllocatableResourcesResponse()
         allocatable.devices.add(resource_name=RESOURCE, device_ids=[g.uuid for g in sc.gpus])
 
-        class Servicer(rpc.PodResourcesListerServicer):  # type: ignore[misc]
+        class Servicer(rpc.PodResourcesListerServicer):  # type: ignore[misc]  # an untyped generated base
             def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - the proto's method name
                 return listed
 
@@ -72,7 +72,5 @@ class Kubelet:
     def stop(self) -> None:
         """Stop serving (in-flight calls get a second) and remove the socket."""
         self.server.stop(grace=1.0).wait(5.0)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.path)
-        except OSError:
-            pass
