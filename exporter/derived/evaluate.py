@@ -149,7 +149,9 @@ def evaluate_gpu(index: int, w: Windows, *, previous: str | None, workload: Work
         judged = _recent_view(index, w, span)
     whole = span == w.window_s
     members = workload.members if workload is not None and workload.members else view.pids
-    context = workload.context if workload is not None else None
+    # Without a context process (NVML shows none: the container's processes were found by its visible
+    # devices) any of them may submit work: all count as context.
+    context = workload.context if workload is not None and workload.context else None
     shape = cpu_shape(
         w.procs if whole else since(w.procs, w.now - span),
         w.deep if whole else _since_keep2(w.deep, w.now - span),

@@ -226,13 +226,13 @@ def _capacity(shape: CpuShape) -> tuple[float, str]:
     return float(n), f"its {n} allowed CPUs"
 
 
-def _starved(t: ThreadLoad) -> str:
-    """Evidence that a thread waits for a CPU (run delay), when it does."""
+def _starved(t: ThreadLoad, shape: CpuShape) -> str:
+    """Why a thread waits for a CPU (run delay), when it does: its own quota, or other work on its CPUs."""
     if t.run_delay < 0.1:
         return ""
     switches = "" if t.nonvoluntary_per_s is None else f", {t.nonvoluntary_per_s:.0f} involuntary switches/s"
-    return (f"thread {t.tid} ({t.comm}) is runnable but waits for a CPU {_pct(t.run_delay)} of the time "
-            f"(run delay{switches}): other work holds its CPUs")
+    why = "its CPU quota holds it back" if (shape.throttled_ratio or 0) >= 0.2 else "other work holds its CPUs"
+    return f"runnable but waiting for a CPU {_pct(t.run_delay)} of the time (run delay{switches}): {why}"
 
 
 def _cpu_verdict(shape: CpuShape) -> tuple[str | None, float, list[str]]:
@@ -258,16 +258,16 @@ def _cpu_verdict(shape: CpuShape) -> tuple[str | None, float, list[str]]:
         why = [f"{'; '.join(sat)}{group}, in {'user' if _user_heavy(shape) else 'CPU'} time: the input pipeline "
                "(data loading / preprocessing) is saturated"]
         if used is not None:
-            why.append(f"the workload uses {used:.1f} cores of {cap_why} ({cap:.3g} cores)")
+            why.append(f"the workload uses {used:.1f} cores of {cap_why}")
         n_stages = len([w for w, d in side.workers if d >= SATURATED_CORE]) + sum(
             1 for _, _, ts in side.pools for t in ts if t.demand >= SATURATED_CORE)
         return "input_bound", 0.9 if n_stages >= 2 or cap_bound else 0.8, [*why, *extra]
     if launch_sat and hot is not None:
         hot_str = f"thread {hot.tid} ({hot.comm}) at {hot.cores:.2f} core, {_pct(hot.system_share)} system"
         why = [hot_str + " -- the submission thread is saturated"]
-        starved = _starved(hot)
+        starved = _starved(hot, shape)
         if starved:
-            why = [f"{hot_str}, and {starved[0].lower()}{starved[1:]} -- the submission thread wants a full core"]
+            why = [f"{hot_str}, {starved} -- the submission thread wants a full core"]
         elif hot.system_share < 0.1:
             why.append("little system time: pure-Python overhead between launches")
         others = [t for t in side.launch[1:] if t.demand >= LAUNCH_CORE]
@@ -276,7 +276,7 @@ def _cpu_verdict(shape: CpuShape) -> tuple[str | None, float, list[str]]:
                        f"{len({t.pid for t in [hot, *others]})} GPU processes")
         return "launch_bound", 0.9 if not starved else 0.8, [*why, *extra]
     if cap_bound and used is not None:
-        why = [f"the workload{group} uses {used:.2f} cores: {cap_why} ({cap:.3g} cores) is full"]
+        why = [f"the workload{group} uses {used:.2f} cores, all of {cap_why}"]
         launch_cores = hot.cores if hot is not None else 0.0
         if shape.threads and launch_cores >= 0.5 * used and hot is not None:
             return "launch_bound", 0.7, [f"thread {hot.tid} ({hot.comm}) holds {launch_cores:.2f} of them", *why,
@@ -349,13 +349,13 @@ def classify(
         if shape.processes:
             wwhy[0] = ("the workload is quiet: no saturated thread, worker or CPU limit, no IO of its own, PCIe "
                        "lightly used -- not enough parallel work reaches the GPU (small batches, serial dependencies)")
-            wwhy.append(f"the workload ({len(shape.processes)} processes{' of ' + shape.group if shape.group else ''}) "
+            n = len(shape.processes)
+            wwhy.append(f"the workload ({n} process{'' if n == 1 else 'es'}{' of ' + shape.group if shape.group else ''}) "
                         f"uses {shape.used_cores or 0:.2f} cores of {_capacity(shape)[1]}")
         elif shape.process_cores is not None:
             wwhy.append(f"GPU processes use {shape.process_cores:.2f} cores of {shape.allowed_cpus} allowed")
         wwhy.extend(input_side(shape).busy())
         wwhy.extend(w for w in io_why if "set aside" in w)
-        wwhy.extend(shape.notes)
         if link_util is not None:
             wwhy.append(f"PCIe at {_pct(link_util)} of the current {link_name} link")
     threshold = WAITING_LEAVE if previous in WAITING_CAUSES_SET else WAITING_ENTER
@@ -365,7 +365,9 @@ def classify(
             head += f"; idle gaps recur every {view.burst.period_s:.1f} s (batch boundaries)"
         elif view.burst.gaps:
             head += f"; {len(view.burst.gaps)} idle gaps"
-        return Candidate(wcause, round(wconf, 2), waiting, wcause, (head, *(w for w in wwhy if w)))
+        # What the workload view could not see (a stray context set aside, cgroup files unreadable, no process
+        # in NVML) comes last: the verdict says what it stands on.
+        return Candidate(wcause, round(wconf, 2), waiting, wcause, (head, *(w for w in wwhy if w), *shape.notes))
     # Working: is it doing a good job?
     thermal = view.throttle_reasons & THERMAL_REASONS
     if view.clock_ratio is not None and view.clock_ratio < THROTTLED_CLOCK and view.throttle_reasons:

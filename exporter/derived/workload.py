@@ -165,6 +165,9 @@ def workloads(
                 members = {m for m in primary.members if m in nodes}
                 notes.append(f"NVML lists no process; {len(members)} processes of the container its "
                              "NVIDIA_VISIBLE_DEVICES names")
+        if stray.get(idx):
+            notes.append(f"pid {','.join(map(str, stray[idx]))} hold{'s' if len(stray[idx]) == 1 else ''} a stray "
+                         f"context on GPU {idx} (their work is on other GPUs): judged there, not here")
         if primary is not None and primary.errors:
             notes.append(f"cgroup files of {primary.path} not readable ({len(primary.errors)}): {primary.errors[0]}")
         if wl is None and ctx[idx]:
@@ -193,12 +196,14 @@ def _sees(visible: tuple[str, ...], index: int, uuid: str) -> bool:
 
 
 def _kube_by_uuid(kube: KubernetesSample | None) -> dict[str, tuple[str, str, str]]:
-    out: dict[str, tuple[str, str, str]] = {}
+    """GPU UUID -> (namespace, pod, container); a UUID several containers share (time-slicing) names none --
+    the pod-resources API does not say which of them a process belongs to, and a label is never guessed."""
+    seen: dict[str, set[tuple[str, str, str]]] = {}
     if kube is None:
-        return out
+        return {}
     for d in kube.devices:
-        out.setdefault(d.device, (d.namespace, d.pod, d.container))
-    return out
+        seen.setdefault(d.device, set()).add((d.namespace, d.pod, d.container))
+    return {uuid: next(iter(owners)) for uuid, owners in seen.items() if len(owners) == 1}
 
 
 # ---- the group's counters over the window ---------------------------------------------------------------------

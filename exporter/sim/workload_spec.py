@@ -157,9 +157,11 @@ def kubernetes(r: Reader, v: object, groups: Mapping[str, Cgroup], gpus: tuple[G
                 idx = r.integer(gi, gpath)
                 if idx not in known:
                     raise r.fail(gpath, f"unknown GPU index {idx} (known: {list_str(known)})")
-                if idx in assigned:
-                    raise r.fail(gpath, f"GPU {idx} is already assigned to {assigned[idx]}")
-                assigned[idx] = f"{ns}/{name}/{cname}"
+                if idx in gl:
+                    raise r.fail(gpath, f"GPU {idx} listed twice")
+                # Two containers may list one GPU (time-slicing replicas of nvidia.com/gpu.shared): gpufeed
+                # then names neither, rather than guess.
+                assigned.setdefault(idx, f"{ns}/{name}/{cname}")
                 gl.append(idx)
             containers.append(PodContainer(cname, group, tuple(gl)))
         pods.append(Pod(name=name, namespace=ns, uid=uid, containers=tuple(containers)))
