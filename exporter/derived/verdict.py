@@ -350,8 +350,9 @@ def classify(
             wwhy[0] = ("the workload is quiet: no saturated thread, worker or CPU limit, no IO of its own, PCIe "
                        "lightly used -- not enough parallel work reaches the GPU (small batches, serial dependencies)")
             n = len(shape.processes)
-            wwhy.append(f"the workload ({n} process{'' if n == 1 else 'es'}{' of ' + shape.group if shape.group else ''}) "
-                        f"uses {shape.used_cores or 0:.2f} cores of {_capacity(shape)[1]}")
+            of = f" of {shape.group}" if shape.group else ""
+            wwhy.append(f"the workload ({n} process{'' if n == 1 else 'es'}{of}) uses {shape.used_cores or 0:.2f} "
+                        f"cores of {_capacity(shape)[1]}")
         elif shape.process_cores is not None:
             wwhy.append(f"GPU processes use {shape.process_cores:.2f} cores of {shape.allowed_cpus} allowed")
         wwhy.extend(input_side(shape).busy())
