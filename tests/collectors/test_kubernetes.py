@@ -148,7 +148,7 @@ def test_a_kubelet_that_never_answers_fails_within_the_timeout(sockdir: Path) ->
     t.start()
     col = _collector(sock, timeout=0.5)
     try:
-        with pytest.raises(CollectorError, match="DEADLINE_EXCEEDED|UNAVAILABLE"):
+        with pytest.raises(CollectorError, match=r"DEADLINE_EXCEEDED|UNAVAILABLE"):
             col.update()
     finally:
         col.close()
