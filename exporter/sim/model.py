@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from exporter.sim import signal
 from exporter.sim.signal import At, Piecewise, Track
+from exporter.sim.workload_model import WorkloadTracks
 from exporter.sim.spec import (
     CLOCK_EVENT_REASONS,
     CPU_MODES,
@@ -93,8 +94,6 @@ class Model:
                                            NONNEG),
         }
         self.oom = self._track(lambda ph: ph.host.oom_kills_per_s, "host.oom_kills_per_s", NONNEG)
-        from exporter.sim.workload_model import WorkloadTracks
-
         self.workloads = WorkloadTracks(self)
 
     # ---- construction helpers ----------------------------------------------------------------------------

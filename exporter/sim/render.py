@@ -124,7 +124,7 @@ class Renderer:
             self.write(real / "dev", "259:0\n")
             self._link(self.sys / "block" / disk, f"../devices/virtual/block/{disk}")
         # Processes and their threads (those in /proc at t=0; SPEC v2 start_s/exit_s come and go in render()).
-        self.workloads = WorkloadRenderer(self)
+        self.workloads = WorkloadRenderer(self, _status)
         self.workloads.setup()
         self._ready = True
 

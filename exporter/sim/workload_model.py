@@ -8,14 +8,29 @@ scenario's rates, as everywhere in the simulator; a process that is not in /proc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from exporter.sim import signal
-from exporter.sim.signal import Piecewise, Track
-from exporter.sim.spec import CGROUP_PSI_KEYS, FRACTION, MEMORY_EVENT_KEYS, NONNEG, Phase, Process, Value
+from exporter.sim.signal import At, Piecewise, Track
+from exporter.sim.spec import CGROUP_PSI_KEYS, FRACTION, MEMORY_EVENT_KEYS, NONNEG, Phase, Process, Scenario, Value
 
-if TYPE_CHECKING:
-    from exporter.sim.model import Model
+
+class Model(Protocol):
+    """What the workload tracks need of :class:`exporter.sim.model.Model` (which builds them)."""
+
+    sc: Scenario
+
+    def _track(self, get: object, key: str, rng: tuple[float, float]) -> Track: ...
+
+    def _piece(self, ph: Phase, v: Value, key: str, rng: tuple[float, float]) -> Piecewise: ...
+
+    def alive_piece(self, p: Process, ph: Phase) -> Piecewise | None: ...
+
+    def alive(self, p: Process, t: float) -> bool: ...
+
+    def at(self, t: float) -> At: ...
+
+    def thread_seconds(self, pid: int, at: At) -> list[tuple[float, float]]: ...
 
 THREAD_KEYS = ("run_delay", "voluntary_switches_per_s", "nonvoluntary_switches_per_s")
 CGROUP_KEYS = ("nr_throttled_per_s", "throttled_fraction", "memory_current_bytes")

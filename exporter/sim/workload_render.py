@@ -24,16 +24,14 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from exporter.cpulist import format_cpulist
+from exporter.sim.model import ThreadPlan
 from exporter.sim.spec import Cgroup, Process
 from exporter.sources import USER_HZ
-
-if TYPE_CHECKING:
-    from exporter.sim.model import ThreadPlan
-    from exporter.sim.render import Renderer
 
 V1_HIERARCHIES = (("12", "pids"), ("11", "memory"), ("9", "cpuset"), ("4", "cpu,cpuacct"), ("1", "name=systemd"))
 V1_DIRS = ("cpu,cpuacct", "cpuset", "memory", "pids", "systemd")
@@ -51,8 +49,11 @@ def _psi(some: float, full: float | None, t: float) -> str:
 class WorkloadRenderer:
     """The version-2 part of a :class:`~exporter.sim.render.Renderer` (same root, same write cache)."""
 
-    def __init__(self, r: Renderer) -> None:
+    def __init__(self, r: Any, status: Callable[..., str]) -> None:
+        # ``r`` is the exporter.sim.render.Renderer that owns the root and the write cache; ``status`` its
+        # /proc/<pid>/status writer (render.py imports this module, not the other way round).
         self.r = r
+        self._status = status
         self.model = r.model
         self.sc = r.sc
         self.cgroot = r.sys / "fs" / "cgroup"
@@ -95,7 +96,7 @@ class WorkloadRenderer:
     def sync(self, t: float) -> list[Process]:
         """Create the directories of processes that appeared and remove those of processes that exited (SPEC v2
         ``start_s``/``exit_s``); the live processes, pids ascending."""
-        alive = self.model.workloads.alive(t)
+        alive: list[Process] = self.model.workloads.alive(t)
         now = {p.pid for p in alive}
         for pid in sorted(self._present - now):
             base = self.r.proc / str(pid)
@@ -145,10 +146,8 @@ class WorkloadRenderer:
         comm = plan.comm or p.comm
         self.r.write(d / "comm", comm + "\n")
         self.r.write(d / "schedstat", self._schedstat(p, ti, ticks, t))
-        from exporter.sim.render import _status
-
         m = self.model
-        self.r.write(d / "status", _status(p, plan.state, m.cpus_allowed(p.pid, t), m.mems_allowed(p.pid, t),
+        self.r.write(d / "status", self._status(p, plan.state, m.cpus_allowed(p.pid, t), m.mems_allowed(p.pid, t),
                                            ppid=m.workloads.ppid(p, t), switches=self.switches(p, ti, t),
                                            comm=comm, tid=tid))
 
