@@ -36,8 +36,8 @@ from typing import Any
 from exporter import log
 from exporter.config import Settings
 from exporter.sampling import Stage
-from exporter.sim.model import Model
 from exporter.sim.kubelet import Kubelet
+from exporter.sim.model import Model
 from exporter.sim.player import SAMPLER_GROUPS, fast_tmpdir, kubelet_socket
 from exporter.sim.render import GROUPS, Renderer, nvml_state, write_json
 from exporter.sim.scenario import ScenarioError, load

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from exporter.sim import signal
 from exporter.sim.signal import At, Piecewise, Track
-from exporter.sim.workload_model import WorkloadTracks
 from exporter.sim.spec import (
     CLOCK_EVENT_REASONS,
     CPU_MODES,
@@ -37,6 +36,7 @@ from exporter.sim.spec import (
     Scenario,
     Value,
 )
+from exporter.sim.workload_model import WorkloadTracks
 
 IDLE_SM_CLOCK_MHZ = 345.0  # SPEC: sm_clock_mhz default when gpu_util is 0
 
