@@ -189,19 +189,25 @@ class ProcCollector(Collector):
         ]
 
     def pids(self) -> frozenset[int]:
-        """The GPU processes (published by the GPU collector), their workloads' other processes (the workload
-        collector: data-loader workers, container and job members) and the configured ones."""
-        return self.ctx.targets.pids() | self.ctx.targets.workload_pids() | self.static_pids
+        """The GPU processes (published by the GPU collector) plus the configured ones."""
+        return self.ctx.targets.pids() | self.static_pids
 
     def update(self) -> ProcSample:
         return self._sample(deep=False)
 
     def update_threads(self) -> ProcSample:
         """Process-level reads plus every thread's stat (the deep sampler); while the derived layer focuses
-        deep inspection on the waiting GPUs' processes, only those (and --collector.proc.pids) are read."""
+        deep inspection on the waiting GPUs' processes, only those (and --collector.proc.pids) are read.
+
+        The other processes of a waiting GPU's workload (data-loader workers, container members: published by
+        the workload collector) are read here too, in focused passes only: a GPU that works needs no evidence
+        from its workers, and 8 trainers x 8 workers read every second would cost more than all else."""
         targets = self.pids()
         focus = self.ctx.targets.take_focus()
         read = targets if focus is None else targets & (focus | self.static_pids)
+        focus_now = self.ctx.targets.focus()
+        if focus_now:
+            read = read | (self.ctx.targets.workload_pids() & focus_now)
         sample = self._sample(deep=True, pids=read)
         last = {p: v for p, v in self._last_deep.items() if p in targets and p not in read}
         direct = self.ctx.targets.pids() | self.static_pids

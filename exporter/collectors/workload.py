@@ -2,7 +2,8 @@
 
 NVML lists only processes holding a CUDA context; a GPU is fed by more -- the data-loader worker processes a
 PyTorch ``DataLoader(num_workers=N)`` forks, tokenizer pools, everything in the same container or job. Every
-``--collector.workload.interval`` (2 s) this collector reads:
+``--collector.workload.interval`` (5 s: a job that ends and the next that starts are followed within one
+classifier window, and the cgroup counters give the window at least three samples) this collector reads:
 
 - the process table (``/proc/<pid>/stat``: parent, name, start time), incrementally: a pid is read once when
   it appears and again only if its parent exits (re-parenting), so a pass costs one directory listing plus
@@ -53,6 +54,7 @@ ENVIRON_MAX = 128 << 10  # ARG_MAX-sized environments exist; the variable sought
 MAX_GROUP_DIRS = 256  # cgroup directories walked below one group (a Slurm job: steps x tasks)
 CONTAINER_SCAN_EVERY = 15  # passes between walks of the container hierarchies for GPU-visible containers
 CONTAINER_ROOTS = ("kubepods.slice", "kubepods", "system.slice", "docker", "machine.slice")
+LIMITS_EVERY = 6  # passes between re-reads of a group's quota and memory limit (30 s at the default interval)
 KINDS = ("container", "slurm_job", "unit")
 
 
@@ -63,7 +65,7 @@ class WorkloadCollector(Collector):
     name = "workload"
     help = ("Process trees and cgroups (v1/v2) of the GPU processes: descendants, container/job members, CPU quota "
             "and throttling, cpuset, memory limit and events, PSI, identity from the cgroup path.")
-    default_interval = 2.0
+    default_interval = 5.0
     options = (
         Option("cgroupfs", "str", "", "Where the cgroup hierarchy is mounted (default: <path.sysfs>/fs/cgroup)."),
         Option("container-env", "bool", True,
@@ -83,10 +85,15 @@ class WorkloadCollector(Collector):
         self._env: dict[tuple[str, int], tuple[str, ...] | None] = {}
         self._containers: tuple[str, ...] = ()
         self._passes = 0
+        self._pass = 0
+        # Limits (quota on the path to the root, memory limit) change on a resize only: read every
+        # LIMITS_EVERY passes per group, the counters every pass.
+        self._limit_cache: dict[str, tuple[int, dict[str, object]]] = {}
 
     # ---- the pass ---------------------------------------------------------------------------------------------
 
     def update(self) -> WorkloadSample:
+        self._pass += 1
         by_gpu = self.ctx.targets.by_gpu()
         roots = frozenset().union(*by_gpu.values()) if by_gpu else frozenset()
         self._scan_table()
@@ -112,6 +119,8 @@ class WorkloadCollector(Collector):
                     info = self._group(cg.owner_of(path), None, version)
                     if info.visible_devices:
                         groups[path] = info
+        for stale in [p for p in self._limit_cache if p not in groups]:
+            del self._limit_cache[stale]
         keep = self._relevant(roots, groups)
         nodes: dict[int, ProcNode] = {}
         group_of = {pid: path for path, info in groups.items() for pid in info.members}
@@ -259,7 +268,8 @@ class WorkloadCollector(Collector):
             if text is not None:
                 out.update(int(x) for x in text.split() if x.isdigit())
             try:
-                todo.extend(e for e in sorted(d.iterdir()) if e.is_dir() and not e.is_symlink())
+                with os.scandir(d) as it:  # d_type: no stat per entry
+                    todo.extend(Path(e.path) for e in it if e.is_dir(follow_symlinks=False))
             except OSError as e:
                 if e.errno not in (errno.ENOENT, errno.ENOTDIR):
                     errors.append(f"{d}: {e.strerror or e}")
@@ -287,33 +297,32 @@ class WorkloadCollector(Collector):
                 errors.append(f"{d / f'{res}.pressure'}: {e}")
         return out
 
-    def _v2(self, path: str, errors: list[str]) -> dict[str, object]:
-        d = self._dir(2, "cpu", path, None)
+    def _limits(self, path: str, version: int, m: cg.Membership | None, errors: list[str]) -> dict[str, object]:
+        """The group's quota (and where it is set), cpuset and memory limit, re-read every LIMITS_EVERY passes."""
+        hit = self._limit_cache.get(path)
+        if hit is not None and self._pass - hit[0] < LIMITS_EVERY:
+            return hit[1]
+        mine: list[str] = []
+        lim = self._limits_v2(path, mine) if version == 2 else self._limits_v1(path, m, mine)
+        errors.extend(mine)
+        if not mine:  # a failed read is retried next pass
+            self._limit_cache[path] = (self._pass, lim)
+        return lim
 
+    def _limits_v2(self, path: str, errors: list[str]) -> dict[str, object]:
         def quota(p: str, errs: list[str]) -> object | None:
             return self._parsed(self._dir(2, "cpu", p, None) / "cpu.max", errs, cg.parse_cpu_max)
 
         q, qpath = self._quota(path, errors, quota)
-        stat_dir = self._dir(2, "cpu", qpath or path, None)
-        stat = self._parsed(stat_dir / "cpu.stat", errors, cg.parse_flat_keyed)
-        cpu = None
-        if isinstance(stat, dict):
-            usage, thr = stat.get("usage_usec"), stat.get("throttled_usec")
-            cpu = CgroupCpu(usage_s=None if usage is None else usage / 1e6, nr_periods=stat.get("nr_periods"),
-                            nr_throttled=stat.get("nr_throttled"), throttled_s=None if thr is None else thr / 1e6)
-        cpus = self._parsed(d / "cpuset.cpus.effective", errors, lambda t: parse_cpulist(t.strip()))
+        cpus = self._parsed(self._dir(2, "cpuset", path, None) / "cpuset.cpus.effective", errors,
+                            lambda t: parse_cpulist(t.strip()))
         limits = [self._parsed(self._dir(2, "memory", p, None) / "memory.max", errors,
                                lambda t: cg.parse_memory_limit(t, 2)) for p in cg.ancestors(path)]
         mem = [x for x in limits if isinstance(x, int)]
-        current = self._parsed(d / "memory.current", errors, lambda t: int(t.strip()))
-        events = self._parsed(d / "memory.events", errors, cg.parse_flat_keyed)
-        ev = {k: events[k] for k in ("high", "max", "oom_kill") if k in events} if isinstance(events, dict) else {}
-        return {"cpuset": cpus if cpus else None, "quota_cores": q, "quota_path": qpath, "cpu": cpu,
-                "memory_max": min(mem) if mem else None,
-                "memory_current": current if isinstance(current, int) else None,
-                "memory_events": MappingProxyType(ev), "pressure": MappingProxyType(self._pressure(d, errors))}
+        return {"cpuset": cpus if cpus else None, "quota_cores": q, "quota_path": qpath,
+                "memory_max": min(mem) if mem else None}
 
-    def _v1(self, path: str, m: cg.Membership | None, errors: list[str]) -> dict[str, object]:
+    def _limits_v1(self, path: str, m: cg.Membership | None, errors: list[str]) -> dict[str, object]:
         def quota(p: str, errs: list[str]) -> object | None:
             d = self._dir(1, "cpu", p, m)
             qt, pt = self._read(d / "cpu.cfs_quota_us", errs), self._read(d / "cpu.cfs_period_us", errs)
@@ -326,14 +335,6 @@ class WorkloadCollector(Collector):
                 return None
 
         q, qpath = self._quota(path, errors, quota)
-        cdir = self._dir(1, "cpu", qpath or path, m)
-        stat = self._parsed(cdir / "cpu.stat", errors, cg.parse_flat_keyed)
-        usage = self._parsed(self._dir(1, "cpuacct", path, m) / "cpuacct.usage", errors, lambda t: int(t.strip()))
-        cpu = None
-        if isinstance(stat, dict):
-            thr = stat.get("throttled_time")  # nanoseconds (Documentation/scheduler/sched-bwc.rst)
-            cpu = CgroupCpu(usage_s=usage / 1e9 if isinstance(usage, int) else None, nr_periods=stat.get("nr_periods"),
-                            nr_throttled=stat.get("nr_throttled"), throttled_s=None if thr is None else thr / 1e9)
         sdir = self._dir(1, "cpuset", path, m)
         cpus = self._parsed(sdir / "cpuset.effective_cpus", errors, lambda t: parse_cpulist(t.strip()))
         if cpus is None:
@@ -341,6 +342,35 @@ class WorkloadCollector(Collector):
         limits = [self._parsed(self._dir(1, "memory", p, m) / "memory.limit_in_bytes", errors,
                                lambda t: cg.parse_memory_limit(t, 1)) for p in cg.ancestors(path)]
         mem = [x for x in limits if isinstance(x, int)]
+        return {"cpuset": cpus if cpus else None, "quota_cores": q, "quota_path": qpath,
+                "memory_max": min(mem) if mem else None}
+
+    def _v2(self, path: str, errors: list[str]) -> dict[str, object]:
+        d = self._dir(2, "cpu", path, None)
+        lim = self._limits(path, 2, None, errors)
+        qpath = lim["quota_path"]
+        stat = self._parsed(self._dir(2, "cpu", str(qpath or path), None) / "cpu.stat", errors, cg.parse_flat_keyed)
+        cpu = None
+        if isinstance(stat, dict):
+            usage, thr = stat.get("usage_usec"), stat.get("throttled_usec")
+            cpu = CgroupCpu(usage_s=None if usage is None else usage / 1e6, nr_periods=stat.get("nr_periods"),
+                            nr_throttled=stat.get("nr_throttled"), throttled_s=None if thr is None else thr / 1e6)
+        current = self._parsed(d / "memory.current", errors, lambda t: int(t.strip()))
+        events = self._parsed(d / "memory.events", errors, cg.parse_flat_keyed)
+        ev = {k: events[k] for k in ("high", "max", "oom_kill") if k in events} if isinstance(events, dict) else {}
+        return {**lim, "cpu": cpu, "memory_current": current if isinstance(current, int) else None,
+                "memory_events": MappingProxyType(ev), "pressure": MappingProxyType(self._pressure(d, errors))}
+
+    def _v1(self, path: str, m: cg.Membership | None, errors: list[str]) -> dict[str, object]:
+        lim = self._limits(path, 1, m, errors)
+        qpath = lim["quota_path"]
+        stat = self._parsed(self._dir(1, "cpu", str(qpath or path), m) / "cpu.stat", errors, cg.parse_flat_keyed)
+        usage = self._parsed(self._dir(1, "cpuacct", path, m) / "cpuacct.usage", errors, lambda t: int(t.strip()))
+        cpu = None
+        if isinstance(stat, dict):
+            thr = stat.get("throttled_time")  # nanoseconds (Documentation/scheduler/sched-bwc.rst)
+            cpu = CgroupCpu(usage_s=usage / 1e9 if isinstance(usage, int) else None, nr_periods=stat.get("nr_periods"),
+                            nr_throttled=stat.get("nr_throttled"), throttled_s=None if thr is None else thr / 1e9)
         mdir = self._dir(1, "memory", path, m)
         current = self._parsed(mdir / "memory.usage_in_bytes", errors, lambda t: int(t.strip()))
         ev: dict[str, int] = {}
@@ -350,9 +380,7 @@ class WorkloadCollector(Collector):
         oom = self._parsed(mdir / "memory.oom_control", errors, cg.parse_flat_keyed)
         if isinstance(oom, dict) and "oom_kill" in oom:
             ev["oom_kill"] = oom["oom_kill"]
-        return {"cpuset": cpus if cpus else None, "quota_cores": q, "quota_path": qpath, "cpu": cpu,
-                "memory_max": min(mem) if mem else None,
-                "memory_current": current if isinstance(current, int) else None,
+        return {**lim, "cpu": cpu, "memory_current": current if isinstance(current, int) else None,
                 "memory_events": MappingProxyType(ev), "pressure": MappingProxyType({})}
 
     # ---- containers that see a GPU ----------------------------------------------------------------------------

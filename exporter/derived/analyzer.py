@@ -384,9 +384,6 @@ def workload_families(d: DerivedState) -> Iterator[Metric]:
                   "Who owns the GPU's workload (value 1), one series per GPU: container_id, slurm_job_id and unit from "
                   "the cgroup path; namespace, pod and container from the kubelet's pod-resources API. A label is "
                   "present only when known. Join: * on (job, instance, gpu) group_left(namespace) ...", "gauge")
-    procs = GaugeMetricFamily("gpufeed_workload_processes_per_gpu",
-                              "Processes in the GPU's workload: its GPU processes, their descendants and the other "
-                              "processes of their container or job.", labels=["gpu"])
     cores = GaugeMetricFamily("gpufeed_workload_cpu_cores",
                               "CPU the GPU's workload used over the CPU window (cores).", labels=["gpu"])
     cap = GaugeMetricFamily("gpufeed_workload_cpu_capacity_cores",
@@ -396,9 +393,8 @@ def workload_families(d: DerivedState) -> Iterator[Metric]:
         g = str(idx)
         info.add_sample("gpufeed_workload_info",
                         {"gpu": g, **{k: wl.labels[k] for k in WORKLOAD_LABELS if k in wl.labels}}, 1.0)
-        procs.add_metric([g], float(wl.processes))
         if wl.cpu_cores is not None:
             cores.add_metric([g], wl.cpu_cores)
         if wl.capacity_cores is not None:
             cap.add_metric([g], wl.capacity_cores)
-    yield from (info, procs, cores, cap)
+    yield from (info, cores, cap)

@@ -143,6 +143,13 @@ def _procs(window: Sequence[Stamped[ProcSample]], pid: int) -> list[tuple[float,
     return [(s.t, p) for s in window if (p := s.value.processes.get(pid)) is not None]
 
 
+def _seen(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[ProcSample]],
+          pid: int) -> list[tuple[float, ProcessSample]]:
+    """A process's samples: the 1 s process-level ones, or the deep ones for a process only deep passes read
+    (a workload's worker processes are read there, and only while their GPU waits)."""
+    return _procs(procs, pid) or _procs(deep, pid)
+
+
 def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int],
                  context: Collection[int] | None = None) -> tuple[ThreadLoad, ...]:
     """Per-thread core use between the first and last deep sample that saw each thread, busiest first, with
@@ -190,12 +197,12 @@ def d_state_mean(deep: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> 
     return sum(counts) / len(counts) if counts else 0.0
 
 
-def process_loads(procs: Sequence[Stamped[ProcSample]], pids: Collection[int],
-                  context: Collection[int]) -> tuple[ProcLoad, ...]:
+def process_loads(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[ProcSample]],
+                  pids: Collection[int], context: Collection[int]) -> tuple[ProcLoad, ...]:
     """Per-process core use of ``pids`` between the first and last sample that saw each, busiest first."""
     out: list[ProcLoad] = []
     for pid in pids:
-        seen = _procs(procs, pid)
+        seen = _seen(procs, deep, pid)
         if len(seen) < 2:
             continue
         (t0, p0), (t1, p1) = seen[0], seen[-1]
@@ -207,11 +214,12 @@ def process_loads(procs: Sequence[Stamped[ProcSample]], pids: Collection[int],
     return tuple(out)
 
 
-def storage_reads(procs: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> float | None:
+def storage_reads(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[ProcSample]],
+                  pids: Collection[int]) -> float | None:
     """Bytes per second the processes read from storage (read_bytes), None when no process shows it."""
     total, have = 0.0, False
     for pid in pids:
-        seen = [(t, p) for t, p in _procs(procs, pid) if p.io_read_bytes is not None]
+        seen = [(t, p) for t, p in _seen(procs, deep, pid) if p.io_read_bytes is not None]
         if len(seen) < 2 or seen[-1][0] <= seen[0][0]:
             continue
         have = True
@@ -237,7 +245,7 @@ def cpu_shape(
     rbytes = rcalls = 0.0
     have_io = False
     for pid in pids:
-        seen = _procs(source, pid)
+        seen = _procs(source, pid) or (_procs(deep, pid) if source is procs else [])
         if not seen:
             continue
         allowed |= seen[-1][1].cpus_allowed
@@ -290,8 +298,8 @@ def cpu_shape(
         d_state_threads=d_state_mean(deep, pids),
         read_bytes_per_s=rbytes if have_io else None,
         read_syscalls_per_s=rcalls if have_io else None,
-        processes=process_loads(source, pids, pids if context is None else context) if context is not None else (),
-        storage_read_bytes_per_s=storage_reads(source, pids),
+        processes=process_loads(procs, deep, pids, context) if context is not None else (),
+        storage_read_bytes_per_s=storage_reads(procs, deep, pids),
     )
 
 
