@@ -103,6 +103,21 @@ def gpu_entry(info: GpuInfo, phase: PhaseState) -> dict[str, Any]:
     }
 
 
+def owner_line(labels: Mapping[str, str]) -> str:
+    """Who owns a GPU's workload, for a person: ``pod vision/trainer-0 (container trainer)``, ``Slurm job 42``."""
+    parts: list[str] = []
+    if "pod" in labels:
+        ctr = f" (container {labels['container']})" if "container" in labels else ""
+        parts.append(f"pod {labels.get('namespace', '?')}/{labels['pod']}{ctr}")
+    if "slurm_job_id" in labels:
+        parts.append(f"Slurm job {labels['slurm_job_id']}")
+    if "unit" in labels:
+        parts.append(f"unit {labels['unit']}")
+    if "container_id" in labels:
+        parts.append(f"container id {labels['container_id'][:12]}")
+    return ", ".join(parts)
+
+
 def workload_labels(state: DerivedState | None, index: int) -> dict[str, str]:
     """The attribution labels of the GPU's workload (gpufeed_workload_info), ``{}`` when none are known."""
     if state is None or index not in state.workloads:
@@ -181,6 +196,9 @@ def print_text(doc: Mapping[str, Any], out: TextIO) -> None:
             conf = "" if g["confidence"] is None else f"  (confidence {g['confidence']:.2f})"
             name = f" {g['name']}" if g.get("name") else ""
             out.write(f"\nGPU {g['index']}{name}: {(g['cause'] or 'no verdict').upper()}{wait}{conf}\n")
+            owner = owner_line(g.get("workload") or {})
+            if owner:
+                out.write(f"  workload: {owner}\n")
             for e in g["evidence"][:3]:
                 out.write(f"  - {e}\n")
             if g.get("next_check"):

@@ -76,6 +76,10 @@ class KubernetesCollector(Collector):
             self._cached = None
             raise NoDataError(f"kubelet pod-resources socket {self.socket} absent (not a Kubernetes node, or the "
                               "socket is not mounted; see --collector.kubernetes.socket)")
+        if not os.access(self.socket, os.W_OK):
+            # connect(2) on a unix socket needs write permission; the kubelet makes it root's only (0755).
+            raise NoDataError(f"kubelet pod-resources socket {self.socket} not writable by this user (uid "
+                              f"{os.geteuid()}): run as root to attribute GPUs to pods")
         gpu_pids = self.ctx.targets.pids()
         now = self.ctx.clock()
         c = self._cached

@@ -179,3 +179,14 @@ def test_a_kubelet_answering_garbage_is_a_failure(sockdir: Path) -> None:
         col.close()
         server.stop(0).wait(5)
     assert not os.path.exists(sock) or sock.is_socket()
+
+
+def test_a_socket_this_user_may_not_connect_to_is_not_available_not_a_failure(
+        sockdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kubelet makes its socket root's only: a non-root exporter must not page "collector failing".
+    sock = sockdir / "kubelet.sock"
+    with kubelet(sock, _Lister()):
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(sock) else real(p, mode))
+        with pytest.raises(NoDataError, match="not writable"):
+            _collector(sock).update()
