@@ -96,6 +96,12 @@ class WorkloadCollector(Collector):
         self._pass += 1
         by_gpu = self.ctx.targets.by_gpu()
         roots = frozenset().union(*by_gpu.values()) if by_gpu else frozenset()
+        if not roots and not (self.container_env and by_gpu and self.ctx.proc().is_dir()):
+            # No GPU process and no GPU to find a container for: nothing to follow (and no /proc needed).
+            self._table.clear()
+            self.ctx.targets.publish_workload(())
+            return WorkloadSample(processes=MappingProxyType({}), groups=MappingProxyType({}),
+                                  cgroup_version=self._version())
         self._scan_table()
         version = self._version()
         memberships: dict[int, cg.Membership] = {}
