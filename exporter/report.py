@@ -6,14 +6,16 @@ The JSON is ``shared/scenarios/SPEC.md``'s, extended the same way in both modes:
     {"scenario": name | null, "host": hostname | null, "duration_s", "window_s",
      "phases": [{"name", "end_s",
                  "gpus": [{"index", "uuid", "name", "cause", "confidence", "waiting_ratio", "waiting_share",
-                           "evidence", "next_check"}],
+                           "evidence", "next_check", "workload"}],
                  "findings": [{"check", "gpu", "severity", "detail"}]}],
      "timeline": [{"t", "gpu", "cause"}],           # with --timeline only
+     "finding_events": [{"t", "gpu", "check", "event"}],   # with --timeline, version-2 scenarios
      "note": "...", "sampler_errors": {...}}          # only when there is something to say
 
 A live run is one phase named ``live``. ``waiting_ratio`` is the share of the classifier window the GPU
 waited; ``waiting_share`` the share of the whole phase (live: the whole run), from the exact state counters.
-Every GPU of the scenario (or seen by NVML) is present; ``cause`` is null when no verdict was reached.
+Every GPU of the scenario (or seen by NVML) is present; ``cause`` is null when no verdict was reached;
+``workload`` holds the attribution labels of its workload (``gpufeed_workload_info``), ``{}`` when none.
 """
 
 from __future__ import annotations
