@@ -184,6 +184,9 @@ def workloads(
             k = kube_of.get(uuid)
             if k is not None:
                 labels.update(namespace=k[0], pod=k[1], container=k[2])
+            elif primary is not None and primary.pod_uid:
+                notes.append(f"pod {primary.pod_uid}: namespace and name unknown (the kubelet's pod-resources API "
+                             "is not available or does not name this GPU)")
         out[idx] = Workload(gpu=idx, context=ctx[idx], members=tuple(sorted(members)), group=primary,
                             labels=MappingProxyType({k: labels[k] for k in LABELS if k in labels}),
                             notes=tuple(notes), stray=stray.get(idx, ()))

@@ -108,3 +108,15 @@ def test_a_ppid_cycle_is_an_error() -> None:
             "phases: [{name: p, duration_s: 30}]\n")
     with pytest.raises(ScenarioError, match="own ancestor"):
         loads(text, "cyc.yaml")
+
+
+def test_without_the_kubelet_a_pod_keeps_its_container_id_and_the_evidence_says_why_names_are_missing() -> None:
+    text = (HERE / "k8s_cpu_quota_v2.yaml").read_text()
+    start, end = text.index("  kubernetes:"), text.index("gpus:\n")
+    sc = loads(text[:start] + text[end:], "no-kubelet.yaml")
+    res = play(sc)
+    st = res.phases[0].state
+    assert st is not None
+    assert st.workloads[0].labels == {"container_id": "3b2a1c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f809"}
+    assert any("namespace and name unknown" in e for e in st.gpus[0].evidence)
+    assert st.gpus[0].cause == "launch_bound"
