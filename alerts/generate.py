@@ -295,18 +295,58 @@ def starved_alerts(cfg: dict[str, Any]) -> list[Rule]:
     rules = []
     for selector, severity in ((f'cause!="{LATENCY_BOUND}"', c["severity"]),
                                (f'cause="{LATENCY_BOUND}"', c["latency_bound_severity"])):
-        rules.append(alert(
-            cfg, "GpufeedGPUStarved", "gpu_starved",
-            f"""
+        starved = f"""(
   rate(gpufeed_gpu_waiting_seconds_total{{{selector}}}[{w}])
 / ignoring (cause) group_left
   sum without (state) (rate(gpufeed_gpu_state_seconds_total[{w}]))
 > {_num(c["min_waiting_ratio"])}
-""",
+)"""
+        rules.append(alert(
+            cfg, "GpufeedGPUStarved", "gpu_starved", with_owner(starved),
             "GPU {{ $labels.gpu }} on {{ $labels.instance }} starved: waiting on {{ $labels.cause }}",
-            description, severity=severity,
+            description + OWNER, severity=severity,
         ))
     return rules
+
+
+# The owner of a GPU's workload, for routing (DESIGN.md "Workloads"): gpufeed_workload_info's labels copied onto
+# an alert of that GPU. A GPU whose workload is unknown keeps its alert (the "or"), without them.
+OWNER_LABELS = "namespace, pod, container, slurm_job_id, unit"
+OWNER = ("{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}"
+         "{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}"
+         "{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}")
+
+
+def with_owner(expr: str) -> str:
+    """``expr`` (per job, instance, gpu) with the workload's owner labels where gpufeed knows them."""
+    return (f"{expr}\n* on (job, instance, gpu) group_left ({OWNER_LABELS})\n  gpufeed_workload_info\n"
+            f"or on (job, instance, gpu)\n{expr}\n")
+
+
+def workload_alerts(cfg: dict[str, Any]) -> list[Rule]:
+    """The workload findings (cpu_quota_throttled, cpu_contention, gpu_memory_full), with their owner."""
+    q, c, m = cfg["cpu_quota_throttled"], cfg["cpu_contention"], cfg["gpu_memory_full"]
+    cores = evidence("gpufeed_workload_cpu_capacity_cores{instance=%q,gpu=%q}", IG,
+                     " Its CPU capacity: {{ . | first | value }} cores.")
+    return [
+        alert(cfg, "GpufeedCPUQuotaThrottled", "cpu_quota_throttled",
+              with_owner(f"({finding('cpu_quota_throttled')} == 1)"),
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} waits while its workload is CPU-throttled",
+              "The container or job feeding GPU {{ $labels.gpu }} on {{ $labels.instance }} is throttled by its "
+              f"CFS quota in at least {_pct(q['min_throttled_ratio'])} of its periods while the GPU waits." + cores
+              + OWNER),
+        alert(cfg, "GpufeedCPUContention", "cpu_contention",
+              with_owner(f"({finding('cpu_contention')} == 1)"),
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} waits while its workload waits for CPUs",
+              "A thread feeding GPU {{ $labels.gpu }} on {{ $labels.instance }} is runnable but waits for a CPU "
+              f"at least {_pct(c['min_run_delay_ratio'])} of the time: other jobs hold its CPUs." + OWNER),
+        alert(cfg, "GpufeedGPUMemoryFull", "gpu_memory_full",
+              with_owner(f"({finding('gpu_memory_full')} == 1)"),
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} is partly idle with its memory full",
+              f"GPU {{{{ $labels.gpu }}}} on {{{{ $labels.instance }}}} has at least "
+              f"{_pct(m['min_gpu_memory_used_ratio'])} of its memory in use while partly idle: the batch size may "
+              "be limited by VRAM." + OWNER),
+    ]
 
 
 def gpu_alerts(cfg: dict[str, Any]) -> list[Rule]:
@@ -502,11 +542,16 @@ def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
         {"name": "gpufeed-platform", "rules": pcie_alerts(cfg) + numa_alerts(cfg) + gpu_alerts(cfg)
          + gpu_health_alerts(cfg) + host_alerts(cfg)},
         {"name": "gpufeed-starvation", "rules": starved_alerts(cfg)},
+        {"name": "gpufeed-workloads", "rules": workload_alerts(cfg)},
         {"name": "gpufeed-exporter", "rules": self_alerts(cfg)},
     ]}
 
 
 # -------------------------------------------------------------------------------------------- recording
+
+
+# Who a GPU's time is rolled up to: (rule prefix, gpufeed_workload_info label).
+OWNERS = (("namespace", "namespace"), ("slurm_job", "slurm_job_id"))
 
 
 def workload_join(label: str, b: Callable[[str], str]) -> str:
@@ -527,7 +572,7 @@ def workload_rollups(state_rate: str, cause_rate: str, rw: str, b: Callable[[str
     """GPU-time by state and waiting cause per Kubernetes namespace and per Slurm job (capacity reviews); ``b``
     adds the aggregation labels to a label list."""
     rules: list[Rule] = []
-    for prefix, label in (("namespace", "namespace"), ("slurm_job", "slurm_job_id")):
+    for prefix, label in OWNERS:
         for kind, rate, series in (("state", state_rate, "gpufeed_gpu_state_seconds"),
                                    ("cause", cause_rate, "gpufeed_gpu_waiting_seconds")):
             rules.append({
@@ -587,11 +632,30 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
         {"record": "instance:gpufeed_gpu_waiting_hours:fleet_ratio1d",
          "expr": f"instance:gpufeed_gpu_waiting_hours:increase1d\n/ on ({b('job')}) group_left\n"
                  f"sum by ({b('job')}) (instance:gpufeed_gpu_waiting_hours:increase1d)\n"},
+        *owner_daily_rules(rw, b),
     ]
     return {"groups": [
         {"name": "gpufeed-gpu-time", "rules": fast},
         {"name": "gpufeed-capacity-daily", "interval": cfg["daily_interval"], "rules": daily},
     ]}
+
+
+# Per-owner rollups (DESIGN.md "Workloads"): GPU time by state and waiting time by cause per Kubernetes namespace
+# and per Slurm job, joined through gpufeed_workload_info (one series per GPU, so the join is one-to-one).
+
+
+def owner_daily_rules(rw: str, b: Callable[[str], str]) -> list[Rule]:
+    """GPU-hours of the last day per owner: the mean of the per-owner rate (:func:`workload_rollups`) over the
+    day times 24 h, so each 5-minute slice is charged to whoever owned the GPU then (a job that ended is still
+    counted); ``b`` adds the aggregation labels."""
+    out: list[Rule] = []
+    for prefix, label in OWNERS:
+        for kind, metric, hours in (("state", "gpufeed_gpu_state_seconds", "gpufeed_gpu_hours"),
+                                    ("cause", "gpufeed_gpu_waiting_seconds", "gpufeed_gpu_waiting_hours")):
+            out.append({"record": f"{prefix}_{kind}:{hours}:increase1d",
+                        "expr": f"sum by ({b(f'{label}, {kind}')}) (avg_over_time({prefix}_{kind}:{metric}:{rw}[1d]))"
+                                " * 24"})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- output

@@ -22,6 +22,8 @@ NFS = "nfs"
 PCIE = "pcie"
 NUMA = "numa"
 DERIVED = "derived"  # the analyzer: verdicts, findings, state seconds
+WORKLOAD = "workload"  # process trees and cgroups of the GPU processes
+KUBERNETES = "kubernetes"  # the kubelet's pod-resources API: which pod holds which GPU
 
 # ---- the verdict (DESIGN.md) ----------------------------------------------------------------------------------
 VERDICTS = (
@@ -40,6 +42,9 @@ FINDINGS = (
     "gpu_clock_throttled", "memory_pressure", "nfs_retransmissions", "gpu_lost",
     # GPU health (NVML events and ECC counters)
     "gpu_xid_error", "gpu_memory_errors",
+    # Workloads (DESIGN.md "Workloads"): the GPU's container or job is held back by its CPU quota, or its
+    # threads wait for CPUs other jobs hold; the GPU's memory is (nearly) full while it is partly idle.
+    "cpu_quota_throttled", "cpu_contention", "gpu_memory_full",
 )
 SEVERITIES = ("critical", "warning", "info")
 

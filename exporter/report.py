@@ -7,9 +7,10 @@ The JSON is ``shared/scenarios/SPEC.md``'s, extended the same way in both modes,
     {"scenario": name | null, "host": hostname | null, "duration_s", "window_s",
      "phases": [{"name", "end_s",
                  "gpus": [{"index", "uuid", "name", "cause", "confidence", "waiting_ratio", "waiting_share",
-                           "evidence", "next_check"}],
+                           "evidence", "next_check", "workload"}],
                  "findings": [{"check", "gpu", "severity", "detail"}]}],
      "timeline": [{"t", "gpu", "cause"}],           # with --timeline only: each change of a GPU's verdict
+     "finding_events": [{"t", "gpu", "check", "event"}],   # with --timeline, version-2 scenarios
      "note": "...", "sampler_errors": {...},         # only when there is something to say
      "error": "..."}                                 # only when the host could not be seen (exit 3)
 
@@ -19,7 +20,8 @@ window, or the whole run when that is shorter); ``waiting_ratio`` the share of i
 Every GPU of the scenario (or seen by NVML) is present; ``cause`` is null when no verdict was reached. A GPU
 in MIG mode is judged per MIG instance: it is listed once per instance, each entry with ``"mig": <GPU
 instance id>`` and the instance's UUID (entries of other GPUs have no ``mig`` key); timeline rows of an
-instance carry ``mig`` too.
+instance carry ``mig`` too. ``workload`` holds the attribution labels of the GPU's workload
+(``gpufeed_workload_info``), ``{}`` when none.
 
 Exit codes (:func:`exit_code`, the same in both modes): 0 every GPU healthy or idle and no finding, in every
 phase; 1 anything else (a waiting, throttled or inefficient GPU, a GPU without a verdict, any finding);
@@ -141,6 +143,7 @@ def gpu_entry(info: GpuInfo, phase: PhaseState) -> dict[str, Any]:
         "waiting_share": _waiting_share(info.key, phase.state, phase.start),
         "evidence": list(v.evidence) if v is not None else [why] if why else [],
         "next_check": next_check(v.cause if v is not None else None, info.pids, info.bdf),
+        "workload": workload_labels(phase.state, info.index),
     })
     return entry
 
@@ -150,6 +153,28 @@ def mig_infos(gpu: GpuInfo, instances: Sequence[tuple[int, str, str]],
     """The report entries of a GPU in MIG mode: one per instance ``(gi, uuid, name)``, with its processes."""
     return [GpuInfo(index=gpu.index, uuid=uuid, name=name, pids=pids_of.get(gi, ()), bdf=gpu.bdf, mig=gi)
             for gi, uuid, name in instances]
+
+
+def owner_line(labels: Mapping[str, str]) -> str:
+    """Who owns a GPU's workload, for a person: ``pod vision/trainer-0 (container trainer)``, ``Slurm job 42``."""
+    parts: list[str] = []
+    if "pod" in labels:
+        ctr = f" (container {labels['container']})" if "container" in labels else ""
+        parts.append(f"pod {labels.get('namespace', '?')}/{labels['pod']}{ctr}")
+    if "slurm_job_id" in labels:
+        parts.append(f"Slurm job {labels['slurm_job_id']}")
+    if "unit" in labels:
+        parts.append(f"unit {labels['unit']}")
+    if "container_id" in labels:
+        parts.append(f"container id {labels['container_id'][:12]}")
+    return ", ".join(parts)
+
+
+def workload_labels(state: DerivedState | None, index: int) -> dict[str, str]:
+    """The attribution labels of the GPU's workload (gpufeed_workload_info), ``{}`` when none are known."""
+    if state is None or index not in state.workloads:
+        return {}
+    return dict(state.workloads[index].labels)
 
 
 def phase_entry(phase: PhaseState, gpus: Sequence[GpuInfo]) -> dict[str, Any]:
@@ -169,6 +194,7 @@ def document(
     duration_s: float, window_s: float | None, note: str | None = None,
     timeline: Sequence[tuple[float, DerivedState]] | None = None,
     sampler_errors: Mapping[str, str] | None = None, error: str | None = None,
+    finding_events_wanted: bool = False,
 ) -> dict[str, Any]:
     """The whole report as a JSON-ready dict (the shape in the module docstring).
 
@@ -184,6 +210,8 @@ def document(
     }
     if timeline is not None:
         doc["timeline"] = changes(timeline)
+        if finding_events_wanted:
+            doc["finding_events"] = finding_events(timeline)
     if note:
         doc["note"] = note
     if sampler_errors:
@@ -243,6 +271,9 @@ def print_text(doc: Mapping[str, Any], out: TextIO) -> None:
             name = f" {g['name']}" if g.get("name") else ""
             mig = f" MIG {g['mig']}" if g.get("mig") is not None else ""
             out.write(f"\nGPU {g['index']}{mig}{name}: {(g['cause'] or 'no verdict').upper()}{wait}{conf}\n")
+            owner = owner_line(g.get("workload") or {})
+            if owner:
+                out.write(f"  workload: {owner}\n")
             for e in g["evidence"][:3]:
                 out.write(f"  - {e}\n")
             if g.get("next_check"):
@@ -282,30 +313,101 @@ def scenario_document(res: PlayResult, *, timeline: bool = False) -> dict[str, A
         prev = ph.state
     window = next((p.state.window_s for p in res.phases if p.state is not None), None)
     return document(phases, gpus, scenario=sc.name, host=None, duration_s=sc.duration_s, window_s=window,
-                    timeline=res.timeline if timeline else None, sampler_errors=res.sampler_errors)
+                    timeline=res.timeline if timeline else None, sampler_errors=res.sampler_errors,
+                    finding_events_wanted=sc.version >= 2)
+
+
+def finding_events(timeline: Sequence[tuple[float, DerivedState]]) -> list[dict[str, Any]]:
+    """Every raise and clear of a finding along the timeline (SPEC v2 ``finding_events``)."""
+    out: list[dict[str, Any]] = []
+    active: set[tuple[str, int | None]] = set()
+    for t, state in timeline:
+        now = {(f.check, f.gpu) for f in state.findings}
+        for check_, gpu in sorted(now - active, key=_event_key):
+            out.append({"t": round(t, 3), "gpu": gpu, "check": check_, "event": "raised"})
+        for check_, gpu in sorted(active - now, key=_event_key):
+            out.append({"t": round(t, 3), "gpu": gpu, "check": check_, "event": "cleared"})
+        active = now
+    return out
+
+
+def _event_key(k: tuple[str, int | None]) -> tuple[str, int]:
+    return k[0], -1 if k[1] is None else k[1]
+
+
+def _banned(found: Sequence[tuple[str, int | None]], bans: Sequence[tuple[str, int | None]]) -> list[str]:
+    """``no_findings`` semantics: a bare name bans the check on every GPU and host-wide; (check, gpu) on that
+    GPU only. One sentence per ban broken."""
+    out: list[str] = []
+    for chk, gpu in bans:
+        hits = sorted({"host" if g is None else f"GPU {g}" for c, g in found
+                       if c == chk and (gpu is None or g == gpu)})
+        if hits:
+            where = "" if gpu is None else f" on GPU {gpu}"
+            out.append(f"finding {chk}{where} must not be reported, but was ({', '.join(hits)})")
+    return out
+
+
+def _want(causes: Sequence[str]) -> str:
+    return causes[0] if len(causes) == 1 else "one of " + ", ".join(causes)
 
 
 def check(res: PlayResult) -> list[str]:
-    """Each failed ``expect`` entry of the scenario, as a sentence; empty when all hold."""
+    """Each failed ``expect`` entry of the scenario, as a sentence; empty when all hold.
+
+    Version-2 forms (SPEC "expect, added forms"): a list of verdicts accepts any; ``within_s`` checks every
+    evaluation from phase start + N to its end (the evaluation at the phase start belongs to the previous
+    phase); ``no_findings_anytime`` every evaluation of the phase; ``evidence_contains`` case-insensitive
+    substrings of the GPU's evidence; ``workload`` the attribution labels it names (``{}``: none at all)."""
     by_name = {p.name: p for p in res.phases}
+    starts = {p.name: p.start_s for p in res.scenario.phases}
     failures: list[str] = []
     for e in res.scenario.expect:
         st = by_name[e.phase].state
+        start, end = starts[e.phase], by_name[e.phase].end_s
         for idx, want in sorted(e.gpus.items()):
             v = st.gpus.get(idx) if st is not None else None
             got = v.cause if v is not None else None
-            if got != want:
-                failures.append(f"phase {e.phase!r}: GPU {idx}: expected {want}, got {got or 'no verdict'}")
+            if got not in want:
+                failures.append(f"phase {e.phase!r}: GPU {idx}: expected {_want(want)}, got {got or 'no verdict'}")
         failures.extend(_check_mig(e.phase, e.mig, st))
         found = [] if st is None else [(f.check, f.gpu) for f in st.findings]
         for chk, gpu in e.findings:
             if not any(c == chk and (gpu is None or g == gpu) for c, g in found):
                 where = f" on GPU {gpu}" if gpu is not None else ""
                 failures.append(f"phase {e.phase!r}: expected finding {chk}{where}, not reported")
-        for chk in e.no_findings:
-            hits = sorted({"host" if g is None else f"GPU {g}" for c, g in found if c == chk})
-            if hits:
-                failures.append(f"phase {e.phase!r}: finding {chk} must not be reported, but was ({', '.join(hits)})")
+        failures.extend(f"phase {e.phase!r}: {x}" for x in _banned(found, e.no_findings))
+        during = [(t, s) for t, s in res.timeline if start < t <= end + 1e-9]
+        if e.within_s is not None:
+            for idx, want in sorted(e.gpus.items()):
+                bad = [(t, s.gpus[idx].cause if idx in s.gpus else None) for t, s in during
+                       if t >= start + e.within_s - 1e-9 and (idx not in s.gpus or s.gpus[idx].cause not in want)]
+                if bad:
+                    t, got = bad[0]
+                    failures.append(f"phase {e.phase!r}: GPU {idx}: expected {_want(want)} from "
+                                    f"{start + e.within_s:g} s on, got {got or 'no verdict'} at {t:g} s "
+                                    f"({len(bad)} evaluations)")
+        if e.no_findings_anytime:
+            broken: set[str] = set()
+            for t, s in during:
+                for x in _banned([(f.check, f.gpu) for f in s.findings], e.no_findings_anytime):
+                    if x not in broken:
+                        broken.add(x)
+                        failures.append(f"phase {e.phase!r}: at {t:g} s: {x}")
+        for idx, subs in sorted(e.evidence_contains.items()):
+            v = st.gpus.get(idx) if st is not None else None
+            lines = [x.lower() for x in (v.evidence if v is not None else ())]
+            for sub in subs:
+                if not any(sub.lower() in x for x in lines):
+                    failures.append(f"phase {e.phase!r}: GPU {idx}: no evidence line contains {sub!r}")
+        for idx, labels in sorted(e.workload.items()):
+            got_labels = workload_labels(st, idx)
+            if not labels and got_labels:
+                failures.append(f"phase {e.phase!r}: GPU {idx}: expected no workload labels, got {got_labels}")
+            for k, want_v in sorted(labels.items()):
+                if got_labels.get(k) != want_v:
+                    failures.append(f"phase {e.phase!r}: GPU {idx}: workload {k} expected {want_v!r}, got "
+                                    f"{got_labels.get(k)!r}")
     return failures
 
 

@@ -102,6 +102,7 @@ class Targets:
         self._bus_ids: Mapping[str, str] = MappingProxyType({})
         self._focus: frozenset[int] | None = None
         self._full = False
+        self._workload: frozenset[int] = frozenset()
 
     def publish(self, by_gpu: Mapping[str, Iterable[int]], bus_ids: Mapping[str, str] | None = None) -> None:
         """Replace the GPU -> pids map and, when given, the GPU -> PCI address map."""
@@ -146,6 +147,20 @@ class Targets:
         """Ask the next deep pass to read every target once despite the focus."""
         with self._lock:
             self._full = True
+
+    # ---- workloads: what feeds the GPUs besides their NVML processes (the workload collector) ------------------
+
+    def publish_workload(self, pids: Iterable[int]) -> None:
+        """Replace the set of workload processes that hold no GPU context (data-loader workers, tokenizer pools,
+        the other processes of a GPU process's container or job): the proc collector inspects them too."""
+        frozen = frozenset(int(p) for p in pids)
+        with self._lock:
+            self._workload = frozen
+
+    def workload_pids(self) -> frozenset[int]:
+        """The workload processes as last published (without the GPU processes themselves)."""
+        with self._lock:
+            return self._workload
 
     def take_focus(self) -> frozenset[int] | None:
         """The focus for one deep pass: None (read everything) when a full pass was requested, which this

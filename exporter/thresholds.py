@@ -35,6 +35,15 @@ class MemoryPressure:
     max_memory_stall_ratio: float
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadChecks:
+    """``cpu_quota_throttled``, ``cpu_contention`` and ``gpu_memory_full`` (DESIGN.md "Workloads")."""
+
+    min_throttled_ratio: float
+    min_run_delay_ratio: float
+    min_gpu_memory_used_ratio: float
+
+
 def _section(name: str, keys: tuple[str, ...]) -> dict[str, float]:
     sec = DEFAULTS[name]
     return {k: float(sec[k]) for k in keys}
@@ -56,3 +65,8 @@ class XidErrors:
 _XID = DEFAULTS["gpu_xid_error"]
 XID = XidErrors(critical=frozenset(int(x) for x in _XID["critical_xids"]),
                 warning=frozenset(int(x) for x in _XID["warning_xids"]), hold_s=parse_duration(_XID["window"]))
+WORKLOAD = WorkloadChecks(
+    min_throttled_ratio=_section("cpu_quota_throttled", ("min_throttled_ratio",))["min_throttled_ratio"],
+    min_run_delay_ratio=_section("cpu_contention", ("min_run_delay_ratio",))["min_run_delay_ratio"],
+    min_gpu_memory_used_ratio=_section("gpu_memory_full", ("min_gpu_memory_used_ratio",))["min_gpu_memory_used_ratio"],
+)

@@ -256,28 +256,72 @@
         "rules": [
           {
             "alert": "GpufeedGPUStarved",
-            "expr": "rate(gpufeed_gpu_waiting_seconds_total{cause!=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n",
+            "expr": "(\n  rate(gpufeed_gpu_waiting_seconds_total{cause!=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{cause!=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n)\n",
             "for": "15m",
             "labels": {
               "severity": "warning",
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} starved: waiting on {{ $labels.cause }}",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last 30m waiting on {{ $labels.cause }} (threshold 30%).{{ with printf `gpufeed_gpu_bottleneck{instance=%q,gpu=%q} == 1` $labels.instance $labels.gpu | query }} Current verdict: {{ . | first | label `cause` }}{{ end }}{{ with printf `gpufeed_gpu_bottleneck_confidence{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} (confidence {{ . | first | value | humanizePercentage }}){{ end }}",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last 30m waiting on {{ $labels.cause }} (threshold 30%).{{ with printf `gpufeed_gpu_bottleneck{instance=%q,gpu=%q} == 1` $labels.instance $labels.gpu | query }} Current verdict: {{ . | first | label `cause` }}{{ end }}{{ with printf `gpufeed_gpu_bottleneck_confidence{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} (confidence {{ . | first | value | humanizePercentage }}){{ end }}{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpustarved" % $._config),
             },
           },
           {
             "alert": "GpufeedGPUStarved",
-            "expr": "rate(gpufeed_gpu_waiting_seconds_total{cause=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n",
+            "expr": "(\n  rate(gpufeed_gpu_waiting_seconds_total{cause=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{cause=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n)\n",
             "for": "15m",
             "labels": {
               "severity": "info",
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} starved: waiting on {{ $labels.cause }}",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last 30m waiting on {{ $labels.cause }} (threshold 30%).{{ with printf `gpufeed_gpu_bottleneck{instance=%q,gpu=%q} == 1` $labels.instance $labels.gpu | query }} Current verdict: {{ . | first | label `cause` }}{{ end }}{{ with printf `gpufeed_gpu_bottleneck_confidence{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} (confidence {{ . | first | value | humanizePercentage }}){{ end }}",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last 30m waiting on {{ $labels.cause }} (threshold 30%).{{ with printf `gpufeed_gpu_bottleneck{instance=%q,gpu=%q} == 1` $labels.instance $labels.gpu | query }} Current verdict: {{ . | first | label `cause` }}{{ end }}{{ with printf `gpufeed_gpu_bottleneck_confidence{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} (confidence {{ . | first | value | humanizePercentage }}){{ end }}{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpustarved" % $._config),
+            },
+          },
+        ],
+      },
+      {
+        "name": "gpufeed-workloads",
+        "rules": [
+          {
+            "alert": "GpufeedCPUQuotaThrottled",
+            "expr": "(gpufeed_finding{check=\"cpu_quota_throttled\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(gpufeed_finding{check=\"cpu_quota_throttled\"} == 1)\n",
+            "for": "15m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} waits while its workload is CPU-throttled",
+              "description": "The container or job feeding GPU {{ $labels.gpu }} on {{ $labels.instance }} is throttled by its CFS quota in at least 20% of its periods while the GPU waits.{{ with printf `gpufeed_workload_cpu_capacity_cores{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} Its CPU capacity: {{ . | first | value }} cores.{{ end }}{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedcpuquotathrottled" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedCPUContention",
+            "expr": "(gpufeed_finding{check=\"cpu_contention\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(gpufeed_finding{check=\"cpu_contention\"} == 1)\n",
+            "for": "15m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} waits while its workload waits for CPUs",
+              "description": "A thread feeding GPU {{ $labels.gpu }} on {{ $labels.instance }} is runnable but waits for a CPU at least 20% of the time: other jobs hold its CPUs.{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedcpucontention" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedGPUMemoryFull",
+            "expr": "(gpufeed_finding{check=\"gpu_memory_full\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(gpufeed_finding{check=\"gpu_memory_full\"} == 1)\n",
+            "for": "30m",
+            "labels": {
+              "severity": "info",
+            },
+            "annotations": {
+              "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is partly idle with its memory full",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} has at least 95% of its memory in use while partly idle: the batch size may be limited by VRAM.{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpumemoryfull" % $._config),
             },
           },
         ],

@@ -87,6 +87,22 @@
             "record": "instance:gpufeed_gpu_waiting_hours:fleet_ratio1d",
             "expr": ("instance:gpufeed_gpu_waiting_hours:increase1d\n/ on (%(aggregationPrefix)sjob) group_left\nsum by (%(aggregationPrefix)sjob) (instance:gpufeed_gpu_waiting_hours:increase1d)\n" % $._config),
           },
+          {
+            "record": "namespace_state:gpufeed_gpu_hours:increase1d",
+            "expr": ("sum by (%(aggregationPrefix)snamespace, state) (avg_over_time(namespace_state:gpufeed_gpu_state_seconds:rate5m[1d])) * 24" % $._config),
+          },
+          {
+            "record": "namespace_cause:gpufeed_gpu_waiting_hours:increase1d",
+            "expr": ("sum by (%(aggregationPrefix)snamespace, cause) (avg_over_time(namespace_cause:gpufeed_gpu_waiting_seconds:rate5m[1d])) * 24" % $._config),
+          },
+          {
+            "record": "slurm_job_state:gpufeed_gpu_hours:increase1d",
+            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, state) (avg_over_time(slurm_job_state:gpufeed_gpu_state_seconds:rate5m[1d])) * 24" % $._config),
+          },
+          {
+            "record": "slurm_job_cause:gpufeed_gpu_waiting_hours:increase1d",
+            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, cause) (avg_over_time(slurm_job_cause:gpufeed_gpu_waiting_seconds:rate5m[1d])) * 24" % $._config),
+          },
         ],
       },
     ],

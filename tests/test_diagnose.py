@@ -65,7 +65,7 @@ def test_live_and_scenario_reports_have_one_shape(capsys: pytest.CaptureFixture[
     assert set(ph) == set(played["phases"][0])
     gpu_keys = set(played["phases"][0]["gpus"][0])
     assert gpu_keys == {"index", "uuid", "name", "cause", "confidence", "waiting_ratio", "waiting_share", "evidence",
-                        "next_check"}
+                        "next_check", "workload"}
 
 
 # ---- exit codes that do not lie ---------------------------------------------------------------------------------

@@ -221,6 +221,7 @@ def fleet() -> dict[str, Any]:
                    [target(f'instance_state:gpufeed_gpu_time:ratio_rate5m{{state="waiting", {H}}}',
                            "{{instance}}")], unit="percentunit", minmax=(0, 1)), 24, 8),
         ]),
+        ("By team / job", team_row(causes, states, table_opts)),
         ("Findings and alerts", [
             (findings, 12, 8),
             (alerts, 12, 8),
@@ -232,6 +233,36 @@ def fleet() -> dict[str, Any]:
     return dashboard("gpufeed-fleet", "gpufeed / Fleet overview",
                      "Is the fleet's GPU time spent working, or waiting -- and on what?",
                      layout(rows), templating=variables(with_gpu=False), links=links)
+
+
+def team_row(causes: tuple[str, ...], states: tuple[str, ...],
+             table_opts: dict[str, Any]) -> list[tuple[Panel, int, int]]:
+    """GPU time per Kubernetes namespace and per Slurm job (DESIGN.md "Workloads"): the per-owner recording rules,
+    joined through gpufeed_workload_info; and who owns each GPU now."""
+    owners = panel(
+        "table", "Who owns each GPU now", "gpufeed_workload_info: the pod (namespace/pod/container, from the "
+        "kubelet), the Slurm job or the systemd unit of each GPU's workload, and the container id.",
+        [target(f"gpufeed_workload_info{{{H}}}", instant=True, fmt="table")], options=table_opts)
+    owners["transformations"] = [{"id": "organize", "options": {
+        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+    return [
+        (panel("bargauge", "GPU-hours lost per namespace, last 24h",
+               "namespace_cause:gpufeed_gpu_waiting_hours:increase1d, stacked by cause: which team's GPUs wait, "
+               "and on what.",
+               [target("sort_desc(sum by (namespace, cause) (namespace_cause:gpufeed_gpu_waiting_hours:increase1d))",
+                       "{{namespace}} {{cause}}", instant=True)], unit="h", color_names=causes,
+               options={"orientation": "horizontal", "displayMode": "gradient"}), 12, 9),
+        (panel("timeseries", "GPU-seconds waiting per namespace, by cause",
+               "namespace_cause:gpufeed_gpu_waiting_seconds:rate5m: GPUs' worth of waiting per namespace.",
+               [target("sum by (namespace, cause) (namespace_cause:gpufeed_gpu_waiting_seconds:rate5m)",
+                       "{{namespace}} {{cause}}")], unit="short", stack=True), 12, 9),
+        (panel("bargauge", "GPU-hours per Slurm job by state, last 24h",
+               "slurm_job_state:gpufeed_gpu_hours:increase1d: working, waiting and idle GPU-hours of each job.",
+               [target("sort_desc(sum by (slurm_job_id, state) (slurm_job_state:gpufeed_gpu_hours:increase1d))",
+                       "job {{slurm_job_id}} {{state}}", instant=True)], unit="h", color_names=states,
+               options={"orientation": "horizontal", "displayMode": "gradient"}), 12, 9),
+        (owners, 12, 9),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------- host

@@ -71,6 +71,7 @@ class StatFields:
     stime: float
     num_threads: int
     processor: int
+    ppid: int = 0
 
 
 def parse_stat(text: str) -> StatFields:
@@ -94,6 +95,7 @@ def parse_stat(text: str) -> StatFields:
         stime=int(rest[12]) / USER_HZ,  # (15) stime
         num_threads=int(rest[17]),  # (20) num_threads
         processor=int(rest[36]),  # (39) processor
+        ppid=int(rest[1]),  # (4) ppid
     )
 
 
@@ -112,16 +114,39 @@ def parse_status(text: str) -> tuple[frozenset[int], frozenset[int]]:
     return cpus, mems
 
 
-def parse_io(text: str) -> tuple[int, int]:
-    """``rchar`` and ``syscr`` from /proc/<pid>/io."""
+def parse_io(text: str) -> tuple[int, int, int | None]:
+    """``rchar``, ``syscr`` and ``read_bytes`` from /proc/<pid>/io. ``read_bytes`` counts what reached the block
+    layer -- direct and asynchronous I/O included, which no read syscall shows (Documentation/filesystems/
+    proc.rst, "/proc/<pid>/io"); None on a kernel that does not print it."""
     vals: dict[str, int] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key in ("rchar", "syscr"):
+        if key in ("rchar", "syscr", "read_bytes"):
             vals[key] = int(value)
-    if len(vals) != 2:
+    if "rchar" not in vals or "syscr" not in vals:
         raise ValueError("no rchar/syscr")
-    return vals["rchar"], vals["syscr"]
+    return vals["rchar"], vals["syscr"], vals.get("read_bytes")
+
+
+def parse_schedstat(text: str) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) from /proc/<pid>/task/<tid>/schedstat:
+    ``<run ns> <run-delay ns> <timeslices>`` (Documentation/scheduler/sched-stats.rst)."""
+    parts = text.split()
+    if len(parts) < 2:
+        raise ValueError(f"schedstat: {text.strip()[:40]!r}")
+    return int(parts[0]) / 1e9, int(parts[1]) / 1e9
+
+
+def parse_switches(text: str) -> tuple[int, int] | None:
+    """``voluntary_ctxt_switches`` and ``nonvoluntary_ctxt_switches`` from a (task) status file."""
+    vol = nonvol = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "voluntary_ctxt_switches":
+            vol = int(value)
+        elif key == "nonvoluntary_ctxt_switches":
+            nonvol = int(value)
+    return None if vol is None or nonvol is None else (vol, nonvol)
 
 
 class _GoneError(Exception):
@@ -172,18 +197,28 @@ class ProcCollector(Collector):
 
     def update_threads(self) -> ProcSample:
         """Process-level reads plus every thread's stat (the deep sampler); while the derived layer focuses
-        deep inspection on the waiting GPUs' processes, only those (and --collector.proc.pids) are read."""
+        deep inspection on the waiting GPUs' processes, only those (and --collector.proc.pids) are read.
+
+        The other processes of a waiting GPU's workload (data-loader workers, container members: published by
+        the workload collector) are read here too, in focused passes only: a GPU that works needs no evidence
+        from its workers, and 8 trainers x 8 workers read every second would cost more than all else."""
         targets = self.pids()
         focus = self.ctx.targets.take_focus()
         read = targets if focus is None else targets & (focus | self.static_pids)
+        focus_now = self.ctx.targets.focus()
+        if focus_now:
+            read = read | (self.ctx.targets.workload_pids() & focus_now)
         sample = self._sample(deep=True, pids=read)
         last = {p: v for p, v in self._last_deep.items() if p in targets and p not in read}
-        held = dict(last)  # left out of this pass: exposed as last read, so their series do not flap
+        direct = self.ctx.targets.pids() | self.static_pids
+        # Left out of this pass: exposed as last read, so their series do not flap (workload-only pids are
+        # never exposed per pid).
+        held = {p: v for p, v in last.items() if p in direct}
         last.update(sample.processes)
         self._last_deep = last
         if not held:
             return sample
-        return ProcSample(processes=sample.processes, deep=True, held=MappingProxyType(held))
+        return ProcSample(processes=sample.processes, deep=True, held=MappingProxyType(held), workload=sample.workload)
 
     def _sample(self, deep: bool, pids: frozenset[int] | None = None) -> ProcSample:
         """Every target process (or ``pids``); one whose files are malformed is skipped (logged once per pid),
@@ -204,7 +239,9 @@ class ProcCollector(Collector):
                                       action="process skipped")
                 continue
             log.forget(key)  # parsed again (or a new process with that pid): log the next failure
-        return ProcSample(processes=MappingProxyType(out), deep=deep)
+        direct = self.ctx.targets.pids() | self.static_pids
+        return ProcSample(processes=MappingProxyType(out), deep=deep,
+                          workload=frozenset(p for p in out if p not in direct))
 
     def _read(self, *parts: str | int) -> str:
         """One file under /proc; _GoneError when the process or thread no longer exists."""
@@ -224,8 +261,9 @@ class ProcCollector(Collector):
         cpus, mems = self._parse(parse_status, self._read(pid, "status"), pid, "status")
         rchar: int | None = None
         syscr: int | None = None
+        storage: int | None = None
         try:
-            rchar, syscr = self._parse(parse_io, self._read(pid, "io"), pid, "io")
+            rchar, syscr, storage = self._parse(parse_io, self._read(pid, "io"), pid, "io")
         except CollectorError as e:  # read errors only: malformed content is a _MalformedError
             if not isinstance(e.__cause__, PermissionError):
                 raise
@@ -238,7 +276,7 @@ class ProcCollector(Collector):
         return ProcessSample(
             pid=pid, comm=stat.comm, state=stat.state, utime=stat.utime, stime=stat.stime,
             num_threads=stat.num_threads, cpus_allowed=cpus, mems_allowed=mems, threads=threads,
-            io_rchar=rchar, io_syscr=syscr,
+            io_rchar=rchar, io_syscr=syscr, io_read_bytes=storage, ppid=stat.ppid,
         )
 
     @staticmethod
@@ -253,7 +291,11 @@ class ProcCollector(Collector):
             raise _MalformedError(f"/proc/{pid}/{what}", str(e)) from e
 
     def _threads(self, pid: int) -> Iterable[ThreadStat]:
-        """Per-thread CPU times from /proc/<pid>/task/<tid>/stat; a thread exiting mid-read is skipped."""
+        """Per-thread CPU times from /proc/<pid>/task/<tid>/stat; a thread exiting mid-read is skipped.
+
+        A thread that ran since the previous deep pass also has its ``schedstat`` (run delay: runnable but
+        waiting for a CPU) and its context switches (``status``) read: the idle majority of a trainer's ~150
+        threads cannot be contended, so they cost one file each, not three."""
         base = self.ctx.proc(pid, "task")
         try:
             tids = sorted(int(t) for t in os.listdir(base) if t.isdigit())
@@ -261,13 +303,37 @@ class ProcCollector(Collector):
             if e.errno in GONE:
                 raise _GoneError(str(base)) from e
             raise CollectorError(f"{base}: {e.strerror or e}") from e
+        last = self._last_deep.get(pid)
+        before = {t.tid: t for t in last.threads} if last is not None else {}
         for tid in tids:
             try:
                 st = self._parse(parse_stat, self._read(pid, "task", tid, "stat"), f"{pid}/task/{tid}", "stat")
             except _GoneError:
                 continue
+            prev = before.get(tid)
+            delay: float | None = None
+            switches: tuple[int, int] | None = None
+            if prev is None or st.utime + st.stime > prev.utime + prev.stime:
+                delay, switches = self._sched(pid, tid)
+            elif prev.run_delay is not None:
+                delay, switches = prev.run_delay, prev.switches  # did not run: nothing changed
             yield ThreadStat(tid=tid, comm=st.comm, state=st.state, utime=st.utime, stime=st.stime,
-                             processor=st.processor)
+                             processor=st.processor, run_delay=delay, switches=switches)
+
+    def _sched(self, pid: int, tid: int) -> tuple[float | None, tuple[int, int] | None]:
+        """A thread's cumulative run delay (schedstat) and context switches (status); None where unreadable
+        (a kernel without CONFIG_SCHED_INFO has no schedstat)."""
+        delay: float | None = None
+        switches: tuple[int, int] | None = None
+        try:
+            delay = parse_schedstat(self._read(pid, "task", tid, "schedstat"))[1]
+        except (_GoneError, CollectorError, ValueError, IndexError):
+            delay = None
+        try:
+            switches = parse_switches(self._read(pid, "task", tid, "status"))
+        except (_GoneError, CollectorError, ValueError):
+            switches = None
+        return delay, switches
 
     def metrics(self, snap: Snapshot) -> Iterator[Metric]:
         shallow: ProcSample | None = snap.value(self.name)
@@ -290,6 +356,8 @@ class ProcCollector(Collector):
             labels=["pid", "comm"],
         )
         for pid, p in sorted(base.processes.items()):
+            if pid in base.workload:
+                continue
             labels = [str(pid), p.comm]
             cpu.add_metric([*labels, "user"], p.utime)
             cpu.add_metric([*labels, "system"], p.stime)
@@ -308,6 +376,8 @@ class ProcCollector(Collector):
             labels=["pid", "comm", "state"],
         )
         for pid, p in sorted({**deep.held, **deep.processes}.items()):
+            if pid in deep.workload:
+                continue
             counts = Counter(STATE_NAMES.get(t.state, t.state) for t in p.threads)
             for state in sorted(set(ALWAYS_STATES) | set(counts)):
                 threads.add_metric([str(pid), p.comm, state], float(counts.get(state, 0)))

@@ -42,8 +42,10 @@ from exporter.derived.gpuview import GpuView
 from exporter.derived.hostshape import io_signals
 from exporter.derived.series import IDLE_LEVEL, Point, bucket_counts
 from exporter.derived.verdict import Candidate, Settled, settle
+from exporter.derived.workload import LABELS as WORKLOAD_LABELS
+from exporter.derived.workload import workloads
 from exporter.names import STATES, VERDICTS, WAITING_CAUSES
-from exporter.samples.derived import GAP_BUCKETS, DerivedState, Finding, GpuActivity, GpuVerdict
+from exporter.samples.derived import GAP_BUCKETS, DerivedState, Finding, GpuActivity, GpuVerdict, WorkloadSummary
 from exporter.samples.gpu import GpuIdentity, GpuKey, GpuSample
 from exporter.sampling import CPU_WINDOW_MAX, NoDataError, Option, SamplerSpec, Stage, Targets
 from exporter.snapshot import Snapshot, Stamped
@@ -167,6 +169,7 @@ class Analyzer(Stage):
             memory=self._window(names.MEMORY, win, now),
             io=io_signals(self._window(names.PRESSURE, win, now), self._window(names.DISK, win, now),
                           self._window(names.NFS, win, now)),
+            workload=self._window(names.WORKLOAD, win, now),
         )
 
     def update(self) -> DerivedState:
@@ -194,6 +197,8 @@ class Analyzer(Stage):
         any_waiting = False
         waiting_pids: set[int] = set()
         by_gpu = self.targets.by_gpu()
+        fed = workloads(w.slow, identities, snap.value(names.WORKLOAD), snap.value(names.KUBERNETES))
+        summaries: dict[int, WorkloadSummary] = {}
         for idx in sorted(identities):
             ident: GpuIdentity = identities[idx]
             if idx in lost:
@@ -211,7 +216,14 @@ class Analyzer(Stage):
                     continue
                 st = self._gpus.setdefault(key, _GpuState())
                 prev = st.settled.cause if st.settled else None
-                ev = evaluate_gpu(idx, w, previous=prev, mig=key.mig)
+                # The workload (process tree, cgroup, owner) is the whole GPU's: a MIG instance is judged on
+                # its own processes' CPU evidence.
+                wl = fed.get(idx) if key.mig is None else None
+                ev = evaluate_gpu(idx, w, previous=prev, mig=key.mig, workload=wl)
+                if wl is not None:
+                    summaries[idx] = WorkloadSummary(labels=wl.labels, processes=len(wl.members),
+                                                     cpu_cores=ev.shape.used_cores,
+                                                     capacity_cores=ev.shape.capacity_cores)
                 view, cand = ev.view, ev.candidate
                 views.append(view)
                 st.gaps.feed(view.shape_points)
@@ -229,6 +241,8 @@ class Analyzer(Stage):
                     waiting_pids.update(view.pids)
                     if key.mig is None:
                         waiting_pids.update(by_gpu.get(str(idx), ()))
+                    if wl is not None:
+                        waiting_pids.update(wl.members)
                 if ev.busy and idx not in busy:
                     busy.append(idx)
                 found.extend(ev.findings)
@@ -253,7 +267,7 @@ class Analyzer(Stage):
             window_s=self.window_s,
             mig=MappingProxyType({k: v for k, v in verdicts.items() if k.mig is not None}),
             mig_activity=MappingProxyType({k: a for k, a in activity.items() if k.mig is not None}),
-            unjudged=MappingProxyType(blind),
+            unjudged=MappingProxyType(blind), workloads=MappingProxyType(summaries),
         )
 
     def _verdict(self, view: GpuView, cand: Candidate, st: _GpuState, *, uuid: str) -> GpuVerdict:
@@ -407,6 +421,29 @@ class Analyzer(Stage):
         for check_gpu in sorted({(f.check, "" if f.gpu is None else str(f.gpu)) for f in d.findings}):
             finding.add_metric(list(check_gpu), 1.0)
         yield from (state, waiting, bottleneck, confidence, gaps, burst, idle, periodic, down, finding)
+        yield from workload_families(d)
+
+
+def workload_families(d: DerivedState) -> Iterator[Metric]:
+    """gpufeed_workload_info (one series per GPU, labels only when known) and the workload's CPU."""
+    info = Metric("gpufeed_workload_info",
+                  "Who owns the GPU's workload (value 1), one series per GPU: container_id, slurm_job_id and unit from "
+                  "the cgroup path; namespace, pod and container from the kubelet's pod-resources API. A label is "
+                  "present only when known. Join: * on (job, instance, gpu) group_left(namespace) ...", "gauge")
+    cores = GaugeMetricFamily("gpufeed_workload_cpu_cores",
+                              "CPU the GPU's workload used over the CPU window (cores).", labels=["gpu"])
+    cap = GaugeMetricFamily("gpufeed_workload_cpu_capacity_cores",
+                            "CPU the GPU's workload may use: the smaller of its cpuset (allowed CPUs) and its CFS "
+                            "quota (cores).", labels=["gpu"])
+    for idx, wl in sorted(d.workloads.items()):
+        g = str(idx)
+        info.add_sample("gpufeed_workload_info",
+                        {"gpu": g, **{k: wl.labels[k] for k in WORKLOAD_LABELS if k in wl.labels}}, 1.0)
+        if wl.cpu_cores is not None:
+            cores.add_metric([g], wl.cpu_cores)
+        if wl.capacity_cores is not None:
+            cap.add_metric([g], wl.capacity_cores)
+    yield from (info, cores, cap)
 
 
 def _sample(family: Metric, suffix: str, labels: Mapping[str, str], value: float) -> None:

@@ -20,10 +20,12 @@ from exporter.derived.gpuview import GpuView, gpu_view
 from exporter.derived.hostshape import CpuShape, IoSignals, cpu_shape
 from exporter.derived.series import IDLE_LEVEL, Point, gaps
 from exporter.derived.verdict import WAITING_LEAVE, Candidate, classify
+from exporter.derived.workload import GroupSignals, Workload, enrich, group_signals
 from exporter.samples.derived import Finding
 from exporter.samples.gpu import GpuIdentity, GpuSample
 from exporter.samples.host import CpufreqSample, CpuSample, MemorySample, ProcSample
 from exporter.samples.topology import NumaSample, PcieSample
+from exporter.samples.workload import WorkloadSample
 from exporter.snapshot import Stamped
 
 # When the mean activity of the last third of the window differs from the whole window's by this much,
@@ -61,6 +63,7 @@ class Windows:
     pcie: Sequence[Stamped[PcieSample]]
     memory: Sequence[Stamped[MemorySample]]
     io: IoSignals
+    workload: Sequence[Stamped[WorkloadSample]] = ()  # the workload collector's samples over the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +156,13 @@ def unjudged(index: int, w: Windows, mig: int) -> str | None:
     return None
 
 
-def evaluate_gpu(index: int, w: Windows, *, previous: str | None, mig: int | None = None) -> GpuEvaluation:
+def evaluate_gpu(
+    index: int, w: Windows, *, previous: str | None, mig: int | None = None, workload: Workload | None = None,
+) -> GpuEvaluation:
     """Judge GPU ``index`` (or its MIG instance ``mig``) over ``w``; ``previous`` is its settled verdict (the
-    waiting threshold's hysteresis band depends on it). A MIG instance's evaluation has no platform findings:
-    those belong to its GPU (:func:`mig_gpu_findings`)."""
+    waiting threshold's hysteresis band depends on it). ``workload`` (:mod:`exporter.derived.workload`) is what
+    feeds the GPU; without it the CPU evidence is the GPU's (or instance's) NVML processes alone. A MIG
+    instance's evaluation has no platform findings: those belong to its GPU (:func:`mig_gpu_findings`)."""
     view = gpu_view(index, w.fast, w.buffered, w.slow, mig=mig)
     util_pts = view.util_points
     judged, span = view, w.window_s
@@ -172,10 +178,18 @@ def evaluate_gpu(index: int, w: Windows, *, previous: str | None, mig: int | Non
         span = w.recent_s
         judged = _recent_view(index, w, span, mig)
     whole = span == w.window_s
+    members = workload.members if workload is not None and workload.members else view.pids
+    # Without a context process (NVML shows none: the container's processes were found by its visible
+    # devices) any of them may submit work: all count as context.
+    context = workload.context if workload is not None and workload.context else None
     shape = cpu_shape(
         w.procs if whole else since(w.procs, w.now - span),
         w.deep if whole else _since_keep2(w.deep, w.now - span),
-        w.cpus if whole else since(w.cpus, w.now - span), view.pids)
+        w.cpus if whole else since(w.cpus, w.now - span), members, context)
+    sig = None
+    if workload is not None and workload.group is not None:
+        sig = group_signals(w.workload if whole else _since_keep2(w.workload, w.now - span), workload.group.path)
+    shape = enrich(shape, workload, sig)
     capacity, link_name = link_capacity(view, w.pcie)
     cand = classify(judged, shape, w.io, capacity=capacity, link_name=link_name, window_s=span, previous=previous)
     ident = identity(w, index)
@@ -186,11 +200,30 @@ def evaluate_gpu(index: int, w: Windows, *, previous: str | None, mig: int | Non
     elif not view.gpm and cand.cause != "idle":
         cand = dataclasses.replace(cand, evidence=(*cand.evidence, NO_GPM_NOTE))
     found, links = gpu_findings(index, view, w) if mig is None else ([], {})
+    waiting = cand.cause != "idle" and cand.waiting_ratio >= WAITING_LEAVE
+    if mig is None:
+        found.extend(workload_findings(index, view, w, shape, waiting=waiting, workload=workload, sig=sig))
     return GpuEvaluation(
         view=view, candidate=cand, judged_s=span, shape=shape, findings=tuple(found),
         links=MappingProxyType(links), busy=(view.util or 0.0) >= fnd.BUSY_UTIL,
-        waiting=cand.cause != "idle" and cand.waiting_ratio >= WAITING_LEAVE,
+        waiting=waiting,
     )
+
+
+def workload_findings(
+    index: int, view: GpuView, w: Windows, shape: CpuShape, *, waiting: bool, workload: Workload | None,
+    sig: GroupSignals | None,
+) -> list[Finding]:
+    """The findings about what feeds the GPU: its CPU quota, CPU contention, its cgroup's memory, and the GPU's
+    memory filling while it is partly idle."""
+    found = [f for f in (fnd.quota_throttled(index, shape, waiting), fnd.cpu_contention(index, shape, waiting),
+                         fnd.gpu_memory_full(view, w.slow)) if f is not None]
+    if sig is not None and workload is not None and workload.group is not None:
+        f = fnd.workload_memory_pressure(index, workload.describe(), sig.memory_events, sig.psi,
+                                         workload.group.memory_max)
+        if f is not None:
+            found.append(f)
+    return found
 
 
 def gpu_findings(index: int, view: GpuView, w: Windows) -> tuple[list[Finding], dict[str, bool]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from exporter import linkmath, thresholds
 from exporter.derived.gpuview import THERMAL_REASONS, GpuView
-from exporter.derived.hostshape import IoSignals
+from exporter.derived.hostshape import CpuShape, IoSignals
 from exporter.derived.series import Point
 from exporter.names import XID_MEANING
 from exporter.samples.derived import Finding
@@ -314,3 +314,88 @@ def gpu_lost(index: int) -> Finding:
     """The GPU fell off the bus (NVML GPU_IS_LOST)."""
     return Finding("gpu_lost", index, "critical",
                    f"GPU {index} is lost (NVML GPU_IS_LOST): fell off the bus; check dmesg for Xid 79 and reseat/RMA")
+
+
+# ---- workloads (DESIGN.md "Workloads") --------------------------------------------------------------------------
+
+QUOTA_THROTTLED_RATIO = thresholds.WORKLOAD.min_throttled_ratio  # shared with GpufeedCPUQuotaThrottled
+CONTENTION_RUN_DELAY = thresholds.WORKLOAD.min_run_delay_ratio  # a workload thread waits this share for a CPU
+GPU_MEMORY_FULL = thresholds.WORKLOAD.min_gpu_memory_used_ratio
+MEMORY_EVENTS_MIN = 1  # any memory.max / oom_kill event of the workload's cgroup in the window
+
+
+def quota_throttled(index: int, shape: CpuShape, waiting: bool) -> Finding | None:
+    """The workload's CFS quota throttles it in at least QUOTA_THROTTLED_RATIO of its periods while the GPU
+    waits: the container's CPU limit holds the GPU back."""
+    ratio = shape.throttled_ratio
+    if not waiting or ratio is None or ratio < QUOTA_THROTTLED_RATIO:
+        return None
+    who = shape.group or "the workload's cgroup"
+    quota = f"{shape.quota_cores:.3g}-CPU quota" if shape.quota_cores else "CPU quota"
+    per_s = "" if shape.throttled_per_s is None else f", {shape.throttled_per_s:.2f} s throttled per s"
+    return Finding("cpu_quota_throttled", index, "warning",
+                   f"{who} throttled in {round(100 * ratio)}% of CFS periods by its {quota}{per_s} while GPU {index} "
+                   "waits: raise or remove the CPU limit (resources.limits.cpu / CPUQuota=)")
+
+
+def cpu_contention(index: int, shape: CpuShape, waiting: bool) -> Finding | None:
+    """A workload thread that wants to run waits for a CPU (schedstat run delay) while the GPU waits, and not
+    because of its own quota: other jobs hold its CPUs."""
+    if not waiting or (shape.throttled_ratio or 0.0) >= 0.1:
+        return None
+    worst = max((t for t in shape.threads if t.cores + t.run_delay >= 0.5), key=lambda t: t.run_delay, default=None)
+    if worst is None or worst.run_delay < CONTENTION_RUN_DELAY:
+        return None
+    switches = "" if worst.nonvoluntary_per_s is None else f", {worst.nonvoluntary_per_s:.0f} involuntary switches/s"
+    return Finding("cpu_contention", index, "warning",
+                   f"thread {worst.tid} ({worst.comm}) of pid {worst.pid} feeding GPU {index} waits for a CPU "
+                   f"{round(100 * worst.run_delay)}% of the time (run delay{switches}) while running at "
+                   f"{worst.cores:.2f} core: other jobs hold its {shape.allowed_cpus} CPUs (pin the job to its own "
+                   "cores, or move the neighbours; pidstat -w -t -p <pid>)")
+
+
+def gpu_memory_full(view: GpuView, slow: Sequence[Stamped[GpuSample]]) -> Finding | None:
+    """Device memory at least GPU_MEMORY_FULL used while the GPU is partly idle: the playbook's "limited by
+    VRAM" hint (a batch that no longer fits, or fragmentation). A hint, not a verdict: caching allocators hold
+    memory they do not use."""
+    util = view.util
+    if util is None or util < 0.03 or util >= 0.8:
+        return None
+    latest = None
+    for s in slow:
+        g = s.value.gpus.get(view.index)
+        if isinstance(g, GpuSlow):
+            latest = g
+    if latest is None or not latest.memory_total_bytes or latest.memory_used_bytes is None:
+        return None
+    share = latest.memory_used_bytes / latest.memory_total_bytes
+    if share < GPU_MEMORY_FULL:
+        return None
+    return Finding("gpu_memory_full", view.index, "info",
+                   f"GPU {view.index} memory {round(100 * share)}% used while it is busy only {round(100 * util)}% of "
+                   "the time: batch size or model may be limited by VRAM (nvidia-smi --query-gpu=memory.used,"
+                   "memory.total; torch.cuda.memory_summary())")
+
+
+def workload_memory_pressure(index: int, who: str, events: Mapping[str, int], psi: Mapping[str, float],
+                             limit: int | None) -> Finding | None:
+    """The workload's own cgroup hits its memory limit (memory.events max / v1 failcnt), OOM-kills, or stalls
+    on memory (its memory.pressure) -- even when the host has memory to spare."""
+    why: list[str] = []
+    severity = "warning"
+    if events.get("oom_kill", 0) >= MEMORY_EVENTS_MIN:
+        why.append(f"{events['oom_kill']} OOM kills")
+        severity = "critical"
+    if events.get("max", 0) >= MEMORY_EVENTS_MIN:
+        lim = "" if limit is None else f" of {limit / (1 << 30):.1f} GiB"
+        why.append(f"{events['max']} hits of its memory limit{lim}")
+    if events.get("high", 0) >= MEMORY_EVENTS_MIN:
+        why.append(f"{events['high']} memory.high throttling events")
+    some = psi.get("memory_some")
+    if some is not None and some >= PSI_MEMORY_SOME:
+        why.append(f"its tasks stalled on memory {round(100 * some)}% of the time")
+    if not why:
+        return None
+    return Finding("memory_pressure", index, severity,
+                   f"{who or 'the workload cgroup'} of GPU {index}: {'; '.join(why)} in the window (reclaim under its "
+                   "limit slows the data pipeline; raise resources.limits.memory or shrink the page cache it needs)")

@@ -39,6 +39,30 @@ class ThreadLoad:
     cores: float  # core-fraction (1.0 = one full core)
     system_share: float  # share of its CPU time spent in the kernel
     state: str
+    run_delay: float = 0.0  # share of the window runnable but waiting for a CPU (schedstat)
+    nonvoluntary_per_s: float | None = None  # involuntary context switches per second (preempted)
+    context: bool = True  # the thread's process holds a GPU context (an NVML process)
+
+    @property
+    def demand(self) -> float:
+        """The core the thread would use if it got every CPU slice it waited for."""
+        return self.cores + self.run_delay
+
+    @property
+    def main(self) -> bool:
+        """The process's first thread (tid == pid): where a Python trainer submits its kernels."""
+        return self.tid == self.pid
+
+
+@dataclass(frozen=True, slots=True)
+class ProcLoad:
+    """One process of a GPU's workload over the window (all its threads)."""
+
+    pid: int
+    comm: str
+    ppid: int
+    cores: float
+    context: bool  # holds a GPU context (listed by NVML)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +81,25 @@ class CpuShape:
     d_state_threads: float  # mean number of threads in D state across deep samples
     read_bytes_per_s: float | None
     read_syscalls_per_s: float | None
+    # The workload (DESIGN.md "Workloads"): its processes, what CPU it may use (the smaller of cpuset and CFS
+    # quota) and why, its quota's throttling, its reads that reached storage, its own cgroup's IO pressure.
+    processes: tuple[ProcLoad, ...] = ()  # busiest first
+    capacity_cores: float | None = None
+    capacity_why: str = ""
+    quota_cores: float | None = None
+    throttled_ratio: float | None = None  # throttled CFS periods / periods over the window
+    throttled_per_s: float | None = None  # throttled seconds per second
+    storage_read_bytes_per_s: float | None = None  # read_bytes: bytes that reached the block layer
+    group_io_some: float | None = None  # the workload cgroup's io.pressure "some" share
+    group: str = ""  # the workload's container / job / unit, for evidence ("" when none)
+    notes: tuple[str, ...] = ()  # what the workload view could not see
+
+    @property
+    def used_cores(self) -> float | None:
+        """CPU the whole workload uses (its processes), else the GPU processes', else None."""
+        if self.processes:
+            return sum(p.cores for p in self.processes)
+        return self.process_cores
 
     @property
     def hot(self) -> ThreadLoad | None:
@@ -100,8 +143,18 @@ def _procs(window: Sequence[Stamped[ProcSample]], pid: int) -> list[tuple[float,
     return [(s.t, p) for s in window if (p := s.value.processes.get(pid)) is not None]
 
 
-def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> tuple[ThreadLoad, ...]:
-    """Per-thread core use between the first and last deep sample that saw each thread, busiest first."""
+def _seen(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[ProcSample]],
+          pid: int) -> list[tuple[float, ProcessSample]]:
+    """A process's samples: the 1 s process-level ones, or the deep ones for a process only deep passes read
+    (a workload's worker processes are read there, and only while their GPU waits)."""
+    return _procs(procs, pid) or _procs(deep, pid)
+
+
+def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int],
+                 context: Collection[int] | None = None) -> tuple[ThreadLoad, ...]:
+    """Per-thread core use between the first and last deep sample that saw each thread, busiest first, with
+    its run delay and involuntary switch rate where schedstat / status were read; ``context`` names the
+    processes that hold a GPU context (default: all of ``pids``)."""
     out: list[ThreadLoad] = []
     for pid in pids:
         seen = [(t, p) for t, p in _procs(deep, pid) if p.threads]
@@ -118,7 +171,14 @@ def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> 
                 continue
             du, ds = max(0.0, th.utime - a.utime), max(0.0, th.stime - a.stime)
             cpu = du + ds
-            out.append(ThreadLoad(pid, th.tid, th.comm, cpu / dt, ds / cpu if cpu > 0 else 0.0, th.state))
+            delay = 0.0
+            if th.run_delay is not None and a.run_delay is not None:
+                delay = min(1.0, max(0.0, th.run_delay - a.run_delay) / dt)
+            nonvol = None
+            if th.switches is not None and a.switches is not None:
+                nonvol = max(0, th.switches[1] - a.switches[1]) / dt
+            out.append(ThreadLoad(pid, th.tid, th.comm, cpu / dt, ds / cpu if cpu > 0 else 0.0, th.state,
+                                  delay, nonvol, context is None or pid in context))
     out.sort(key=lambda x: (-x.cores, x.tid))
     return tuple(out)
 
@@ -137,13 +197,47 @@ def d_state_mean(deep: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> 
     return sum(counts) / len(counts) if counts else 0.0
 
 
+def process_loads(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[ProcSample]],
+                  pids: Collection[int], context: Collection[int]) -> tuple[ProcLoad, ...]:
+    """Per-process core use of ``pids`` between the first and last sample that saw each, busiest first."""
+    out: list[ProcLoad] = []
+    for pid in pids:
+        seen = _seen(procs, deep, pid)
+        if len(seen) < 2:
+            continue
+        (t0, p0), (t1, p1) = seen[0], seen[-1]
+        if t1 <= t0:
+            continue
+        cores = max(0.0, (p1.utime + p1.stime) - (p0.utime + p0.stime)) / (t1 - t0)
+        out.append(ProcLoad(pid, p1.comm, p1.ppid, cores, pid in context))
+    out.sort(key=lambda x: (-x.cores, x.pid))
+    return tuple(out)
+
+
+def storage_reads(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[ProcSample]],
+                  pids: Collection[int]) -> float | None:
+    """Bytes per second the processes read from storage (read_bytes), None when no process shows it."""
+    total, have = 0.0, False
+    for pid in pids:
+        seen = [(t, p) for t, p in _seen(procs, deep, pid) if p.io_read_bytes is not None]
+        if len(seen) < 2 or seen[-1][0] <= seen[0][0]:
+            continue
+        have = True
+        total += max(0, (seen[-1][1].io_read_bytes or 0) - (seen[0][1].io_read_bytes or 0)) / (seen[-1][0] - seen[0][0])
+    return total if have else None
+
+
 def cpu_shape(
     procs: Sequence[Stamped[ProcSample]],
     deep: Sequence[Stamped[ProcSample]],
     cpus: Sequence[Stamped[CpuSample]],
     pids: Collection[int],
+    context: Collection[int] | None = None,
 ) -> CpuShape:
-    """The CPU shape of ``pids`` over the windows given (process-level, per-thread, per allowed core)."""
+    """The CPU shape of ``pids`` over the windows given (process-level, per-thread, per allowed core).
+
+    ``context`` (default: every pid) are the processes holding a GPU context; with a workload, ``pids`` also
+    holds its other processes, whose load is listed in ``processes``."""
     source = procs if any(_procs(procs, p) for p in pids) else deep
     allowed: set[int] = set()
     cores = sys_ = 0.0
@@ -151,7 +245,7 @@ def cpu_shape(
     rbytes = rcalls = 0.0
     have_io = False
     for pid in pids:
-        seen = _procs(source, pid)
+        seen = _procs(source, pid) or (_procs(deep, pid) if source is procs else [])
         if not seen:
             continue
         allowed |= seen[-1][1].cpus_allowed
@@ -196,7 +290,7 @@ def cpu_shape(
         allowed_cpus=n_cpus,
         process_cores=cores if have else None,
         process_system_share=(sys_ / cores if cores > 0 else 0.0) if have else None,
-        threads=thread_loads(deep, pids),
+        threads=thread_loads(deep, pids, context),
         allowed_busy_cores=busy if n_allowed else None,
         allowed_saturated=saturated,
         allowed_user_share=(user / busy if busy > 0 else 0.0) if n_allowed else None,
@@ -204,6 +298,8 @@ def cpu_shape(
         d_state_threads=d_state_mean(deep, pids),
         read_bytes_per_s=rbytes if have_io else None,
         read_syscalls_per_s=rcalls if have_io else None,
+        processes=process_loads(procs, deep, pids, context) if context is not None else (),
+        storage_read_bytes_per_s=storage_reads(procs, deep, pids),
     )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.derived.gpuview import THERMAL_REASONS, GpuView
-from exporter.derived.hostshape import SATURATED_CORE, CpuShape, IoSignals
+from exporter.derived.hostshape import SATURATED_CORE, CpuShape, IoSignals, ProcLoad, ThreadLoad
 from exporter.names import WAITING_CAUSES
 
 IDLE_UTIL = 0.03  # below this mean utilisation no work is being submitted (DESIGN.md: idle)
@@ -84,28 +84,65 @@ def link_peak(view: GpuView, capacity: float | None) -> float | None:
     return max(view.rx_peak_bytes_per_s or 0.0, view.tx_peak_bytes_per_s or 0.0) / capacity
 
 
+def corroborated(shape: CpuShape) -> str:
+    """Why the workload itself shows IO (blocked threads, its own reads, its cgroup's IO pressure), or "".
+
+    Host-wide signals -- PSI, a busy disk, an NFS storm -- may come from another job on the host; they count
+    for this GPU only when its own workload shows IO too (DESIGN.md "Workloads")."""
+    if shape.d_state_threads >= 0.5:
+        return "threads blocked in D state"
+    if (shape.storage_read_bytes_per_s or 0) >= 10e6:
+        return "its reads reach storage"
+    if (shape.read_bytes_per_s or 0) >= 10e6 and (shape.read_syscalls_per_s or 0) >= 100:
+        return "it reads"
+    if (shape.read_syscalls_per_s or 0) >= 1000:
+        return "it reads"
+    if (shape.group_io_some or 0) >= 0.1:
+        return "its cgroup stalls on IO"
+    return ""
+
+
 def io_score(shape: CpuShape, io: IoSignals) -> tuple[int, list[str]]:
-    """Storage / network-FS stall evidence: points and the sentences that earned them."""
+    """Storage / network-FS stall evidence: points and the sentences that earned them (host-wide signals only
+    when the workload corroborates them; otherwise one sentence says they were set aside)."""
     score = 0
     why: list[str] = []
+    own = corroborated(shape)
     if shape.d_state_threads >= 1:
         score += 2
         why.append(f"{shape.d_state_threads:.0f} threads of pid {','.join(map(str, shape.pids))} blocked in D state")
-    if shape.allowed_iowait is not None and shape.allowed_iowait >= 0.10:
+    if own and shape.allowed_iowait is not None and shape.allowed_iowait >= 0.10:
         score += 1
         why.append(f"iowait {_pct(shape.allowed_iowait)} on the process's {shape.allowed_cpus} allowed CPUs")
+    if (shape.group_io_some or 0) >= 0.2:
+        score += 2
+        why.append(f"{shape.group or 'the workload cgroup'} stalled on IO {_pct(shape.group_io_some or 0)} of the "
+                   "time (its io.pressure)")
+    storage = shape.storage_read_bytes_per_s or 0.0
+    if storage >= 50e6 and (io.disk_util or 0) >= 0.5:
+        # Asynchronous / direct I/O (libaio, io_uring, O_DIRECT) shows no read syscalls, no iowait and no PSI:
+        # only read_bytes of /proc/<pid>/io and the disk's busy time tell.
+        score += 3 if (io.disk_util or 0) >= 0.8 else 2
+        why.append(f"the workload reads {_rate(storage)} from storage (read_bytes: direct and asynchronous I/O "
+                   f"included) while disk {io.disk_name} is {_pct(io.disk_util or 0)} busy")
+    host: list[tuple[int, str]] = []
     if io.psi_io_some is not None and io.psi_io_some >= 0.20:
-        score += 1 + (1 if (io.psi_io_full or 0) >= 0.10 else 0)
-        why.append(f"IO pressure: tasks stalled on IO {_pct(io.psi_io_some)} of the time (PSI some)")
+        host.append((1 + (1 if (io.psi_io_full or 0) >= 0.10 else 0),
+                     f"IO pressure: tasks stalled on IO {_pct(io.psi_io_some)} of the time (PSI some)"))
     if io.nfs_retrans_per_s:
-        score += 1
-        why.append(f"NFS client retransmitting {io.nfs_retrans_per_s:.1f} RPCs/s")
+        host.append((1, f"NFS client retransmitting {io.nfs_retrans_per_s:.1f} RPCs/s"))
     if io.nfs_metadata_ops_per_s is not None and io.nfs_metadata_ops_per_s >= 1000:
-        score += 1
-        why.append(f"NFS metadata storm: {io.nfs_metadata_ops_per_s:.0f} getattr/lookup/open per s")
+        host.append((1, f"NFS metadata storm: {io.nfs_metadata_ops_per_s:.0f} getattr/lookup/open per s"))
     if io.disk_await_s is not None and io.disk_await_s >= 0.020 and (io.disk_util or 0) >= 0.5:
-        score += 1
-        why.append(f"disk {io.disk_name} at {_pct(io.disk_util or 0)} busy, {1000 * io.disk_await_s:.0f} ms per IO")
+        host.append((1, f"disk {io.disk_name} at {_pct(io.disk_util or 0)} busy, {1000 * io.disk_await_s:.0f} ms "
+                        "per IO"))
+    if own:
+        for points, sentence in host:
+            score += points
+            why.append(sentence)
+    elif host:
+        why.append(f"host-wide IO ({host[0][1]}) set aside: this GPU's workload shows no IO of its own (no blocked "
+                   "threads, no reads) -- another job's")
     size = shape.read_size
     if size is not None and size < 32 * 1024 and (shape.read_syscalls_per_s or 0) >= 1000:
         score += 1
@@ -113,62 +150,156 @@ def io_score(shape: CpuShape, io: IoSignals) -> tuple[int, list[str]]:
     return score, why
 
 
+POOL_CORE = 0.3  # a thread at >= 0.3 core counts in a pool of same-named threads of its process
+
+
+@dataclass(frozen=True, slots=True)
+class InputSide:
+    """The workload's preprocessing: worker processes (no GPU context) and pools of same-named threads of a GPU
+    process (decode, tokenizer, data-loader threads); ``launch`` the threads that may submit work."""
+
+    workers: tuple[tuple[ProcLoad, float], ...]  # (process, demand: cores + run delay), busiest first
+    pools: tuple[tuple[str, int, tuple[ThreadLoad, ...]], ...]  # (name, pid, threads)
+    launch: tuple[ThreadLoad, ...]  # busiest (by demand) first
+
+    @property
+    def cores(self) -> float:
+        return sum(p.cores for p, _ in self.workers) + sum(t.cores for _, _, ts in self.pools for t in ts)
+
+    def saturated(self) -> list[str]:
+        """One sentence per saturated stage: a worker process at a full core, a thread of a pool at one."""
+        out: list[str] = []
+        sat = [(p, d) for p, d in self.workers if d >= SATURATED_CORE]
+        by_name: dict[tuple[str, int], list[tuple[ProcLoad, float]]] = {}
+        for p, d in sat:
+            by_name.setdefault((p.comm, p.ppid), []).append((p, d))
+        for (comm, ppid), lst in sorted(by_name.items(), key=lambda kv: -len(kv[1])):
+            cores = sum(p.cores for p, _ in lst)
+            what = "process" if len(lst) == 1 else "processes"
+            out.append(f"{len(lst)} {comm} {what} of pid {ppid} at {cores:.1f} cores"
+                       + ("" if len(lst) > 1 else f" (pid {lst[0][0].pid})"))
+        for comm, pid, ts in self.pools:
+            hot = [t for t in ts if t.demand >= SATURATED_CORE]
+            if hot:
+                out.append(f"{len(hot)} {comm} threads of pid {pid} at {sum(t.cores for t in hot):.2f} cores")
+        return out
+
+    def busy(self) -> list[str]:
+        """The unsaturated stages, for the evidence of a verdict that is not input_bound."""
+        out: list[str] = []
+        for comm, pid, ts in self.pools:
+            if all(t.demand < SATURATED_CORE for t in ts):
+                out.append(f"{len(ts)} {comm} threads of pid {pid} at {sum(t.cores for t in ts) / len(ts):.2f} "
+                           "core each: busy, not saturated (their CPUs have headroom)")
+        idle = [(p, d) for p, d in self.workers if d < SATURATED_CORE]
+        if idle:
+            out.append(f"{len(idle)} worker processes at {sum(p.cores for p, _ in idle):.1f} cores, none saturated")
+        return out
+
+
+def input_side(shape: CpuShape) -> InputSide:
+    """Split the workload's CPU into preprocessing stages and submission candidates (DESIGN.md "Workloads").
+
+    A pool is >= 2 busy threads of one GPU process sharing a name, its main thread excepted (a Python trainer
+    submits from it); threads of processes without a GPU context are workers, whatever their name."""
+    ctx_threads = [t for t in shape.threads if t.context]
+    named: dict[tuple[int, str], list[ThreadLoad]] = {}
+    for t in ctx_threads:
+        if not t.main and t.cores >= POOL_CORE:
+            named.setdefault((t.pid, t.comm), []).append(t)
+    pools = tuple((comm, pid, tuple(ts)) for (pid, comm), ts in sorted(named.items()) if len(ts) >= 2)
+    in_pool = {t.tid for _, _, ts in pools for t in ts}
+    delay: dict[int, float] = {}
+    for t in shape.threads:
+        if not t.context:
+            delay[t.pid] = delay.get(t.pid, 0.0) + t.run_delay
+    workers = tuple((p, p.cores + delay.get(p.pid, 0.0)) for p in shape.processes if not p.context)
+    launch = tuple(sorted((t for t in ctx_threads if t.tid not in in_pool), key=lambda t: (-t.demand, t.tid)))
+    return InputSide(tuple(sorted(workers, key=lambda x: (-x[1], x[0].pid))), pools, launch)
+
+
+def _capacity(shape: CpuShape) -> tuple[float, str]:
+    """What the workload may use, in cores, and why (quota, cpuset or allowed CPUs)."""
+    if shape.capacity_cores is not None:
+        return shape.capacity_cores, shape.capacity_why
+    n = max(1, shape.allowed_cpus)
+    return float(n), f"its {n} allowed CPUs"
+
+
+def _starved(t: ThreadLoad, shape: CpuShape) -> str:
+    """Why a thread waits for a CPU (run delay), when it does: its own quota, or other work on its CPUs."""
+    if t.run_delay < 0.1:
+        return ""
+    switches = "" if t.nonvoluntary_per_s is None else f", {t.nonvoluntary_per_s:.0f} involuntary switches/s"
+    why = "its CPU quota holds it back" if (shape.throttled_ratio or 0) >= 0.2 else "other work holds its CPUs"
+    return f"runnable but waiting for a CPU {_pct(t.run_delay)} of the time (run delay{switches}): {why}"
+
+
 def _cpu_verdict(shape: CpuShape) -> tuple[str | None, float, list[str]]:
-    """input_bound / launch_bound from the CPU shape, judged against the allowed CPUs; None if neither."""
-    hot = shape.hot
-    workers = shape.workers
-    allowed = max(1, shape.allowed_cpus)
-    used = shape.process_cores if shape.process_cores is not None else shape.allowed_busy_cores
-    saturated_allowed = used is not None and used >= SATURATED_CORE * allowed
-    busy_allowed_share = None if shape.allowed_busy_cores is None else shape.allowed_busy_cores / allowed
-    busy_str = ""
-    if shape.allowed_busy_cores is not None:
-        busy_str = f"{shape.allowed_busy_cores:.1f} of {allowed} allowed CPUs busy"
-        if shape.allowed_user_share is not None:
-            busy_str += f" ({_pct(shape.allowed_user_share)} user time)"
-    if hot is not None:
+    """input_bound / launch_bound from the workload's CPU shape, judged against its capacity; None if neither.
+
+    Saturated means wanting a full core (CPU used plus time waiting for one): a data-loader worker process or
+    a pool thread at a core is the input stage that starves the GPU; the hottest thread that may submit work
+    at a core is the launch stage. Without either, a workload that fills its capacity (its CFS quota, its
+    cpuset) is bound by it, on the side that uses most of it. CPUs other jobs keep busy are never evidence."""
+    side = input_side(shape)
+    cap, cap_why = _capacity(shape)
+    used = shape.used_cores
+    throttled = shape.throttled_ratio is not None and shape.throttled_ratio >= 0.2
+    quota_note = (f"throttled by the quota: {_pct(shape.throttled_ratio or 0)} of CFS periods "
+                  f"({shape.quota_cores:.2g}-CPU limit)") if throttled and shape.quota_cores else ""
+    cap_bound = used is not None and used >= SATURATED_CORE * cap
+    group = f" of {shape.group}" if shape.group else ""
+    sat = side.saturated()
+    hot = side.launch[0] if side.launch else None
+    launch_sat = hot is not None and hot.demand >= LAUNCH_CORE
+    extra = [x for x in (quota_note,) if x]
+    if sat and (not launch_sat or len(sat) >= 2 or len([w for w, d in side.workers if d >= SATURATED_CORE]) >= 2):
+        why = [f"{'; '.join(sat)}{group}, in {'user' if _user_heavy(shape) else 'CPU'} time: the input pipeline "
+               "(data loading / preprocessing) is saturated"]
+        if used is not None:
+            why.append(f"the workload uses {used:.1f} cores of {cap_why}")
+        n_stages = len([w for w, d in side.workers if d >= SATURATED_CORE]) + sum(
+            1 for _, _, ts in side.pools for t in ts if t.demand >= SATURATED_CORE)
+        return "input_bound", 0.9 if n_stages >= 2 or cap_bound else 0.8, [*why, *extra]
+    if launch_sat and hot is not None:
         hot_str = f"thread {hot.tid} ({hot.comm}) at {hot.cores:.2f} core, {_pct(hot.system_share)} system"
-        worker_cores = sum(w.cores for w in workers)
-        many = len(workers) >= 3 or (len(workers) >= 2 and hot.cores < LAUNCH_CORE and worker_cores >= 1.2)
-        if many:
-            why = [f"{len(workers)} worker threads of pid {workers[0].pid} busy at {worker_cores:.1f} cores in "
-                   "user time (data loading/preprocessing)"]
-            if busy_str:
-                why.append(busy_str)
-            conf = 0.9 if len(workers) >= 4 or saturated_allowed else 0.75
-            return "input_bound", conf, why
-        if hot.cores >= LAUNCH_CORE:
-            why = [hot_str + " -- the submission thread is saturated"]
-            if hot.system_share < 0.1:
-                why.append("little system time: pure-Python overhead between launches")
-            return "launch_bound", 0.9, why
-        if busy_allowed_share is not None and busy_allowed_share >= 0.8 and not saturated_allowed:
-            # The GPU process's allowed CPUs are full, but not with its own threads: data-loader worker
-            # *processes* (PyTorch DataLoader forks them) or other jobs on the same CPUs.
-            return "input_bound", 0.6, [f"{busy_str}, mostly not the GPU process's own threads (data-loader "
-                                        "worker processes or other jobs on the same CPUs)"]
-        if saturated_allowed and used is not None:
-            share = hot.cores / used if used > 0 else 0.0
-            why = [f"the process uses {used:.2f} cores of its {allowed} allowed CPUs (saturated)"]
-            if share >= 0.5:
-                return "launch_bound", 0.7, [hot_str, *why]
-            return "input_bound", 0.7, [*why, busy_str] if busy_str else why
-        return None, 0.0, []
-    # No per-thread sample yet: fall back to process and per-core shape (less certain).
-    if used is None:
-        return None, 0.0, []
-    if saturated_allowed and allowed <= 1:
-        return "launch_bound", 0.5, [f"the process uses {used:.2f} cores of its single allowed CPU (saturated)"]
-    if shape.allowed_saturated >= 2 and (shape.allowed_user_share or 0) >= 0.6 and used >= 1.5:
-        return "input_bound", 0.6, [f"{shape.allowed_saturated} allowed CPUs saturated, process at "
-                                    f"{used:.1f} cores", busy_str]
-    if shape.allowed_saturated >= 1 and 0.85 <= used < 1.5:
-        return "launch_bound", 0.55, [f"one allowed CPU saturated, process at {used:.2f} cores "
-                                      "(per-thread detail not sampled yet)"]
-    if busy_allowed_share is not None and busy_allowed_share >= 0.8:
-        return "input_bound", 0.55, [f"{busy_str}: the GPU process's CPUs are full (per-thread detail not "
-                                     "sampled yet)"]
+        why = [hot_str + " -- the submission thread is saturated"]
+        starved = _starved(hot, shape)
+        if starved:
+            why = [f"{hot_str}, {starved} -- the submission thread wants a full core"]
+        elif hot.system_share < 0.1:
+            why.append("little system time: pure-Python overhead between launches")
+        others = [t for t in side.launch[1:] if t.demand >= LAUNCH_CORE]
+        if others:
+            why.append(f"{len(others) + 1} submission threads at a full core across "
+                       f"{len({t.pid for t in [hot, *others]})} GPU processes")
+        return "launch_bound", 0.9 if not starved else 0.8, [*why, *extra]
+    if cap_bound and used is not None:
+        why = [f"the workload{group} uses {used:.2f} cores, all of {cap_why}"]
+        launch_cores = hot.cores if hot is not None else 0.0
+        if shape.threads and launch_cores >= 0.5 * used and hot is not None:
+            return "launch_bound", 0.7, [f"thread {hot.tid} ({hot.comm}) holds {launch_cores:.2f} of them", *why,
+                                         *extra]
+        if shape.threads or side.workers:
+            return "input_bound", 0.7, [*why, f"preprocessing holds {side.cores:.2f} cores", *extra]
+        # No per-thread detail yet: the GPU processes alone fill it.
+        cause = "launch_bound" if used < 1.5 else "input_bound"
+        return cause, 0.5, [*why, "(per-thread detail not sampled yet)", *extra]
+    if not shape.threads:
+        # No per-thread sample yet: the GPU processes' own load (never the CPUs other jobs keep busy).
+        ctx = [p for p in shape.processes if p.context]
+        pc = sum(p.cores for p in ctx) if ctx else shape.process_cores
+        if pc is not None and 0.85 <= pc < 1.5:
+            return "launch_bound", 0.55, [f"the GPU process uses {pc:.2f} cores (per-thread detail not sampled yet)"]
+        if pc is not None and pc >= 1.5 and _user_heavy(shape):
+            return "input_bound", 0.55, [f"the GPU process uses {pc:.1f} cores in user time (per-thread detail not "
+                                         "sampled yet)"]
     return None, 0.0, []
+
+
+def _user_heavy(shape: CpuShape) -> bool:
+    return shape.process_system_share is None or shape.process_system_share < 0.5
 
 
 def classify(
@@ -210,13 +341,22 @@ def classify(
     elif score >= IO_SCORE:
         wcause, wconf, wwhy = "io_bound", min(0.95, 0.5 + 0.1 * score), io_why
     elif cpu_cause is not None:
-        wcause, wconf, wwhy = cpu_cause, cpu_conf, cpu_why
+        wcause, wconf, wwhy = cpu_cause, cpu_conf, [*cpu_why, *(w for w in io_why if "set aside" in w)]
     else:
         wcause, wconf = "latency_bound", 0.7
         wwhy = ["host is quiet: no saturated thread or cores, no IO pressure, PCIe lightly used -- not enough "
                 "parallel work reaches the GPU (small batches, serial dependencies)"]
-        if shape.process_cores is not None:
+        if shape.processes:
+            wwhy[0] = ("the workload is quiet: no saturated thread, worker or CPU limit, no IO of its own, PCIe "
+                       "lightly used -- not enough parallel work reaches the GPU (small batches, serial dependencies)")
+            n = len(shape.processes)
+            of = f" of {shape.group}" if shape.group else ""
+            wwhy.append(f"the workload ({n} process{'' if n == 1 else 'es'}{of}) uses {shape.used_cores or 0:.2f} "
+                        f"cores of {_capacity(shape)[1]}")
+        elif shape.process_cores is not None:
             wwhy.append(f"GPU processes use {shape.process_cores:.2f} cores of {shape.allowed_cpus} allowed")
+        wwhy.extend(input_side(shape).busy())
+        wwhy.extend(w for w in io_why if "set aside" in w)
         if link_util is not None:
             wwhy.append(f"PCIe at {_pct(link_util)} of the current {link_name} link")
     threshold = WAITING_LEAVE if previous in WAITING_CAUSES_SET else WAITING_ENTER
@@ -226,7 +366,9 @@ def classify(
             head += f"; idle gaps recur every {view.burst.period_s:.1f} s (batch boundaries)"
         elif view.burst.gaps:
             head += f"; {len(view.burst.gaps)} idle gaps"
-        return Candidate(wcause, round(wconf, 2), waiting, wcause, (head, *(w for w in wwhy if w)))
+        # What the workload view could not see (a stray context set aside, cgroup files unreadable, no process
+        # in NVML) comes last: the verdict says what it stands on.
+        return Candidate(wcause, round(wconf, 2), waiting, wcause, (head, *(w for w in wwhy if w), *shape.notes))
     # Working: is it doing a good job?
     thermal = view.throttle_reasons & THERMAL_REASONS
     if view.clock_ratio is not None and view.clock_ratio < THROTTLED_CLOCK and view.throttle_reasons:

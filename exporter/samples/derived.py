@@ -70,6 +70,21 @@ GAP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadSummary:
+    """What feeds one GPU, as exported: the attribution labels of ``gpufeed_workload_info`` (only those
+    known), how many processes its workload has, the CPU they use and may use (cores; None when unknown)."""
+
+    labels: Mapping[str, str]
+    processes: int
+    cpu_cores: float | None
+    capacity_cores: float | None
+
+
+def _no_workloads() -> Mapping[int, WorkloadSummary]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
 class DerivedState:
     """The derived layer's newest evaluation at monotonic time ``t``.
 
@@ -92,3 +107,4 @@ class DerivedState:
         """Every verdict, whole GPUs and MIG instances, by key, in key order."""
         out = {GpuKey(i): v for i, v in self.gpus.items()} | dict(self.mig)
         return dict(sorted(out.items()))
+    workloads: Mapping[int, WorkloadSummary] = field(default_factory=_no_workloads)

@@ -75,6 +75,10 @@ class ThreadStat:
     utime: float
     stime: float
     processor: int
+    # Cumulative seconds runnable but waiting for a CPU (task/<tid>/schedstat) and (voluntary, nonvoluntary)
+    # context switches (task/<tid>/status); None when not read or not readable.
+    run_delay: float | None = None
+    switches: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,8 @@ class ProcessSample:
     threads: tuple[ThreadStat, ...]
     io_rchar: int | None
     io_syscr: int | None
+    io_read_bytes: int | None = None  # /proc/<pid>/io read_bytes: bytes that reached the block layer
+    ppid: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +115,9 @@ class ProcSample:
     processes: Mapping[int, ProcessSample]
     deep: bool
     held: Mapping[int, ProcessSample] = field(default_factory=lambda: MappingProxyType({}))
+    # Pids read only as part of a GPU's workload (no GPU context): analysed, not exported one series per pid
+    # (a trainer with 8 data-loader workers per GPU would multiply the per-process series by nine).
+    workload: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,9 @@ from typing import Any
 from exporter import log
 from exporter.config import Settings
 from exporter.sampling import Stage
+from exporter.sim.kubelet import Kubelet
 from exporter.sim.model import Model
-from exporter.sim.player import fast_tmpdir
+from exporter.sim.player import fast_tmpdir, kubelet_socket
 from exporter.sim.render import GROUPS, Renderer, write_json
 from exporter.sim.scenario import ScenarioError, load
 from exporter.sim.timebase import Playback, ScaledClock, group_intervals
@@ -64,6 +65,7 @@ class LiveSimulation:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.settings = settings  # the daemon's settings; pointed at the rendered trees once started
         self.nvml: Any = None  # the strict fake NVML reading the rendered state, once started
+        self.kubelet: Kubelet | None = None  # the scenario's pod-resources server, when it has one
 
     @classmethod
     def start(cls, settings: Settings, registry: Mapping[str, type[Stage]]) -> LiveSimulation:
@@ -82,7 +84,15 @@ class LiveSimulation:
         values["path.procfs"] = str(sim.dir / "proc")
         values["path.sysfs"] = str(sim.dir / "sys")
         sim.nvml = FakeNvml.from_file(sim.dir / NVML_FILE)
-        sim.settings = replace(settings, values=values)
+        # The simulated host's kubelet (SPEC v2 host.kubernetes) answers in the daemon's process, on a socket
+        # in the simulated root; without one, that socket is absent -- never the real host's kubelet.
+        sock = kubelet_socket(sim.dir)
+        sc = load(path)
+        if sc.host.kubernetes is not None:
+            sim.kubelet = Kubelet(sc, sock)
+        collector = dict(settings.collector)
+        collector["kubernetes"] = {**collector.get("kubernetes", {}), "socket": str(sock)}
+        sim.settings = replace(settings, values=values, collector=collector)
         return sim
 
     @property
@@ -114,6 +124,9 @@ class LiveSimulation:
 
     def stop(self) -> None:
         """Stop the children (closing their stdin, then SIGTERM, then SIGKILL) and remove the directory."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
+            self.kubelet = None
         for p in self.procs:
             if p.poll() is None:
                 with contextlib.suppress(OSError):

@@ -38,6 +38,7 @@ from exporter.sim.spec import (
     Scenario,
     Value,
 )
+from exporter.sim.workload_model import WorkloadTracks
 
 IDLE_SM_CLOCK_MHZ = 345.0  # SPEC: sm_clock_mhz default when gpu_util is 0
 FRACTION_KEYS = frozenset(k for k, rng in MIG_NUMERIC.items() if rng == FRACTION)
@@ -45,10 +46,12 @@ FRACTION_KEYS = frozenset(k for k, rng in MIG_NUMERIC.items() if rng == FRACTION
 
 @dataclass(frozen=True, slots=True)
 class ThreadPlan:
-    """Where one thread sits in one phase."""
+    """Where one thread sits in one phase, and (version 2) its name and group in ``threads_cpu``."""
 
     processor: int
     state: str
+    comm: str | None = None  # None: the process's comm
+    group: int | None = None  # index in the phase's threads_cpu, None for a thread no group covers
 
 
 class Model:
@@ -95,6 +98,7 @@ class Model:
                                            NONNEG),
         }
         self.oom = self._track(lambda ph: ph.host.oom_kills_per_s, "host.oom_kills_per_s", NONNEG)
+        self.workloads = WorkloadTracks(self)
 
     # ---- construction helpers ----------------------------------------------------------------------------
 
@@ -214,21 +218,27 @@ class Model:
                 allowed = sorted(st.cpus_allowed)
                 plans: list[ThreadPlan] = []
                 groups = [(gi, g) for gi, g in enumerate(st.threads_cpu) for _ in range(g.count)]
+                alive = self.alive_piece(p, ph)
                 for ti in range(p.threads):
+                    comm: str | None = None
+                    group: int | None = None
                     if ti < len(groups):
                         gi, grp = groups[ti]
                         for m, v in (("user", grp.user), ("system", grp.system)):
                             if (p.pid, gi, m) not in group_cache:
-                                group_cache[(p.pid, gi, m)] = self._piece(
-                                    ph, v, f"processes.{p.pid}.threads_cpu.{gi}.{m}", FRACTION)
+                                piece = self._piece(ph, v, f"processes.{p.pid}.threads_cpu.{gi}.{m}", FRACTION)
+                                if alive is not None:  # SPEC v2 start_s/exit_s: no load while not in /proc
+                                    piece = signal.combine(lambda x, a: x * a, [piece, alive], d)
+                                group_cache[(p.pid, gi, m)] = piece
                         u, s, state = group_cache[(p.pid, gi, "user")], group_cache[(p.pid, gi, "system")], grp.state
+                        comm, group = grp.comm, gi
                     else:
                         u = s = Piecewise.const(0.0, d)
                         state = "S"
                     core = min(allowed, key=lambda c: (load[c], c))
                     load[core] += u.mean() + s.mean()
                     placed[core].append((p.pid, ti, u, s))
-                    plans.append(ThreadPlan(core, state))
+                    plans.append(ThreadPlan(core, state, comm, group))
                 self.thread_plans[p.pid].append(plans)
             for c in range(ncpu):
                 base_busy = sum(base(c, m).mean() for m in CPU_MODES)
@@ -253,6 +263,29 @@ class Model:
             pid: [(Track(u, self._starts), Track(s, self._starts)) for u, s in lst]
             for pid, lst in thread_pieces.items()
         }
+
+    def alive_piece(self, p: Process, ph: Phase) -> Piecewise | None:
+        """1 while ``p`` is in /proc during phase ``ph``, else 0 (SPEC v2 ``start_s``/``exit_s``); None when it
+        is there for the whole phase."""
+        lo = 0.0 if p.start_s is None else p.start_s - ph.start_s
+        hi = ph.duration_s if p.exit_s is None else p.exit_s - ph.start_s
+        if lo <= 0.0 and hi >= ph.duration_s:
+            return None
+        lo, hi = max(0.0, lo), min(ph.duration_s, hi)
+        if hi <= lo:
+            return Piecewise.const(0.0, ph.duration_s)
+        xs, vs = [0.0], [0.0 if lo > 0 else 1.0]
+        if lo > 0:
+            xs.append(lo)
+            vs.append(1.0)
+        if hi < ph.duration_s:
+            xs.append(hi)
+            vs.append(0.0)
+        return Piecewise(xs, vs, ph.duration_s)
+
+    def alive(self, p: Process, t: float) -> bool:
+        """Whether ``p`` is in /proc and NVML at ``t`` (looping)."""
+        return p.alive(self.local(t))
 
     # ---- queries -----------------------------------------------------------------------------------------
 

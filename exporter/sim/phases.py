@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from exporter.sim import workload_spec as v2
 from exporter.sim.reader import Reader, generation, governor, indexed, item, join, width
 from exporter.sim.spec import (
     CLOCK_EVENT_REASONS,
@@ -135,7 +136,9 @@ def _gpu_project_value(r: Reader, k: str, raw: object, kp: str, gpu: Gpu) -> Any
 
 def _proc_partial(r: Reader, v: object, path: str, proc: Process, host: Host) -> Partial:
     m = r.mapping(v if v is not None else {}, path)
-    r.keys(m, path, ("threads_cpu", "read_bytes_per_s", "read_syscalls_per_s", "cpus_allowed", "mems_allowed"))
+    v2.gate(r, m, path, r.version, v2.V2_PROCESS_STATE)
+    r.keys(m, path, ("threads_cpu", "read_bytes_per_s", "read_syscalls_per_s", "cpus_allowed", "mems_allowed",
+                     *v2.V2_PROCESS_STATE))
     out: Partial = {}
     for k, raw in m.items():
         kp = join(path, k)
@@ -145,7 +148,8 @@ def _proc_partial(r: Reader, v: object, path: str, proc: Process, host: Host) ->
             for j, tg in enumerate(r.seq(raw, kp)):
                 gp = item(kp, j)
                 gm = r.mapping(tg, gp)
-                r.keys(gm, gp, ("count", "user", "system", "state"), ("count",))
+                v2.gate(r, gm, gp, r.version, v2.V2_THREAD_GROUP)
+                r.keys(gm, gp, ("count", "user", "system", "state", *v2.V2_THREAD_GROUP), ("count",))
                 count = r.integer(gm["count"], gp + ".count", 1)
                 state = r.string(gm.get("state", "S"), gp + ".state")
                 if state not in THREAD_STATES:
@@ -155,9 +159,10 @@ def _proc_partial(r: Reader, v: object, path: str, proc: Process, host: Host) ->
                     raise r.fail(gp + ".count", f"{total} threads described but process {proc.pid} has "
                                  f"{proc.threads} (processes[].threads)")
                 groups.append(ThreadGroup(count, r.value(gm.get("user", 0.0), gp + ".user", FRACTION),
-                                          r.value(gm.get("system", 0.0), gp + ".system", FRACTION), state))
+                                          r.value(gm.get("system", 0.0), gp + ".system", FRACTION), state,
+                                          **v2.thread_group_v2(r, gm, gp)))
             out[k] = tuple(groups)
-        elif k in ("read_bytes_per_s", "read_syscalls_per_s"):
+        elif k in ("read_bytes_per_s", "read_syscalls_per_s", "storage_read_bytes_per_s"):
             out[k] = r.value(raw, kp, NONNEG)
         elif k == "cpus_allowed":
             out[k] = r.cpulist(raw, kp, host.cpus)
@@ -174,7 +179,9 @@ def _modes_partial(r: Reader, v: object, path: str) -> Partial:
 
 def _host_partial(r: Reader, v: object, path: str, host: Host) -> Partial:
     m = r.mapping(v if v is not None else {}, path)
-    r.keys(m, path, ("cpu_background", "cpu_cores", "disks", "nfs", "psi", "memory", "oom_kills_per_s", "governor"))
+    v2.gate(r, m, path, r.version, v2.V2_HOST_STATE)
+    r.keys(m, path, ("cpu_background", "cpu_cores", "disks", "nfs", "psi", "memory", "oom_kills_per_s", "governor",
+                     *v2.V2_HOST_STATE))
     out: Partial = {}
     for k, raw in m.items():
         kp = join(path, k)
@@ -223,6 +230,8 @@ def _host_partial(r: Reader, v: object, path: str, host: Host) -> Partial:
                       for x, y in mm.items()}
         elif k == "oom_kills_per_s":
             out[k] = r.value(raw, kp, NONNEG)
+        elif k == "cgroups":
+            out[k] = v2.cgroup_state_partial(r, raw, kp, host.cgroups)
         else:
             out[k] = governor(r, raw, kp)
     return out
@@ -308,6 +317,7 @@ def _proc_state(s: Partial, proc: Process) -> ProcessState:
         threads_cpu=s.get("threads_cpu", ()), read_bytes_per_s=s.get("read_bytes_per_s", 0.0),
         read_syscalls_per_s=s.get("read_syscalls_per_s", 0.0),
         cpus_allowed=s.get("cpus_allowed", proc.cpus_allowed), mems_allowed=s.get("mems_allowed", proc.mems_allowed),
+        storage_read_bytes_per_s=s.get("storage_read_bytes_per_s", 0.0),
     )
 
 
@@ -333,6 +343,7 @@ def _host_state(s: Partial, host: Host) -> HostState:
         memory=MemoryState(mem.get("available_ratio", 0.8), mem.get("dirty_bytes", 0.0),
                            mem.get("writeback_bytes", 0.0)),
         oom_kills_per_s=s.get("oom_kills_per_s", 0.0), governor=s.get("governor", host.governor),
+        cgroups=v2.cgroup_states(s.get("cgroups", {}), host.cgroups),
     )
 
 

@@ -22,6 +22,7 @@ from exporter.config import resolve
 from exporter.engine import VirtualClock
 from exporter.samples.derived import DerivedState
 from exporter.sim.fakenvml import FakeNvml
+from exporter.sim.kubelet import Kubelet
 from exporter.sim.model import Model
 from exporter.sim.render import GROUPS, Renderer, nvml_state
 from exporter.sim.spec import Scenario
@@ -44,6 +45,8 @@ SAMPLER_GROUPS: Mapping[str, frozenset[str]] = {
     names.GPU_SAMPLES: frozenset({"nvml", "nvml_samples"}),
     names.GPU_SLOW: frozenset({"nvml"}),
     names.DERIVED: frozenset(),
+    names.WORKLOAD: frozenset({"procs", "cgroups"}),
+    names.KUBERNETES: frozenset(),
 }
 _ALL = frozenset({*GROUPS, "nvml", "nvml_samples"})
 _EPS = 1e-9
@@ -84,6 +87,8 @@ def play(
     workdir: Path | None = None,
 ) -> PlayResult:
     """Run the whole scenario once in virtual time; ``flags`` are extra settings (``collector.x.interval``...)."""
+    # Expectations over a phase's evaluations (SPEC v2 within_s, no_findings_anytime) need the timeline.
+    timeline = timeline or any(e.within_s is not None or e.no_findings_anytime for e in sc.expect)
     with tempfile.TemporaryDirectory(prefix="gpufeed-sim-", dir=workdir or fast_tmpdir()) as tmp:
         root = Path(tmp)
         model = Model(sc)
@@ -92,8 +97,13 @@ def play(
         renderer.render(0.0)
         counter_bits = 32
         fake = FakeNvml(nvml_state(model, 0.0, counter_bits=counter_bits))
+        # The scenario's kubelet (SPEC v2 host.kubernetes) answers on a socket in the simulated root; without
+        # one the socket is absent there -- never the real host's kubelet.
+        sock = kubelet_socket(root)
+        kubelet = Kubelet(sc, sock) if sc.host.kubernetes is not None else None
         settings = resolve(pipeline.registry(), {}, {
-            "path.procfs": str(root / "proc"), "path.sysfs": str(root / "sys"), **(flags or {})})
+            "path.procfs": str(root / "proc"), "path.sysfs": str(root / "sys"),
+            "collector.kubernetes.socket": str(sock), **(flags or {})})
         pipe = pipeline.build(settings, clock=VirtualClock(0.0), nvml=fake, inline=True)
         engine = pipe.engine
         result = PlayResult(scenario=sc, phases=[], collectors=[c.name for c in pipe.stages])
@@ -141,4 +151,11 @@ def play(
             if s.last_error and s.available:
                 result.sampler_errors[n] = s.last_error
         pipe.close()
+        if kubelet is not None:
+            kubelet.stop()
         return result
+
+
+def kubelet_socket(root: Path) -> Path:
+    """Where a simulated host's kubelet listens (the real path, below the simulated root)."""
+    return root / "var" / "lib" / "kubelet" / "pod-resources" / "kubelet.sock"

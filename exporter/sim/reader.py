@@ -22,6 +22,7 @@ class Reader:
 
     def __init__(self, file: str) -> None:
         self.file = file
+        self.version = 1  # the scenario's format version, once read: version-2 keys check it
 
     def fail(self, path: str, msg: str) -> ScenarioError:
         return ScenarioError(f"{self.file}: {path or '<top level>'}: {msg}")

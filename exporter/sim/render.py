@@ -26,6 +26,7 @@ from exporter.cpulist import format_cpulist
 from exporter.gpu.fields import THROTTLE_KEYS
 from exporter.sim.model import Model
 from exporter.sim.spec import Gpu, Process
+from exporter.sim.workload_render import WorkloadRenderer
 from exporter.sources import SECTOR_BYTES, USER_HZ
 
 NVIDIA_VENDOR = "0x10de"
@@ -33,7 +34,7 @@ GPU_CLASS = "0x030200"  # 3D controller: what data-centre NVIDIA GPUs report
 BRIDGE_CLASS = "0x060400"  # PCI-to-PCI bridge
 BRIDGE_VENDOR = "0x1000"
 GPU_DEVICE_IDS = {"H100": "0x2330", "H200": "0x2335", "A100": "0x20b5", "L40S": "0x26b9", "L4": "0x27b8"}
-GROUPS = ("stat", "procs", "threads", "disk", "pressure", "memory", "nfs", "pcie", "cpufreq")
+GROUPS = ("stat", "procs", "threads", "disk", "pressure", "memory", "nfs", "pcie", "cpufreq", "cgroups")
 BOOT_OFFSET_S = 1000.0  # the simulated host booted this long before the scenario starts
 KIB = 1024  # /proc/meminfo "kB" is KiB
 THROTTLE_REASONS = tuple(THROTTLE_KEYS)
@@ -122,12 +123,9 @@ class Renderer:
             self.write(real / "size", "7501476528\n")
             self.write(real / "dev", "259:0\n")
             self._link(self.sys / "block" / disk, f"../devices/virtual/block/{disk}")
-        # Processes and their threads.
-        for p in sc.processes:
-            for tid in range(p.pid, p.pid + p.threads):
-                (self.proc / str(p.pid) / "task" / str(tid)).mkdir(parents=True, exist_ok=True)
-            self.write(self.proc / str(p.pid) / "comm", p.comm + "\n")
-            self.write(self.proc / str(p.pid) / "cmdline", f"{p.comm}\0train.py\0")
+        # Processes and their threads (those in /proc at t=0; SPEC v2 start_s/exit_s come and go in render()).
+        self.workloads = WorkloadRenderer(self, _status)
+        self.workloads.setup()
         self._ready = True
 
     def _setup_gpu(self, g: Gpu) -> None:
@@ -193,6 +191,8 @@ class Renderer:
             self._pcie(t)
         if "cpufreq" in want:
             self._cpufreq(t)
+        if "cgroups" in want:
+            self.workloads.cgroups(t)
 
     def _stat(self, t: float) -> None:
         """/proc/stat (per-CPU mode ticks), /proc/uptime, /proc/loadavg."""
@@ -202,6 +202,8 @@ class Renderer:
         agg = [0] * 10
         running = blocked = 0
         for p in self.sc.processes:
+            if not m.alive(p, t):
+                continue
             for plan in m.thread_plan(p, t):
                 running += plan.state == "R"
                 blocked += plan.state == "D"
@@ -225,27 +227,36 @@ class Renderer:
     def _procs(self, t: float, threads: bool) -> None:
         """/proc/<pid>/{stat,status,io} and, with ``threads``, /proc/<pid>/task/<tid>/stat."""
         m = self.model
-        for p in self.sc.processes:
+        wl = self.workloads
+        for p in wl.sync(t):
             plans = m.thread_plan(p, t)
             tticks = [(int(u * USER_HZ), int(s * USER_HZ)) for u, s in m.thread_seconds(p.pid, m.at(t))]
             base = self.proc / str(p.pid)
+            ppid = m.workloads.ppid(p, t)
             if threads:
                 for i, (plan, (ut, st)) in enumerate(zip(plans, tticks, strict=True)):
                     tid = p.pid + i
                     self.write(base / "task" / str(tid) / "stat",
                                _stat_line(tid, p, state=plan.state, utime=ut, stime=st, threads=p.threads,
-                                          cpu=plan.processor))
+                                          cpu=plan.processor, ppid=ppid, comm=plan.comm))
+                    wl.thread_files(p, i, plan, ut + st, t)
             leader = plans[0]
             self.write(base / "stat", _stat_line(p.pid, p, state=leader.state, utime=sum(x[0] for x in tticks),
                                                  stime=sum(x[1] for x in tticks), threads=p.threads,
-                                                 cpu=leader.processor))
-            self.write(base / "status", _status(p, leader.state, m.cpus_allowed(p.pid, t), m.mems_allowed(p.pid, t)))
+                                                 cpu=leader.processor, ppid=ppid, comm=leader.comm))
+            switches = wl.switches(p, 0, t)
+            self.write(base / "status", _status(p, leader.state, m.cpus_allowed(p.pid, t), m.mems_allowed(p.pid, t),
+                                                ppid=ppid, switches=switches, comm=leader.comm))
             io = m.proc_io[p.pid]
             rchar = int(io["read_bytes_per_s"].integral(t))
             syscr = int(io["read_syscalls_per_s"].integral(t))
+            # read_bytes: what reached the block layer (SPEC v2 storage_read_bytes_per_s; direct and async
+            # I/O included, page-cache hits not) -- Documentation/filesystems/proc.rst, /proc/<pid>/io.
+            storage = int(m.workloads.storage[p.pid].integral(t))
             self.write(base / "io", f"rchar: {rchar}\nwchar: {rchar // 50}\nsyscr: {syscr}\nsyscw: {syscr // 50}\n"
-                                    f"read_bytes: {rchar // 4 // 4096 * 4096}\nwrite_bytes: 0\n"
+                                    f"read_bytes: {storage}\nwrite_bytes: 0\n"
                                     "cancelled_write_bytes: 0\n")
+            wl.process_files(p, t)
 
     def _diskstats(self, t: float) -> None:
         """/proc/diskstats: completed I/Os, sectors, milliseconds (Documentation/admin-guide/iostats.rst)."""
@@ -354,11 +365,14 @@ def _aer(sev: str, total: int) -> str:
     return "\n".join([*lines, f"{total_name} {total}"]) + "\n"
 
 
-def _stat_line(pid: int, p: Process, *, state: str, utime: int, stime: int, threads: int, cpu: int) -> str:
-    """A /proc/<pid>/stat line with every field through (52) exit_code; see proc(5)."""
-    start = int(BOOT_OFFSET_S * USER_HZ / 2)
+def _stat_line(pid: int, p: Process, *, state: str, utime: int, stime: int, threads: int, cpu: int, ppid: int = 1,
+               comm: str | None = None) -> str:
+    """A /proc/<pid>/stat line with every field through (52) exit_code; see proc(5). ``comm`` is the thread's
+    name (SPEC v2 ``threads_cpu[].comm``), the process's by default; (22) starttime is when it appeared."""
+    start = int((BOOT_OFFSET_S / 2 + (p.start_s or 0.0)) * USER_HZ)
     fields = [
-        str(pid), f"({p.comm})", state, "1", str(p.pid), str(p.pid), "0", "-1", "4194560", "1000", "0", "10", "0",
+        str(pid), f"({comm or p.comm})", state, str(ppid), str(p.pid), str(p.pid), "0", "-1", "4194560", "1000", "0",
+        "10", "0",
         str(utime), str(stime), "0", "0", "20", "0", str(threads), "0", str(start), "10000000000", "2000000",
         "18446744073709551615", "1", "1", "0", "0", "0", "0", "0", "16781312", "17642", "0", "0", "0", "17",
         str(cpu), "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0",
@@ -366,13 +380,15 @@ def _stat_line(pid: int, p: Process, *, state: str, utime: int, stime: int, thre
     return " ".join(fields) + "\n"
 
 
-def _status(p: Process, state: str, cpus: frozenset[int], mems: frozenset[int]) -> str:
-    """/proc/<pid>/status with the fields the numa and proc collectors read."""
+def _status(p: Process, state: str, cpus: frozenset[int], mems: frozenset[int], *, ppid: int = 1,
+            switches: tuple[int, int] = (100, 10), comm: str | None = None, tid: int | None = None) -> str:
+    """/proc/<pid>/status (or a thread's task/<tid>/status) with the fields the collectors read; the
+    context-switch counters are the thread's own (the leader's for the process file), as the kernel prints."""
     names = {"R": "R (running)", "S": "S (sleeping)", "D": "D (disk sleep)"}
-    return (f"Name:\t{p.comm}\nUmask:\t0022\nState:\t{names.get(state, state)}\nTgid:\t{p.pid}\nNgid:\t0\n"
-            f"Pid:\t{p.pid}\nPPid:\t1\nThreads:\t{p.threads}\n"
+    return (f"Name:\t{comm or p.comm}\nUmask:\t0022\nState:\t{names.get(state, state)}\nTgid:\t{p.pid}\nNgid:\t0\n"
+            f"Pid:\t{p.pid if tid is None else tid}\nPPid:\t{ppid}\nThreads:\t{p.threads}\n"
             f"Cpus_allowed_list:\t{format_cpulist(cpus)}\nMems_allowed_list:\t{format_cpulist(mems)}\n"
-            "voluntary_ctxt_switches:\t100\nnonvoluntary_ctxt_switches:\t10\n")
+            f"voluntary_ctxt_switches:\t{switches[0]}\nnonvoluntary_ctxt_switches:\t{switches[1]}\n")
 
 
 UTIL_SAMPLE_PERIOD_S = 1 / 6  # the driver's utilisation sample period on most products (anchors-gpu-nvml 4.2)
@@ -405,7 +421,7 @@ def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool 
             ts = round(b * 1e6)
             util_buf.append([ts, round(100.0 * (util.integral(b) - util.integral(a)) / p)])
             mem_samples.append([ts, round(100.0 * (dram.integral(b) - dram.integral(a)) / p)])
-        procs = [q for q in sc.processes if g.index in q.gpus]
+        procs = [q for q in sc.processes if g.index in q.gpus and model.alive(q, t)]
         now_util = util.at(t)
         mem_used = int(tr["memory_used_bytes"].at(t))
         dev = {

@@ -1,14 +1,17 @@
-"""Scenario files, format version 1 (``shared/scenarios/SPEC.md``): load and validate.
+"""Scenario files, format versions 1 and 2 (``shared/scenarios/SPEC.md``): load and validate.
 
 The format is a contract: a file written to the spec that the project has never seen must load. Every
 problem is a :class:`ScenarioError` whose message names the file and the key path (``phases[1].gpus.0.
 link.gen``) and says what is wrong. Unknown keys are errors. The parts: the model (:mod:`exporter.sim.spec`,
 re-exported here), the validation primitives (:mod:`exporter.sim.reader`), the static sections (host, GPUs,
-processes) and the expectations (this module), and the phases (:mod:`exporter.sim.phases`).
+processes) and the expectations (this module), the phases (:mod:`exporter.sim.phases`), and the version-2
+workload sections -- cgroups, the kubelet's answer, process trees, the stricter expectations
+(:mod:`exporter.sim.workload_spec`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +21,7 @@ import yaml
 
 from exporter import pci
 from exporter.names import FINDINGS, VERDICTS
+from exporter.sim import workload_spec as v2
 from exporter.sim.phases import phases_of
 from exporter.sim.reader import Loader, Reader, generation, governor, indexed, item, list_str, width
 from exporter.sim.spec import (  # the model is part of this module's interface
@@ -87,8 +91,9 @@ def from_dict(data: object, file: str = "<scenario>") -> Scenario:
     r.keys(top, "", ("version", "name", "description", "seed", "host", "gpus", "processes", "phases", "expect"),
            ("version", "name", "host", "gpus", "phases"))
     version = r.integer(top["version"], "version")
-    if version != 1:
-        raise r.fail("version", f"unsupported version {version} (this gpufeed reads version 1)")
+    if version not in (1, 2):
+        raise r.fail("version", f"unsupported version {version} (this gpufeed reads versions 1 and 2)")
+    r.version = version
     name = r.string(top["name"], "name")
     if not name.strip():
         raise r.fail("name", "must not be empty")
@@ -96,6 +101,7 @@ def from_dict(data: object, file: str = "<scenario>") -> Scenario:
     seed = r.integer(top.get("seed", 0), "seed", 0, 2**64 - 1)
     host = _host(r, top["host"])
     gpus = _gpus(r, top["gpus"], host)
+    host = _host_kubernetes(r, top["host"], host, gpus)
     processes = _processes(r, top.get("processes", []), host, gpus)
     phases = phases_of(r, top["phases"], host, gpus, processes)
     expect = _expect(r, top.get("expect", []), phases, gpus)
@@ -105,7 +111,9 @@ def from_dict(data: object, file: str = "<scenario>") -> Scenario:
 
 def _host(r: Reader, v: object) -> Host:
     m = r.mapping(v, "host")
-    r.keys(m, "host", ("cpus", "numa_nodes", "governor", "cpu_max_mhz", "mem_total_bytes", "disks", "nfs"), ("cpus",))
+    v2.gate(r, m, "host", r.version, v2.V2_HOST)
+    r.keys(m, "host", ("cpus", "numa_nodes", "governor", "cpu_max_mhz", "mem_total_bytes", "disks", "nfs",
+                       *v2.V2_HOST), ("cpus",))
     cpus = r.integer(m["cpus"], "host.cpus", 1, 65536)
     nodes: list[frozenset[int]] = []
     if "numa_nodes" in m:
@@ -146,7 +154,16 @@ def _host(r: Reader, v: object) -> Host:
         cpu_max_mhz=r._positive(m.get("cpu_max_mhz", 3000), "host.cpu_max_mhz"),
         mem_total_bytes=r.integer(m.get("mem_total_bytes", 549755813888), "host.mem_total_bytes", 1),
         disks=disks, nfs=r.boolean(m.get("nfs", False), "host.nfs"),
+        cgroup_version=v2.cgroup_version(r, m), cgroups=v2.cgroups(r, m.get("cgroups"), cpus),
     )
+
+
+def _host_kubernetes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> Host:
+    """``host.kubernetes`` (version 2), read once the GPUs it assigns are known."""
+    m = r.mapping(v, "host")
+    if "kubernetes" not in m or m["kubernetes"] is None:
+        return host
+    return dataclasses.replace(host, kubernetes=v2.kubernetes(r, m["kubernetes"], host.cgroups, gpus))
 
 
 def _gpus(r: Reader, v: object, host: Host) -> tuple[Gpu, ...]:
@@ -280,7 +297,9 @@ def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple
     for i, pr in enumerate(lst):
         p = item("processes", i)
         m = r.mapping(pr, p)
-        r.keys(m, p, ("pid", "comm", "gpus", "cpus_allowed", "mems_allowed", "threads", "mig"), ("pid", "gpus"))
+        v2.gate(r, m, p, r.version, v2.V2_PROCESS)
+        r.keys(m, p, ("pid", "comm", "gpus", "cpus_allowed", "mems_allowed", "threads", "mig", *v2.V2_PROCESS),
+               ("pid", "gpus"))
         pid = r.integer(m["pid"], p + ".pid", 1, 4194304)
         threads = r.integer(m.get("threads", 1), p + ".threads", 1, 100000)
         if pid + threads - 1 > 4194304:
@@ -296,8 +315,12 @@ def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple
             if idx in gl:
                 raise r.fail(item(p + ".gpus", j), f"GPU {idx} listed twice")
             gl.append(idx)
+        ppid, group, start_s, exit_s = v2.process_tree(r, m, p, host.cgroups)
+        if ppid == pid:
+            raise r.fail(p + ".ppid", f"process {pid} cannot be its own parent")
+        cpuset = host.cgroups[group].cpuset if group is not None else None
         cpus = r.cpulist(m["cpus_allowed"], p + ".cpus_allowed", host.cpus) if "cpus_allowed" in m else \
-            frozenset(range(host.cpus))
+            (cpuset if cpuset is not None else frozenset(range(host.cpus)))
         mems = r.cpulist(m["mems_allowed"], p + ".mems_allowed", len(host.numa_nodes), "node") \
             if "mems_allowed" in m else frozenset(range(len(host.numa_nodes)))
         for other in out:
@@ -306,7 +329,9 @@ def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple
             if lo <= ohi and olo <= hi:
                 raise r.fail(p + ".pid", f"tids {lo}..{hi} overlap process {other.pid} (tids {olo}..{ohi})")
         out.append(Process(pid=pid, comm=comm, gpus=tuple(gl), cpus_allowed=cpus, mems_allowed=mems, threads=threads,
-                           mig=_process_mig(r, m, p, gl, gpus)))
+                           mig=_process_mig(r, m, p, gl, gpus),
+                           ppid=ppid, cgroup=group, start_s=start_s, exit_s=exit_s))
+    v2.check_tree(r, tuple(out))
     return tuple(out)
 
 
@@ -318,19 +343,17 @@ def _expect(r: Reader, v: object, phases: tuple[Phase, ...], gpus: tuple[Gpu, ..
     for i, e in enumerate(lst):
         p = item("expect", i)
         m = r.mapping(e, p)
-        r.keys(m, p, ("phase", "gpus", "findings", "no_findings", "mig"), ("phase",))
+        v2.gate(r, m, p, r.version, v2.V2_EXPECT)
+        r.keys(m, p, ("phase", "gpus", "findings", "no_findings", "mig", *v2.V2_EXPECT), ("phase",))
         phase = r.string(m["phase"], p + ".phase")
         if phase not in names:
             raise r.fail(p + ".phase", f"unknown phase {phase!r} (phases: {', '.join(q.name for q in phases)})")
-        verdicts: dict[int, str] = {}
+        verdicts: dict[int, tuple[str, ...]] = {}
         for idx, cause in indexed(r, r.mapping(m.get("gpus") or {}, p + ".gpus"), p + ".gpus", known, "GPU").items():
-            c = r.string(cause, f"{p}.gpus.{idx}")
-            if c not in VERDICTS:
-                raise r.fail(f"{p}.gpus.{idx}", f"unknown verdict {c!r} (known: {', '.join(VERDICTS)})")
             if any(g.index == idx and g.mig is not None for g in gpus):
                 raise r.fail(f"{p}.gpus.{idx}", f"GPU {idx} is in MIG mode and judged per instance: give its "
                              f"instances' verdicts under {p}.mig.{idx}")
-            verdicts[idx] = c
+            verdicts[idx] = v2.verdicts(r, cause, f"{p}.gpus.{idx}", r.version)
         findings: list[tuple[str, int | None]] = []
         for j, f in enumerate(r.seq(m.get("findings") or [], p + ".findings")):
             fp = item(p + ".findings", j)
@@ -345,14 +368,22 @@ def _expect(r: Reader, v: object, phases: tuple[Phase, ...], gpus: tuple[Gpu, ..
                 if gpu not in known:
                     raise r.fail(fp + ".gpu", f"unknown GPU index {gpu} (known: {list_str(known)})")
             findings.append((check, gpu))
-        nof: list[str] = []
-        for j, f in enumerate(r.seq(m.get("no_findings") or [], p + ".no_findings")):
-            s = r.string(f, item(p + ".no_findings", j))
-            if s not in FINDINGS:
-                raise r.fail(item(p + ".no_findings", j), f"unknown finding {s!r} (known: {', '.join(FINDINGS)})")
-            nof.append(s)
-        out.append(Expectation(phase, MappingProxyType(verdicts), tuple(findings), tuple(nof),
-                               mig=_expect_mig(r, m.get("mig"), p + ".mig", gpus)))
+        within: float | None = None
+        if m.get("within_s") is not None:
+            within = r.number(m["within_s"], p + ".within_s", 0.0)
+            ph = next(q for q in phases if q.name == phase)
+            if within > ph.duration_s:
+                raise r.fail(p + ".within_s", f"{within:g} s is past the end of phase {phase!r} ({ph.duration_s:g} s)")
+        out.append(Expectation(
+            phase, MappingProxyType(verdicts), tuple(findings),
+            v2.finding_bans(r, m.get("no_findings"), p + ".no_findings", r.version, known),
+            within_s=within,
+            no_findings_anytime=v2.finding_bans(r, m.get("no_findings_anytime"), p + ".no_findings_anytime",
+                                                r.version, known),
+            evidence_contains=v2.evidence_contains(r, m.get("evidence_contains"), p + ".evidence_contains", known),
+            workload=v2.workload(r, m.get("workload"), p + ".workload", known),
+            mig=_expect_mig(r, m.get("mig"), p + ".mig", gpus),
+        ))
     return tuple(out)
 
 

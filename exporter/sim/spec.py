@@ -133,6 +133,17 @@ class Process:
     mems_allowed: frozenset[int]
     threads: int
     mig: int | None = None
+    # Version 2 (processes[].ppid, cgroup, start_s, exit_s): the parent pid as the file gave it, the name of
+    # its entry in host.cgroups (None: the root cgroup), and when it appears in / leaves /proc and NVML.
+    ppid: int = 1
+    cgroup: str | None = None
+    start_s: float | None = None
+    exit_s: float | None = None
+
+    def alive(self, t: float) -> bool:
+        """Whether the process exists at scenario time ``t`` (SPEC v2 ``start_s``/``exit_s``; an ``exit_s``
+        equal to a phase end is still seen by that phase's last evaluation)."""
+        return (self.start_s is None or t >= self.start_s) and (self.exit_s is None or t <= self.exit_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +157,49 @@ class Host:
     mem_total_bytes: int
     disks: tuple[str, ...]
     nfs: bool
+    # Version 2: the cgroup hierarchy the simulator lays out, the cgroups processes name, and the kubelet's
+    # pod-resources answer (None: no kubelet on this host).
+    cgroup_version: int = 2
+    cgroups: Mapping[str, Cgroup] = field(default_factory=lambda: MappingProxyType({}))
+    kubernetes: Kubernetes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cgroup:
+    """A cgroup of ``host.cgroups`` (SPEC v2): its path and limits; ``None`` means no limit."""
+
+    name: str
+    path: str  # absolute in the hierarchy, e.g. /kubepods.slice/.../cri-containerd-<id>.scope
+    cpu_quota_cores: float | None
+    cpu_period_us: int
+    cpuset: frozenset[int] | None  # None: every CPU
+    memory_max_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodContainer:
+    """One container of a pod in the kubelet's answer: its name, its cgroup's entry name, the GPUs assigned."""
+
+    name: str
+    cgroup: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A pod the kubelet's pod-resources API lists."""
+
+    name: str
+    namespace: str
+    uid: str
+    containers: tuple[PodContainer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Kubernetes:
+    """``host.kubernetes``: what the node's kubelet pod-resources API answers (static)."""
+
+    pods: tuple[Pod, ...]
 
 
 # ---- resolved state ---------------------------------------------------------------------------------------
@@ -224,6 +278,12 @@ class ThreadGroup:
     user: Value
     system: Value
     state: str
+    # Version 2: thread name (None: the process's comm), share of wall time runnable but not running
+    # (task/<tid>/schedstat run delay), context-switch rates (task/<tid>/status).
+    comm: str | None = None
+    run_delay: Value = 0.0
+    voluntary_switches_per_s: Value = 0.0
+    nonvoluntary_switches_per_s: Value = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +295,7 @@ class ProcessState:
     read_syscalls_per_s: Value
     cpus_allowed: frozenset[int]
     mems_allowed: frozenset[int]
+    storage_read_bytes_per_s: Value = 0.0  # version 2: read_bytes of /proc/<pid>/io
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +355,23 @@ class HostState:
     memory: MemoryState
     oom_kills_per_s: Value
     governor: str
+    cgroups: Mapping[str, CgroupState] = field(default_factory=lambda: MappingProxyType({}))  # v2, by name
+
+
+CGROUP_PSI_KEYS = ("cpu_some", "cpu_full", "memory_some", "memory_full", "io_some", "io_full")
+MEMORY_EVENT_KEYS = ("high_per_s", "max_per_s", "oom_kill_per_s")
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupState:
+    """Resolved state of one cgroup in a phase (SPEC v2 ``host.cgroups``); rates per second, fractions 0..1."""
+
+    nr_throttled_per_s: Value = 0.0
+    throttled_fraction: Value = 0.0
+    memory_current_bytes: Value = 0.0
+    memory_events: Mapping[str, Value] = field(
+        default_factory=lambda: MappingProxyType(dict.fromkeys(MEMORY_EVENT_KEYS, 0.0)))
+    psi: Mapping[str, Value] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(CGROUP_PSI_KEYS, 0.0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,15 +392,25 @@ class Phase:
         return self.start_s + self.duration_s
 
 
+# The attribution labels of gpufeed_workload_info (DESIGN.md "Workloads"), in exposition order.
+WORKLOAD_LABELS = ("container_id", "namespace", "pod", "container", "slurm_job_id", "unit")
+
+
 @dataclass(frozen=True, slots=True)
 class Expectation:
-    """One ``expect`` entry."""
+    """One ``expect`` entry. ``gpus`` maps a GPU to the verdicts accepted (version 2: a list = any of them);
+    ``no_findings`` / ``no_findings_anytime`` hold (check, GPU) pairs, GPU None for a bare name (banned on
+    every GPU and host-wide)."""
 
     phase: str
-    gpus: Mapping[int, str]
+    gpus: Mapping[int, tuple[str, ...]]
     findings: tuple[tuple[str, int | None], ...]
-    no_findings: tuple[str, ...]
+    no_findings: tuple[tuple[str, int | None], ...]
     mig: Mapping[tuple[int, int], str] = field(default_factory=lambda: MappingProxyType({}))  # (GPU, instance)
+    within_s: float | None = None
+    no_findings_anytime: tuple[tuple[str, int | None], ...] = ()
+    evidence_contains: Mapping[int, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    workload: Mapping[int, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,12 +22,13 @@ def _collector() -> ProcCollector:
 
 
 def _count_thread_reads(col: ProcCollector, monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
-    """pid -> /proc/<pid>/task/<tid>/stat files read, from now on."""
+    """pid -> /proc/<pid>/task/<tid>/stat files read, from now on (schedstat and status of threads that ran
+    are counted apart: they are read only for those)."""
     counts: dict[int, int] = {}
     real = col._read
 
     def counting(*parts: str | int) -> str:
-        if len(parts) == 4 and parts[1] == "task":
+        if len(parts) == 4 and parts[1] == "task" and parts[3] == "stat":
             counts[int(parts[0])] = counts.get(int(parts[0]), 0) + 1
         return real(*parts)
 

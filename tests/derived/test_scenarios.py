@@ -57,7 +57,7 @@ def test_every_verdict_settles_within_15_s_of_its_phase_onset_and_does_not_flap(
                 for gpu, want in exp.gpus.items():
                     seen = [(t, s.gpus[gpu].cause) for t, s in res.timeline if start < t <= ph.end_s and gpu in s.gpus]
                     late = [c for t, c in seen if t > start + 15.0]
-                    assert late and set(late) == {want}, (path.name, ph.name, gpu, seen)
+                    assert late and set(late) <= set(want), (path.name, ph.name, gpu, seen)
             start = ph.end_s
 
 

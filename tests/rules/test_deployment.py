@@ -195,7 +195,10 @@ def test_daemonset_is_non_root_read_only_host_pid_with_healthz_probes() -> None:
     assert mounts["/host/proc"]["readOnly"] and mounts["/host/sys"]["readOnly"]
     assert "--path.procfs=/host/proc" in c["args"] and "--path.sysfs=/host/sys" in c["args"]
     host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert host_paths == {"/proc", "/sys"}
+    assert host_paths == {"/proc", "/sys", "/var/lib/kubelet/pod-resources"}
+    # The kubelet's pod-resources socket: read-only, and the flag points at it.
+    assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"]
+    assert "--collector.kubernetes.socket=/var/lib/kubelet/pod-resources/kubelet.sock" in c["args"]
 
 
 def _measured() -> tuple[float, float, float]:

@@ -47,6 +47,9 @@ SCENARIOS = {
     "idle": "idle_downshift.yaml",
     "nfs": "io_bound_nfs.yaml",  # no alert asserted: it gives the NFS and IO panels data
     "mig": "mig_gpu_health.yaml",  # MIG instances and an Xid per loop: the GPU health and MIG panels
+    # A pod whose CPU limit throttles it (its kubelet answers on a socket in the simulated root): the
+    # per-namespace GPU-hours rules and the "by team / job" dashboard row get data.
+    "k8s": "workloads/k8s_cpu_quota_v2.yaml",
 }
 # Measures the test machine (five exporters, Prometheus and Alertmanager on shared CI cores), not the
 # scenario: a sampler overrunning here says nothing about the simulated host.
@@ -324,6 +327,32 @@ def _alerts_fired(stack: Stack, scenario: str) -> set[tuple[str, ...]]:
     seen = stack.query(f'count(gpufeed_gpu_state_seconds_total{{scenario="{scenario}"}})')
     assert seen["data"]["result"], f"no GPU state from the {scenario} scenario in Prometheus"
     return {f for f in fired | hooked if f[0] not in HOST_LOAD_ALERTS}
+
+
+def test_gpu_hours_lost_per_cause_come_out_per_namespace(stack: Stack) -> None:
+    # The pod vision/trainer-0 waits on its quota-starved submission thread: its namespace's GPU-hours lost
+    # to launch_bound, from the shipped recording rules joined through gpufeed_workload_info.
+    instance = stack.instances["k8s"]
+    info = wait_until("gpufeed_workload_info of the k8s scenario", lambda: stack.query(
+        f'gpufeed_workload_info{{instance="{instance}",namespace="vision",pod="trainer-0"}}')["data"]["result"]
+        or None, stack.started + 60)
+    assert info[0]["metric"]["container"] == "trainer"
+
+    def lost() -> float | None:
+        res = stack.query('namespace_cause:gpufeed_gpu_waiting_hours:increase1d{namespace="vision",'
+                          'cause="launch_bound"}')["data"]["result"]
+        return float(res[0]["value"][1]) if res and float(res[0]["value"][1]) > 0 else None
+
+    hours = wait_until("per-namespace GPU-hours lost to launch_bound", lost, stack.started + 90)
+    assert hours is not None and hours > 0
+    rate = stack.query('namespace_cause:gpufeed_gpu_waiting_seconds:rate5m{namespace="vision",cause="launch_bound"}')
+    assert rate["data"]["result"], rate
+
+
+def test_quota_alert_routes_by_namespace_and_pod(stack: Stack) -> None:
+    alert = _wait_for_page(stack, "GpufeedCPUQuotaThrottled", "k8s")
+    assert (alert["namespace"], alert["pod"], alert["container"]) == ("vision", "trainer-0", "trainer")
+    assert "Pod vision/trainer-0." in alert["annotations:description"]
 
 
 def test_idle_gpu_dropping_to_gen1_fires_no_alert_over_a_whole_loop(stack: Stack) -> None:

@@ -53,7 +53,7 @@ def test_base_document_is_valid() -> None:
     [
         (_doc(colour="red"), "colour", "unknown key"),
         (_doc(host__cpus="eight"), "host.cpus", "must be an integer"),
-        (_doc(version=2), "version", "unsupported version"),
+        (_doc(version=3), "version", "unsupported version"),
         (_doc(phases__0__gpus={0: {"gpu_util": 1.5}}), "phases[0].gpus.0.gpu_util", "out of range"),
         (_doc(phases__0__gpus={0: {"gpu_utilisation": 0.5}}), "phases[0].gpus.0.gpu_utilisation", "unknown key"),
         (_doc(phases__0__gpus={3: {"gpu_util": 0.5}}), "phases[0].gpus.3", "unknown GPU 3"),

@@ -1,0 +1,192 @@
+"""The kubelet pod-resources client against a real gRPC server on a unix socket, speaking the real proto --
+and against sockets that are absent, refuse, hang or answer garbage."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.collectors.kubernetes import KubernetesCollector
+from exporter.sampling import CollectorContext, CollectorError, NoDataError, Targets
+
+grpc: Any = importlib.import_module("grpc")
+pb: Any = importlib.import_module("exporter.kubelet.api_pb2")
+rpc: Any = importlib.import_module("exporter.kubelet.api_pb2_grpc")
+
+UUID0 = "GPU-8c1f6a2e-0000-4a1b-9c3d-000000000000"
+UUID1 = "GPU-8c1f6a2e-0000-4a1b-9c3d-000000000001"
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    # A unix socket path is at most 107 bytes: pytest's tmp_path can be longer.
+    d = Path(tempfile.mkdtemp(prefix="gpufeed-k8s-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+
+
+def _answer() -> Any:
+    resp = pb.ListPodResourcesResponse()
+    pod = resp.pod_resources.add(name="trainer-0", namespace="vision")
+    c = pod.containers.add(name="trainer")
+    c.devices.add(resource_name="nvidia.com/gpu", device_ids=[UUID0])
+    c.devices.add(resource_name="example.com/nic", device_ids=["eth7"])
+    shared = resp.pod_resources.add(name="notebook", namespace="lab").containers.add(name="jupyter")
+    shared.devices.add(resource_name="nvidia.com/gpu.shared", device_ids=[f"{UUID1}::3"])
+    return resp
+
+
+class _Lister(rpc.PodResourcesListerServicer):  # type: ignore[misc]  # generated, untyped
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - the proto's name
+        self.calls += 1
+        return _answer()
+
+
+@contextlib.contextmanager
+def kubelet(path: Path, servicer: Any) -> Iterator[Any]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    rpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(0).wait(5)
+
+
+def _collector(path: Path, targets: Targets | None = None, **opts: Any) -> KubernetesCollector:
+    options = {"socket": str(path), "timeout": 1.0, "refresh": 60.0, **opts}
+    return KubernetesCollector(CollectorContext(procfs=path.parent, sysfs=path.parent, options=options,
+                                                targets=targets or Targets()))
+
+
+def test_list_maps_each_gpu_uuid_to_its_pod_and_container(sockdir: Path) -> None:
+    sock = sockdir / "kubelet.sock"
+    with kubelet(sock, _Lister()):
+        col = _collector(sock)
+        try:
+            s = col.update()
+        finally:
+            col.close()
+    got = {(d.device, d.namespace, d.pod, d.container) for d in s.devices}
+    assert got == {(UUID0, "vision", "trainer-0", "trainer"), (UUID1, "lab", "notebook", "jupyter")}
+    assert s.pods == 2  # the NIC is no GPU; the time-sliced replica "::3" names its GPU
+
+
+def test_the_answer_is_cached_until_gpu_processes_change(sockdir: Path) -> None:
+    sock = sockdir / "kubelet.sock"
+    lister = _Lister()
+    targets = Targets()
+    targets.publish({"0": [100]})
+    with kubelet(sock, lister):
+        col = _collector(sock, targets)
+        try:
+            col.update()
+            col.update()
+            assert lister.calls == 1
+            targets.publish({"0": [100, 200]})  # a job started: list again
+            col.update()
+            assert lister.calls == 2
+        finally:
+            col.close()
+
+
+def test_an_absent_socket_is_not_available_quietly(sockdir: Path) -> None:
+    with pytest.raises(NoDataError, match="absent"):
+        _collector(sockdir / "kubelet.sock").update()
+    (sockdir / "plain").write_text("not a socket")
+    with pytest.raises(NoDataError, match="absent"):
+        _collector(sockdir / "plain").update()
+
+
+def test_a_socket_that_refuses_is_a_failure(sockdir: Path) -> None:
+    sock = sockdir / "kubelet.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    s.close()  # the file stays, nobody listens: ECONNREFUSED
+    col = _collector(sock, timeout=0.5)
+    try:
+        with pytest.raises(CollectorError, match="List on"):
+            col.update()
+    finally:
+        col.close()
+
+
+def test_a_kubelet_that_never_answers_fails_within_the_timeout(sockdir: Path) -> None:
+    sock = sockdir / "kubelet.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(sock))
+    srv.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = srv.accept()
+                held.append(conn)  # accepted, never spoken to
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    col = _collector(sock, timeout=0.5)
+    try:
+        with pytest.raises(CollectorError, match=r"DEADLINE_EXCEEDED|UNAVAILABLE"):
+            col.update()
+    finally:
+        col.close()
+        stop.set()
+        t.join(5)
+        for c in held:
+            c.close()
+        srv.close()
+
+
+def test_a_kubelet_answering_garbage_is_a_failure(sockdir: Path) -> None:
+    sock = sockdir / "kubelet.sock"
+    handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+        "List": grpc.unary_unary_rpc_method_handler(
+            lambda req, ctx: b"\xff\xff\xff\xff not a protobuf",
+            request_deserializer=pb.ListPodResourcesRequest.FromString,
+            response_serializer=lambda b: b),
+    })
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    col = _collector(sock)
+    try:
+        with pytest.raises(CollectorError, match="List on"):
+            col.update()
+    finally:
+        col.close()
+        server.stop(0).wait(5)
+    assert not os.path.exists(sock) or sock.is_socket()
+
+
+def test_a_socket_this_user_may_not_connect_to_is_not_available_not_a_failure(
+        sockdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kubelet makes its socket root's only: a non-root exporter must not page "collector failing".
+    sock = sockdir / "kubelet.sock"
+    with kubelet(sock, _Lister()):
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(sock) else real(p, mode))
+        with pytest.raises(NoDataError, match="not writable"):
+            _collector(sock).update()
