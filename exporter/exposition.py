@@ -10,7 +10,7 @@ import gzip
 import platform
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -27,8 +27,22 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 _log = log.get_logger(component="exposition")
 
-def self_metrics(snap: Snapshot) -> Iterator[Metric]:
-    """gpufeed's own health: per-collector success/availability/duration, sampler overruns, build info."""
+def unix_offset() -> float:
+    """Unix time minus the monotonic clock, now: turns an engine (monotonic) instant into a Unix timestamp.
+
+    Read at every render, so a wall-clock step (NTP) moves the timestamps with it; nothing is scheduled or
+    measured with it. The one use of wall time outside logs and certificate expiry.
+    """
+    return time.time() - time.monotonic()  # wall clock: *_timestamp_seconds are Unix times by convention
+
+
+def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -> Iterator[Metric]:
+    """gpufeed's own health: per-collector success/availability/duration, per-sampler overruns, restarts and
+    sample age, stuck worker threads, dropped log lines, withheld counter regressions, build info.
+
+    ``offset`` turns engine-clock times into Unix times (:func:`unix_offset` for the daemon's monotonic clock;
+    0 under a virtual clock, whose timestamps are then virtual seconds).
+    """
     success = GaugeMetricFamily(
         "gpufeed_collector_success",
         "Whether the collector's last run succeeded (1) or failed (0); absent when its source does not "
@@ -47,7 +61,8 @@ def self_metrics(snap: Snapshot) -> Iterator[Metric]:
     )
     overruns = CounterMetricFamily(
         "gpufeed_sampler_overruns",
-        "Sampling ticks missed because a run took longer than the sampler's interval.",
+        "Sampling ticks missed because a run took longer than the sampler's interval (or its previous call "
+        "is still blocked past its deadline).",
         labels=["sampler"],
     )
     restarts = CounterMetricFamily(
@@ -55,11 +70,26 @@ def self_metrics(snap: Snapshot) -> Iterator[Metric]:
         "Times a crashed sampler task was restarted.",
         labels=["sampler"],
     )
+    age = GaugeMetricFamily(
+        "gpufeed_sample_age_seconds",
+        "Age of the sampler's newest successful sample when this payload was published; grows while the "
+        "sampler fails or is blocked. Absent until its first success.",
+        labels=["sampler"],
+    )
+    last_ok = GaugeMetricFamily(
+        "gpufeed_sampler_last_success_timestamp_seconds",
+        "Unix time of the sampler's newest successful sample. Alert on time() minus this: it keeps growing "
+        "even if the exporter stopped publishing.",
+        labels=["sampler"],
+    )
     by_collector: dict[str, list[tuple[bool, bool, float, int]]] = {}
     for st in snap.status.values():
         by_collector.setdefault(st.collector, []).append((st.success, st.available, st.duration, st.runs))
         overruns.add_metric([st.name], float(st.overruns))
         restarts.add_metric([st.name], float(st.restarts))
+        if st.last_success is not None:
+            age.add_metric([st.name], max(0.0, snap.t - st.last_success))
+            last_ok.add_metric([st.name], st.last_success + offset)
     for name in sorted(by_collector):
         rows = [r for r in by_collector[name] if r[3] > 0]
         if not rows:
@@ -69,29 +99,91 @@ def self_metrics(snap: Snapshot) -> Iterator[Metric]:
         if avail:
             success.add_metric([name], 1.0 if all(r[0] for r in rows if r[1]) else 0.0)
         duration.add_metric([name], max(r[2] for r in rows))
+    abandoned = GaugeMetricFamily(
+        "gpufeed_sampler_abandoned_threads",
+        "Worker threads stuck in a sampler call that passed its deadline (each was replaced; bounded).",
+    )
+    abandoned.add_metric([], float(snap.abandoned_threads))
+    dropped = CounterMetricFamily(
+        "gpufeed_log_messages_dropped", "Log lines that could not be written (stderr closed, full or broken)."
+    )
+    dropped.add_metric([], float(log.dropped()))
+    withheld = CounterMetricFamily(
+        "gpufeed_exposition_regressions_withheld",
+        "Counter samples withheld because they were lower than the value last exported for the same series.",
+    )
+    withheld.add_metric([], float(regressions))
     build = GaugeMetricFamily(
         "gpufeed_build_info", "gpufeed version and Python version, value 1.", labels=["version", "python"]
     )
     build.add_metric([__version__, platform.python_version()], 1.0)
-    yield from (success, available, duration, overruns, restarts, build)
+    yield from (success, available, duration, overruns, restarts, age, last_ok, abandoned, dropped, withheld,
+                build)
+
+
+class MonotonicGuard:
+    """Counters never go backwards while a series lives: a ``_total`` sample lower than the one exported for
+    the same series at the previous render is withheld (the series is absent from this payload) and counted.
+
+    A decrease that is not a reset -- a source falling back to an older sample -- makes ``rate()`` invent a
+    spike the size of the whole counter; absence is honest (an unknown value is omitted). The high-water mark
+    is kept while the source keeps producing the series and forgotten once it stops (process gone, device
+    removed), so a real reset after that is a new series life that ``rate()`` handles. Bounded by the series
+    of one payload.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.regressions = 0
+
+    def apply(self, families: list[Metric]) -> list[Metric]:
+        seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for fam in families:
+            if fam.type != "counter":
+                continue
+            kept = []
+            for sample in fam.samples:
+                if not sample.name.endswith("_total"):
+                    kept.append(sample)
+                    continue
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                prev = self._last.get(key)
+                if prev is not None and sample.value < prev:
+                    self.regressions += 1
+                    seen[key] = prev
+                    if log.once(("counter_regression", sample.name)):
+                        _log.error("counter_regression", metric=sample.name, labels=dict(key[1]), value=sample.value,
+                                   previous=prev, action="sample withheld until the series passes its last value")
+                    continue
+                seen[key] = sample.value
+                kept.append(sample)
+            fam.samples = kept
+        self._last = seen
+        return families
 
 
 class SnapshotCollector:
     """A client_python custom collector over the current snapshot; ``collect`` does no I/O."""
 
-    def __init__(self, stages: Sequence[Stage]) -> None:
+    def __init__(self, stages: Sequence[Stage], offset: Callable[[], float] | None = None) -> None:
         self.stages = list(stages)
         self.snapshot = Snapshot(version=0, t=0.0)
+        self.offset = offset
+        self.guard = MonotonicGuard()
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot
-        yield from self_metrics(snap)
+        families: list[Metric] = []
         for c in self.stages:
             try:
-                yield from c.metrics(snap)
+                families.extend(c.metrics(snap))
             except Exception as e:
                 if log.once(("metrics_failed", c.name)):
                     _log.error("collector_metrics_failed", collector=c.name, error=repr(e), exc_info=e)
+        self.guard.apply(families)
+        offset = self.offset() if self.offset is not None else 0.0
+        yield from self_metrics(snap, offset=offset, regressions=self.guard.regressions)
+        yield from families
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +223,8 @@ class Renderer:
     (from the families already collected) and kept warm from then on.
     """
 
-    def __init__(self, stages: Sequence[Stage]) -> None:
-        self.source = SnapshotCollector(stages)
+    def __init__(self, stages: Sequence[Stage], *, offset: Callable[[], float] | None = None) -> None:
+        self.source = SnapshotCollector(stages, offset)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.source)
         self._families = _Families()
