@@ -13,18 +13,19 @@ import re
 from pathlib import Path
 from types import MappingProxyType
 
-import yaml
-
-from exporter import pci
+from exporter import pci, yamlsafe
 from exporter.names import FINDINGS, VERDICTS
 from exporter.sim.phases import phases_of
-from exporter.sim.reader import Loader, Reader, generation, governor, indexed, item, list_str, width
+from exporter.sim.reader import Reader, generation, governor, indexed, item, list_str, width
 from exporter.sim.spec import (  # the model is part of this module's interface
     CLOCK_EVENT_REASONS,
     CPU_MODES,
     DISK_KEYS,
     FRACTION,
     GPU_NUMERIC,
+    MAX_CPUS,
+    MAX_MHZ,
+    MAX_WATTS,
     NFS_OPS,
     NONNEG,
     PSI_KEYS,
@@ -58,23 +59,24 @@ DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$")  # a block devic
 
 
 def load(path: str | Path) -> Scenario:
-    """Read and validate a scenario file; ScenarioError (file and key named) on any problem."""
+    """Read and validate a scenario file; ScenarioError (file and key named) on any problem.
+
+    The file is refused before parsing when it is larger than :data:`exporter.yamlsafe.MAX_BYTES`.
+    """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ScenarioError(f"{p}: cannot read: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{p}: not UTF-8 text: {e}") from e
+        text = yamlsafe.read(p)
+    except yamlsafe.YamlError as e:
+        raise ScenarioError(f"{p}: {e}") from e
     return loads(text, str(p))
 
 
 def loads(text: str, file: str = "<scenario>") -> Scenario:
     """Validate scenario YAML text; ``file`` names it in messages."""
     try:
-        data = yaml.load(text, Loader=Loader)
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{file}: invalid YAML: {e}") from e
+        data = yamlsafe.loads(text)
+    except yamlsafe.YamlError as e:
+        raise ScenarioError(f"{file}: {e}") from e
     return from_dict(data, file)
 
 
@@ -104,7 +106,7 @@ def from_dict(data: object, file: str = "<scenario>") -> Scenario:
 def _host(r: Reader, v: object) -> Host:
     m = r.mapping(v, "host")
     r.keys(m, "host", ("cpus", "numa_nodes", "governor", "cpu_max_mhz", "mem_total_bytes", "disks", "nfs"), ("cpus",))
-    cpus = r.integer(m["cpus"], "host.cpus", 1, 65536)
+    cpus = r.integer(m["cpus"], "host.cpus", 1, MAX_CPUS)
     nodes: list[frozenset[int]] = []
     if "numa_nodes" in m:
         seen: dict[int, int] = {}
@@ -141,7 +143,7 @@ def _host(r: Reader, v: object) -> Host:
         disks = tuple(names)
     return Host(
         cpus=cpus, numa_nodes=tuple(nodes), governor=gov,
-        cpu_max_mhz=r._positive(m.get("cpu_max_mhz", 3000), "host.cpu_max_mhz"),
+        cpu_max_mhz=r._positive(m.get("cpu_max_mhz", 3000), "host.cpu_max_mhz", hi=MAX_MHZ),
         mem_total_bytes=r.integer(m.get("mem_total_bytes", 549755813888), "host.mem_total_bytes", 1),
         disks=disks, nfs=r.boolean(m.get("nfs", False), "host.nfs"),
     )
@@ -188,8 +190,8 @@ def _gpus(r: Reader, v: object, host: Host) -> tuple[Gpu, ...]:
             index=index, name=r.string(m.get("name", "NVIDIA H100 80GB HBM3"), p + ".name"), uuid=uuid,
             pci_bus_id=bdf, numa_node=numa, pcie=pcie, upstream=tuple(upstream),
             gpm=r.boolean(m.get("gpm", True), p + ".gpm"),
-            max_sm_clock_mhz=r._positive(m.get("max_sm_clock_mhz", 1980), p + ".max_sm_clock_mhz"),
-            power_limit_w=r._positive(m.get("power_limit_w", 700), p + ".power_limit_w"),
+            max_sm_clock_mhz=r._positive(m.get("max_sm_clock_mhz", 1980), p + ".max_sm_clock_mhz", hi=MAX_MHZ),
+            power_limit_w=r._positive(m.get("power_limit_w", 700), p + ".power_limit_w", hi=MAX_WATTS),
             memory_total_bytes=r.integer(m.get("memory_total_bytes", 85899345920), p + ".memory_total_bytes", 1),
         ))
     # A bridge address may be shared by several GPUs' chains (a switch above two GPUs) but must then be the
