@@ -12,7 +12,9 @@ NVML's state ``<dir>/nvml.json`` at twice the rate of the fastest GPU sampler, n
 
 The children die with the parent: their stdin is a pipe from the daemon, and end-of-file on it (the daemon
 exited, however it exited) ends a child, which then removes the directory. They also check their parent
-pid. The daemon removes the directory too, after stopping them.
+pid. The daemon removes the directory too, after stopping them. The other way round, the daemon supervises
+them: a child that dies is restarted within about a second (logged), so a killed renderer never leaves the
+daemon serving a frozen host.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -44,6 +47,9 @@ from exporter.sim.scenario import ScenarioError, load
 _log = log.get_logger(component="sim")
 NVML_FILE = "nvml.json"
 READY_TIMEOUT_S = 60.0
+PARTS = ("trees", "nvml")
+SUPERVISE_INTERVAL_S = 0.5  # how often the daemon checks that both children are alive
+SUPERVISE_BACKOFF_MAX_S = 30.0
 MIN_PERIOD_S = 0.05  # never render a group more often than this (real seconds)
 # The fake's PCIe byte counters wrap at 32 bits like the driver's fields; played faster, a 32-bit counter
 # could wrap more than once between two reads of the fast sampler, so it is widened instead.
@@ -92,6 +98,9 @@ class LiveSimulation:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.settings = settings  # the daemon's settings; pointed at the rendered trees once started
         self.nvml: Any = None  # the strict fake NVML reading the rendered state, once started
+        self._start = 0.0
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     @classmethod
     def start(cls, settings: Settings, registry: Mapping[str, type[Stage]]) -> LiveSimulation:
@@ -115,28 +124,68 @@ class LiveSimulation:
 
     def _spawn(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-", dir=fast_tmpdir()))
-        start = time.monotonic()  # CLOCK_MONOTONIC is system-wide: both children share scenario time
-        for part in ("trees", "nvml"):
-            argv = [sys.executable, "-m", "exporter.sim.live", "--scenario", self.scenario, "--root", str(self.dir),
-                    "--speed", repr(self.speed), "--parent", str(os.getpid()), "--start", repr(start),
-                    "--only", part]
-            for g, p in sorted(self.periods.items()):
-                argv += ["--period", f"{g}={p!r}"]
-            self.procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-                                               close_fds=True))
-        for proc in self.procs:
-            assert proc.stdout is not None
-            ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
-            line = proc.stdout.readline() if ready else b""
-            if line.strip() != b"ready":
+        self._start = time.monotonic()  # CLOCK_MONOTONIC is system-wide: both children share scenario time
+        self.procs = [self._child(part) for part in PARTS]
+        for part, proc in zip(PARTS, self.procs, strict=True):
+            if not self._ready(proc):
                 code = proc.poll()
                 self.stop()
-                raise SimulationError(f"the scenario renderer did not start (exit code {code})")
+                raise SimulationError(f"the scenario renderer ({part}) did not start (exit code {code})")
         _log.info("simulation_started", scenario=self.scenario, speed=self.speed, root=str(self.dir),
                   renderer_pids=",".join(str(p.pid) for p in self.procs))
+        self._stopping.clear()
+        self._supervisor = threading.Thread(target=self._supervise, name="sim-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _child(self, part: str) -> subprocess.Popen[bytes]:
+        assert self.dir is not None
+        argv = [sys.executable, "-m", "exporter.sim.live", "--scenario", self.scenario, "--root", str(self.dir),
+                "--speed", repr(self.speed), "--parent", str(os.getpid()), "--start", repr(self._start),
+                "--only", part]
+        for g, p in sorted(self.periods.items()):
+            argv += ["--period", f"{g}={p!r}"]
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True)
+
+    @staticmethod
+    def _ready(proc: subprocess.Popen[bytes]) -> bool:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
+        return bool(ready) and proc.stdout.readline().strip() == b"ready"
+
+    def _supervise(self) -> None:
+        """Restart a child that died (SIGKILL, OOM, a crash): while one is gone its files stop changing and the
+        daemon would serve a frozen host with every collector succeeding. Scenario time is shared (``--start``),
+        so a restarted child renders where the timeline is now. Backoff doubles while restarts keep failing."""
+        backoff = {part: 0.0 for part in PARTS}
+        while not self._stopping.wait(SUPERVISE_INTERVAL_S):
+            for i, part in enumerate(PARTS):
+                proc = self.procs[i] if i < len(self.procs) else None
+                if proc is None or proc.poll() is None:
+                    continue
+                _log.error("simulation_renderer_exited", part=part, pid=proc.pid, code=proc.returncode,
+                           restart_in=backoff[part])
+                if backoff[part] and self._stopping.wait(backoff[part]):
+                    return
+                if proc.stdout is not None:
+                    proc.stdout.close()
+                new = self._child(part)
+                if self._stopping.is_set():
+                    new.kill()
+                    new.wait()
+                    return
+                self.procs[i] = new
+                if self._ready(new):
+                    backoff[part] = 0.0
+                    _log.info("simulation_renderer_restarted", part=part, pid=new.pid)
+                else:
+                    backoff[part] = min(SUPERVISE_BACKOFF_MAX_S, max(1.0, 2 * backoff[part]))
 
     def stop(self) -> None:
         """Stop the children (closing their stdin, then SIGTERM, then SIGKILL) and remove the directory."""
+        self._stopping.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(READY_TIMEOUT_S)
+            self._supervisor = None
         for p in self.procs:
             if p.poll() is None:
                 with contextlib.suppress(OSError):
@@ -212,11 +261,14 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         start = time.monotonic() if ns.start is None else ns.start
+        # The first render is at the scenario time now, not 0: a child restarted by the daemon's supervisor must
+        # not show counters from the start of the timeline (they would go backwards).
+        t0 = max(0.0, (time.monotonic() - start) * ns.speed)
         if "nvml" in mine:
-            write_json(root / NVML_FILE, nvml_state(model, 0.0, counter_bits=bits, buffer_s=buffer_s))
+            write_json(root / NVML_FILE, nvml_state(model, t0, counter_bits=bits, buffer_s=buffer_s))
         if mine & set(GROUPS):
             renderer.setup()
-            renderer.render(0.0)
+            renderer.render(t0)
         sys.stdout.write("ready\n")
         sys.stdout.flush()
         due = dict.fromkeys(periods, start)
