@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -29,9 +30,8 @@ import secrets
 import ssl
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -48,9 +48,9 @@ _log = log.get_logger(component="webconfig")
 POLL_INTERVAL = 3.0
 AUTH_CACHE_SIZE = 100  # verified credentials (only successes: a wrong password can never evict one)
 AUTH_FAILED_CACHE_SIZE = 1000  # refused credentials, so a client retrying one wrong password pays bcrypt once
-# bcrypt checks waiting for the one bcrypt thread; beyond this an uncached credential gets 503 at once. The
-# wait of a scraper's first request is at most this many checks (64 x 60 ms at cost 10: about 4 s, inside
-# Prometheus's default 10 s scrape timeout); a cached credential never waits.
+# bcrypt checks waiting for the one bcrypt thread. The newest is served first (adaptive LIFO: under a flood a
+# new request -- a scraper's first -- waits for about one check, not for the whole queue); when the queue is
+# full the oldest waiter is answered 503 (its client has likely given up). A cached credential never waits.
 AUTH_MAX_PENDING = 64
 # htpasswd's own ceiling (htpasswd -C: 4-17). Cost 17 is ~8 s per check on a busy core; 31 would be days.
 BCRYPT_MAX_COST = 17
@@ -497,8 +497,8 @@ class WebConfigManager:
 
     Basic auth never holds a request slot (the web server asks before taking one) and cannot be used to push
     valid credentials out: verified credentials are cached apart from refused ones, so a flood of wrong
-    passwords only churns the cache of refusals. Uncached checks queue for the one bcrypt thread, at most
-    ``AUTH_MAX_PENDING`` of them (beyond: :attr:`Auth.BUSY`, a 503, at once). When users have different
+    passwords only churns the cache of refusals. Uncached checks queue for the one bcrypt thread, newest first,
+    at most ``AUTH_MAX_PENDING`` waiting (the oldest gets :attr:`Auth.BUSY`, a 503). When users have different
     costs, a check against a cheaper hash is padded to the time of the most expensive one, so timing does not
     tell which users exist (an unknown user is checked against a dummy hash of the highest cost).
     """
@@ -521,9 +521,8 @@ class WebConfigManager:
         self._refused: OrderedDict[bytes, None] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._reload_lock = threading.Lock()
-        self._pending = 0  # bcrypt checks queued or running (touched on the web server's loop only)
         # One thread for bcrypt, created on first need: bounded, and never the event loop's default pool.
-        self._bcrypt_pool: ThreadPoolExecutor | None = None
+        self._bcrypt = _BcryptLane()
         self._expiry_warned: float | None = None
         self._check_expiry()
 
@@ -660,20 +659,13 @@ class WebConfigManager:
             if key in self._refused:
                 self._refused.move_to_end(key)
                 return Auth.DENIED
-        if self._pending >= AUTH_MAX_PENDING:
+        got = await self._bcrypt.check(password, hashed)
+        if got is None:
             self.auth_busy += 1
             if self.auth_busy % 1000 == 1:
-                _log.warning("auth_busy", pending=self._pending, note="uncached credentials answered 503")
+                _log.warning("auth_busy", pending=AUTH_MAX_PENDING, note="oldest uncached credential answered 503")
             return Auth.BUSY
-        with self._cache_lock:
-            if self._bcrypt_pool is None:
-                self._bcrypt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt")
-            pool = self._bcrypt_pool
-        self._pending += 1
-        try:
-            ok, took = await asyncio.get_running_loop().run_in_executor(pool, _check, password, hashed)
-        finally:
-            self._pending -= 1
+        ok, took = got
         ok = ok and stored is not None
         # Pad a cheaper user's check to the time of the costliest hash (what an unknown user pays): bcrypt's
         # time doubles per cost step. Slept here, not in the bcrypt thread, so nobody else waits for it.
@@ -690,12 +682,80 @@ class WebConfigManager:
     async def _pad(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    @property
+    def pending(self) -> int:
+        """bcrypt checks waiting or running."""
+        return self._bcrypt.pending
+
     def close(self) -> None:
         """Release the bcrypt thread (daemon stop)."""
-        with self._cache_lock:
-            pool, self._bcrypt_pool = self._bcrypt_pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        self._bcrypt.close()
+
+
+class _BcryptLane:
+    """The one bcrypt thread and its queue: newest first, at most ``AUTH_MAX_PENDING`` waiting, the oldest
+    answered None (busy) when a new one does not fit. Results go back to each caller's event loop."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._waiting: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[tuple[bool, float] | None], str,
+                                   bytes]] = deque()
+        self._running = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._waiting) + self._running
+
+    async def check(self, password: str, hashed: bytes) -> tuple[bool, float] | None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[bool, float] | None] = loop.create_future()
+        with self._cond:
+            if self._closed:
+                return None
+            if len(self._waiting) >= AUTH_MAX_PENDING:
+                old_loop, old, _, _ = self._waiting.popleft()
+                old_loop.call_soon_threadsafe(_resolve, old, None)
+            self._waiting.append((loop, fut, password, hashed))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="bcrypt", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return await fut
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                loop, fut, password, hashed = self._waiting.pop()  # the newest
+                self._running = 1
+            try:
+                result: tuple[bool, float] | None = _check(password, hashed)
+            except Exception:  # bcrypt itself failing: refuse, never crash the thread
+                result = (False, 0.0)
+            with self._cond:
+                self._running = 0
+            with contextlib.suppress(RuntimeError):  # the caller's loop closed meanwhile
+                loop.call_soon_threadsafe(_resolve, fut, result)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            self._cond.notify_all()
+        for loop, fut, _, _ in waiting:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, fut, None)
+
+
+def _resolve(fut: asyncio.Future[tuple[bool, float] | None], value: tuple[bool, float] | None) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 def _check(password: str, hashed: bytes) -> tuple[bool, float]:

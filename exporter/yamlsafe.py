@@ -195,7 +195,11 @@ class _Checker:
                 if k.tag == MERGE_TAG:  # "<<: *defaults": merged by the constructor, keys below may repeat it
                     name = "<<"
                 elif isinstance(k, ScalarNode):
-                    name = self.constructor.construct_object(k)
+                    try:
+                        name = self.constructor.construct_object(k)
+                        hash(name)
+                    except (ValueError, TypeError, IndexError, OverflowError, KeyError, AttributeError) as e:
+                        raise YamlError(path, f"invalid key {k.value!r} (tag {k.tag})", _line(k)) from e
                     if name in keys:
                         raise YamlError(_join(path, name), f"duplicate key {name!r}", _line(k))
                     keys.add(name)
@@ -215,7 +219,10 @@ class _Checker:
         if len(literal) > MAX_LITERAL:
             raise YamlError(path, f"number literal of {len(literal)} characters is too large "
                             f"(integers at most 2**64)", _line(node))
-        value = self.constructor.construct_object(node)
+        try:
+            value = self.constructor.construct_object(node)
+        except (ValueError, IndexError, OverflowError, TypeError) as e:  # an explicit !!int / !!float on garbage
+            raise YamlError(path, f"not a valid number: {literal!r}", _line(node)) from e
         if node.tag == INT_TAG and abs(value) > MAX_INT:
             raise YamlError(path, f"integer {literal} is too large (at most 2**64)", _line(node))
         if node.tag == FLOAT_TAG and math.isinf(value) and not _EXPLICIT_INF.match(literal):
@@ -231,7 +238,11 @@ def loads(text: str) -> Any:
             return None
         constructor = _Constructor()
         _Checker(constructor).walk(node, "")
-        return constructor.construct_document(node)
+        try:
+            return constructor.construct_document(node)
+        except (ValueError, TypeError, IndexError, OverflowError, KeyError, AttributeError) as e:
+            # PyYAML's constructors on a bad explicitly tagged value (!!timestamp, !!binary, !!set ...)
+            raise YamlError("", f"invalid value: {e}") from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         problem = getattr(e, "problem", None) or str(e)

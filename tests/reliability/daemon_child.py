@@ -91,7 +91,8 @@ class Files(Collector):
 
 
 class Big(Collector):
-    """About 6 MB of exposition (``--big``: more than the kernel's largest socket buffer, 4 MB), or 200 KB, a large node_exporter's (``--medium``)."""
+    """About 6 MB of exposition (``--big``: more than the kernel's largest socket buffer, 4 MB), or 200 KB, a
+    large node_exporter's (``--medium``)."""
 
     name = "big"
     help = "test"

@@ -94,37 +94,50 @@ async def test_waiting_for_bcrypt_holds_no_request_slot(
     srv = await serve(mgr, max_requests=1)
     attacker = asyncio.create_task(status(srv.port, auth=("prometheus", "wrong")))
     for _ in range(200):
-        if mgr._pending:
+        if mgr.pending:
             break
         await asyncio.sleep(0.01)
-    assert mgr._pending == 1  # the attacker's request is waiting for bcrypt...
+    assert mgr.pending == 1  # the attacker's request is waiting for bcrypt...
     assert (await status(srv.port, auth=("prometheus", "secret")))[0] == 200  # ...and holds no slot
     release.set()
     assert (await attacker)[0] == 401
 
 
-async def test_uncached_credentials_beyond_the_bcrypt_queue_get_503_at_once(
+async def test_the_bcrypt_queue_serves_the_newest_first_and_answers_the_oldest_503_when_full(
     tmp_path: Path, serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mgr = manager(tmp_path, {"prometheus": _hash("secret", 4)})
     release = threading.Event()
-    monkeypatch.setattr(webconfig, "AUTH_MAX_PENDING", 1)
+    order: list[str] = []
 
     def blocked(password: str, hashed: bytes) -> tuple[bool, float]:
         release.wait(20)
+        order.append(password)
         return False, 0.0
 
+    monkeypatch.setattr(webconfig, "AUTH_MAX_PENDING", 2)
     monkeypatch.setattr(webconfig, "_check", blocked)
     srv = await serve(mgr)
-    first = asyncio.create_task(status(srv.port, auth=("prometheus", "a")))
-    for _ in range(200):
-        if mgr._pending:
-            break
-        await asyncio.sleep(0.01)
-    code, headers = await status(srv.port, auth=("prometheus", "b"))
+
+    async def pending(n: int) -> None:
+        for _ in range(500):
+            if mgr.pending >= n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{mgr.pending} pending, expected {n}")
+
+    running = asyncio.create_task(status(srv.port, auth=("prometheus", "a")))
+    await pending(1)
+    oldest = asyncio.create_task(status(srv.port, auth=("prometheus", "b")))
+    await pending(2)
+    middle = asyncio.create_task(status(srv.port, auth=("prometheus", "c")))
+    await pending(3)
+    newest = asyncio.create_task(status(srv.port, auth=("prometheus", "d")))  # the queue holds two: b is out
+    code, headers = await oldest
     assert (code, headers.get("retry-after")) == (503, "1")
     release.set()
-    assert (await first)[0] == 401
+    assert [(await t)[0] for t in (running, middle, newest)] == [401, 401, 401]
+    assert order == ["a", "d", "c"]  # newest first: under a flood a scraper's new request waits ~one check
 
 
 async def test_a_50_client_bcrypt_flood_leaves_the_valid_scraper_served(tmp_path: Path, serve: Serve) -> None:

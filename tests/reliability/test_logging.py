@@ -8,6 +8,7 @@ log format.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -112,7 +113,7 @@ def test_closed_stdout_and_stderr_at_start_serve_normally(procs: list[subprocess
         os.close(1)
         os.close(2)
 
-    proc, port = _start((), preexec_fn=close_std)  # noqa: PLW1509 - a test of exactly that start
+    proc, port = _start((), preexec_fn=close_std)
     procs.append(proc)
     _still_sampling(port)
     assert _stop(proc) == 0
@@ -127,10 +128,8 @@ def test_json_log_format_is_json_on_every_line_even_when_connections_run_out(
     procs.append(proc)
     held = []
     for _ in range(150):
-        try:
+        with contextlib.suppress(OSError):
             held.append(socket.create_connection(("127.0.0.1", port), 2))
-        except OSError:
-            pass
     time.sleep(1.5)
     for s in held:
         s.close()

@@ -64,7 +64,7 @@ LOADERS: list[tuple[str, Callable[[Path], object], type[Exception]]] = [
     ],
     ids=["nesting", "5000-digit int", "1e400", "alias bomb", "recursive alias", "duplicate key", "two documents"],
 )
-def test_every_loader_refuses_hostile_yaml_with_its_own_error_naming_the_file(
+def test_every_loader_refuses_hostile_yaml_with_its_own_error_naming_the_file(  # noqa: PLR0917 - parametrized
     tmp_path: Path, what: str, loader: Callable[[Path], object], error: type[Exception], text: str, says: str
 ) -> None:
     path = tmp_path / "in.yml"

@@ -12,6 +12,7 @@ whole idle timeout, and SIGTERM cut responses in flight. The full-size figures a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -35,7 +36,9 @@ from .test_lifecycle import ROOT
 SCRAPE = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
-def _daemon(extra: tuple[str, ...], flags: tuple[str, ...], nofile: int | None = None) -> tuple[subprocess.Popen[str], int]:
+def _daemon(
+    extra: tuple[str, ...], flags: tuple[str, ...], nofile: int | None = None
+) -> tuple[subprocess.Popen[str], int]:
     port = free_port()
     args = [sys.executable, "-m", "tests.reliability.daemon_child", *extra, "--",
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=info", *flags]
@@ -81,10 +84,8 @@ def _wave(port: int, n: int, pipelined: int) -> list[socket.socket]:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect(("127.0.0.1", port))
         s.setblocking(False)
-        try:
+        with contextlib.suppress(BlockingIOError):
             s.send(SCRAPE * pipelined)
-        except BlockingIOError:
-            pass
         socks.append(s)
     return socks
 

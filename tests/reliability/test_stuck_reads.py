@@ -10,6 +10,7 @@ worker replaces the stuck one, and the sampler recovers once the read returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -91,10 +92,8 @@ async def test_four_reads_blocked_on_fifos_fail_their_collectors_and_the_others_
         for rel in STUCK.values():  # never leave a thread blocked on a FIFO
             path = host.root / rel
             if path.is_fifo():
-                try:
+                with contextlib.suppress(OSError):
                     _release(path, b"")
-                except OSError:
-                    pass
         await eng.stop()
         host.pipeline.close()
 
@@ -119,9 +118,7 @@ async def test_sample_age_grows_while_a_sampler_is_blocked(root: Path) -> None:
         assert last_ok < series['gpufeed_sampler_last_success_timestamp_seconds{sampler="cpu"}']
     finally:
         if fifo.is_fifo():
-            try:
+            with contextlib.suppress(OSError):
                 _release(fifo, b"")
-            except OSError:
-                pass
         await eng.stop()
         host.pipeline.close()
