@@ -73,7 +73,7 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
     age = GaugeMetricFamily(
         "gpufeed_sample_age_seconds",
         "Age of the sampler's newest successful sample when this payload was published; grows while the "
-        "sampler fails or is blocked. Absent until its first success.",
+        "sampler fails or is blocked. Absent until its first success and while its source does not exist.",
         labels=["sampler"],
     )
     last_ok = GaugeMetricFamily(
@@ -87,7 +87,7 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
         by_collector.setdefault(st.collector, []).append((st.success, st.available, st.duration, st.runs))
         overruns.add_metric([st.name], float(st.overruns))
         restarts.add_metric([st.name], float(st.restarts))
-        if st.last_success is not None:
+        if st.last_success is not None and st.available:  # a source gone by design is not a stale one
             age.add_metric([st.name], max(0.0, snap.t - st.last_success))
             last_ok.add_metric([st.name], st.last_success + offset)
     for name in sorted(by_collector):
