@@ -18,40 +18,21 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from bench.load import free_port
 from exporter import log
 
-from .test_lifecycle import ROOT
+from .conftest import start_child
 
 
-def _start(
-    flags: tuple[str, ...], extra: tuple[str, ...] = ("--flaky",), prlimit: int | None = None, **popen: Any
-) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    args = [sys.executable, "-m", "tests.reliability.daemon_child", *extra, "--",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=debug", *flags]
-    if prlimit is not None:
-        args = ["prlimit", f"--nofile={prlimit}:{prlimit}", *args]
-    proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **popen)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), 0.5):
-                return proc, port
-        except OSError:
-            assert proc.poll() is None, f"daemon exited with {proc.returncode}"
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("daemon did not listen")
+def _start(flags: tuple[str, ...], prlimit: int | None = None, **popen: Any) -> tuple[subprocess.Popen[bytes], int]:
+    return start_child(("--flaky",), ("--log.level=debug", *flags), nofile=prlimit, **popen)
 
 
 def _metric(port: int, name: str) -> float:
@@ -69,16 +50,6 @@ def _still_sampling(port: int) -> None:
     while _metric(port, "test_flaky_runs") < first + 10:
         assert time.monotonic() < deadline, "the sampler that logs stopped"
         time.sleep(0.1)
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int:

@@ -13,25 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 
 from bench import load
-from bench.load import free_port
 
-from .conftest import Serve
-from .test_lifecycle import ROOT
+from .conftest import Serve, start_child
 
 SCRAPE = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n"
 
@@ -39,33 +34,8 @@ SCRAPE = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n"
 def _daemon(
     extra: tuple[str, ...], flags: tuple[str, ...], nofile: int | None = None
 ) -> tuple[subprocess.Popen[str], int]:
-    port = free_port()
-    args = [sys.executable, "-m", "tests.reliability.daemon_child", *extra, "--",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=info", *flags]
-    if nofile is not None:
-        args = ["prlimit", f"--nofile={nofile}:{nofile}", *args]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), 0.5):
-                return proc, port
-        except OSError:
-            assert proc.poll() is None, proc.communicate()[0]
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("daemon did not listen")
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-            p.communicate(timeout=10)
+    return start_child(extra, ("--log.level=info", *flags), nofile=nofile, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
 
 
 def _body(port: int) -> tuple[int, str]:
