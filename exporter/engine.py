@@ -7,8 +7,12 @@ Past it the engine stops waiting, records the sampler as failed (``gpufeed_colle
 samples dropped from exposition, ``gpufeed_sample_age_seconds`` growing), and the worker -- a Python thread
 cannot be killed -- is abandoned to finish the call on its own while a fresh thread takes its place in the
 pool. A sampler whose abandoned call is still blocked is not called again until that call returns (a second
-call would block on the same hung source and pile up threads); at most ``MAX_ABANDONED`` threads are ever
-left behind in total (``gpufeed_sampler_abandoned_threads``).
+call would block on the same hung source and pile up threads); never more than the pool's size plus
+``MAX_ABANDONED`` sampler threads exist (``gpufeed_sampler_abandoned_threads`` counts the stuck ones).
+``alive()`` (``/healthz``) keeps reporting the engine, not the sources: a sampler whose ticks keep being
+handled is alive even while its source is blocked -- that is ``gpufeed_collector_success 0`` and
+``GpufeedSamplesStale``, not a restart (a process with a thread in uninterruptible sleep cannot even exit
+until the read returns).
 
 Time comes from an injectable clock: the daemon uses the monotonic clock, tests and ``diagnose --scenario``
 a virtual one.
@@ -528,6 +532,7 @@ class Engine:
         s.last_error = (f"DeadlineExceededError: previous call still blocked after "
                         f"{self.clock.now() - s.blocked_since:.0f} s; not called again until it returns")
         s.overruns += 1
+        s.last_run = self.clock.now()  # the tick was handled: the engine is alive, the source is not
         self._latest.pop(s.spec.name, None)
         self._publish()
 

@@ -28,7 +28,6 @@ import concurrent.futures
 import contextlib
 import enum
 import errno
-import os
 import resource
 import socket
 import ssl
@@ -64,7 +63,7 @@ class Auth(enum.Enum):
 
     OK = "ok"
     DENIED = "denied"  # 401
-    BUSY = "busy"  # the credential is not cached and the bcrypt queue is full: 503, try again
+    BUSY = "busy"  # not cached, and pushed out of the full bcrypt queue by newer checks: 503, try again
 
 
 class AccessPolicy(Protocol):
@@ -79,9 +78,6 @@ class AccessPolicy(Protocol):
 
     def headers(self) -> Mapping[str, str]:
         """Extra headers for every response."""
-
-    def authenticates(self) -> bool:
-        """Whether requests need basic auth."""
 
     def allow(self) -> bool:
         """Rate limit: False answers 429."""
@@ -651,8 +647,3 @@ class WebServer:
                           timeout_s=self.settings.read_timeout)
             transport.abort()
             raise
-
-
-def open_fds() -> int:
-    """Open file descriptors of this process (tests and the load bench)."""
-    return len(os.listdir("/proc/self/fd"))

@@ -7,12 +7,17 @@ old config stays in force. :class:`WebConfigManager` re-reads the file when it o
 (certificates rotate) changes, polled every few seconds, and on SIGHUP. New settings apply to new
 connections: the web server asks for the current TLS context per accepted connection.
 
+Security fails closed (DESIGN.md): an empty, comment-only or truncated file is refused at start (exit 2) and
+at reload (the previous config stays); files are read through :mod:`exporter.yamlsafe` (bounded).
+
 Basic auth follows exporter-toolkit's handler: the username lookup does not leak which users exist
 (every configured name is compared with :func:`hmac.compare_digest`, an unknown user is checked
-against a dummy hash of the same cost), bcrypt runs in a worker thread one at a time (it is CPU
-heavy: cost 10 is ~60 ms), and outcomes are cached in a small LRU keyed by a SHA-256 of
-user + stored hash + password, so a scraper pays bcrypt once, not on every scrape, and a reload that
-changes a hash invalidates its entries.
+against a dummy hash of the highest cost, a cheaper user's check is padded to that cost's time), bcrypt
+runs in one worker thread (it is CPU heavy: cost 10 is ~60 ms) that serves the newest request first, and
+outcomes are cached keyed by a SHA-256 of user + stored hash + password -- verified ones apart from refused
+ones, so a flood of wrong passwords cannot evict a scraper's entry -- so a scraper pays bcrypt once, not on
+every scrape, and a reload that changes a hash invalidates its entries. None of it holds a request slot:
+the web server asks before taking one.
 """
 
 from __future__ import annotations

@@ -146,6 +146,10 @@ async def test_a_read_blocked_past_its_deadline_fails_the_sampler_and_its_worker
         assert eng.snapshot.status["fast"].success
         assert blocked.calls == 1  # not called again while its first call is still blocked
         assert eng.snapshot.value("blocking") is None  # nothing frozen is exported
+        # Its ticks are still handled (failed, counted as overruns): /healthz reports the engine, which is fine.
+        ran = eng.snapshot.status["blocking"].last_run
+        await _until(lambda: (eng.snapshot.status["blocking"].last_run or 0) > (ran or 0))
+        assert eng.alive() and eng.snapshot.status["blocking"].overruns >= 1
         blocked.release.set()  # the NFS server is back: the abandoned call returns, its result is dropped
         await _until(lambda: eng.snapshot.status["blocking"].success)
         assert eng.abandoned_threads == 0 and blocked.calls >= 2
