@@ -527,6 +527,16 @@ def self_alerts(cfg: dict[str, Any]) -> list[Rule]:
         "{{ $value | printf `%.2f` }} ticks per second over " + o["window"] + ": a run takes longer than its "
         "interval, so sub-second signals are coarser than configured.",
     )
+    st = cfg["samples_stale"]
+    stale = alert(
+        cfg, "GpufeedSamplesStale", "samples_stale",
+        f"time() - gpufeed_sampler_last_success_timestamp_seconds > {_num(st['max_age_seconds'])}",
+        "gpufeed sampler {{ $labels.sampler }} has no fresh samples on {{ $labels.instance }}",
+        "The newest sample of the {{ $labels.sampler }} sampler of gpufeed on {{ $labels.instance }} is "
+        "{{ $value | humanizeDuration }} old: its reads are blocked past their deadline (a hung NFS mount or "
+        "driver call) or failing -- its series are missing meanwhile, the log has collector_failed "
+        "(DeadlineExceededError for a blocked read) -- or the exporter stopped publishing (frozen series).",
+    )
     down = alert(
         cfg, "GpufeedTargetDown", "target_down",
         f"up{{{cfg['job_selector']}}} == 0",
@@ -534,7 +544,7 @@ def self_alerts(cfg: dict[str, Any]) -> list[Rule]:
         "Prometheus cannot scrape gpufeed on {{ $labels.instance }} (job {{ $labels.job }}) for "
         f"{cfg['target_down']['for']}: no GPU verdicts, findings or alerts for that host until it is back.",
     )
-    return [failing, overruns, down]
+    return [failing, overruns, stale, down]
 
 
 def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:

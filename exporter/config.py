@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from exporter import yamlsafe
 from exporter.log import FORMATS, LEVELS
 from exporter.sampling import Option, Stage
 
@@ -131,15 +130,14 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def load_file(path: Path) -> dict[str, Any]:
-    """Read and flatten a YAML config file; ConfigError naming the file on any problem."""
+    """Read and flatten a YAML config file; ConfigError naming the file (and the key) on any problem.
+
+    Read through :mod:`exporter.yamlsafe`: size, nesting and numbers bounded, duplicate keys refused.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"config file {path}: cannot read: {e.strerror or e}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path}: invalid YAML: {e}") from e
+        data = yamlsafe.load(path)
+    except yamlsafe.YamlError as e:
+        raise ConfigError(f"config file {path}: {e}") from e
     if data is None:
         return {}
     if not isinstance(data, Mapping):

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 MAX_CPU = 1 << 16  # far above any real host; bounds memory on hostile input
+# CPUs a list may name, counting repeats: the kernel never repeats one, so twice every possible CPU is far
+# beyond any real list, and it bounds the work of a hostile one ("0-65535" ten thousand times took 30 s).
+MAX_LISTED = 2 * MAX_CPU
 
 
 class CpulistError(ValueError):
@@ -14,6 +17,7 @@ class CpulistError(ValueError):
 def parse_cpulist(text: str) -> frozenset[int]:
     """``"0-3,8,10-14:2"`` -> {0,1,2,3,8,10,12,14}; empty string -> empty set."""
     out: set[int] = set()
+    listed = 0
     text = text.strip()
     if not text:
         return frozenset()
@@ -26,11 +30,19 @@ def parse_cpulist(text: str) -> frozenset[int]:
             hi = int(hi_s, 10) if dash else lo
             stride = int(stride_s, 10) if stride_s else 1
         except ValueError as e:
-            raise CpulistError(f"bad cpulist element {part!r} in {text!r}") from e
+            raise CpulistError(f"bad cpulist element {part!r} in {_short(text)!r}") from e
         if lo < 0 or hi < lo or stride < 1 or hi >= MAX_CPU:
-            raise CpulistError(f"bad cpulist range {part!r} in {text!r}")
+            raise CpulistError(f"bad cpulist range {part!r} in {_short(text)!r}")
+        listed += (hi - lo) // stride + 1
+        if listed > MAX_LISTED:
+            raise CpulistError(f"cpulist names more than {MAX_LISTED} CPUs (repeated ranges?): {_short(text)!r}")
         out.update(range(lo, hi + 1, stride))
     return frozenset(out)
+
+
+def _short(text: str) -> str:
+    """A cpulist for a message: an 80 KB one would flood the log line."""
+    return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
 
 
 def format_cpulist(cpus: Iterable[int]) -> str:

@@ -15,8 +15,8 @@ from typing import Any
 
 from exporter import hotplug, log, pipeline
 from exporter.config import Settings
-from exporter.engine import Clock
-from exporter.exposition import Renderer
+from exporter.engine import Clock, VirtualClock
+from exporter.exposition import Renderer, unix_offset
 from exporter.sampling import Stage
 from exporter.web import WebServer, WebSettings, parse_address
 from exporter.webconfig import WebConfigError, WebConfigManager
@@ -44,7 +44,13 @@ class Daemon:
         self.pipeline = pipeline.build(settings, stages=stages, clock=clock, nvml=nvml, on_publish=self._published)
         self.engine = self.pipeline.engine
         self.collectors = self.pipeline.collectors
-        self.renderer = Renderer(self.pipeline.stages)
+        # Unix timestamps (gpufeed_sampler_last_success_timestamp_seconds) need the wall-clock offset of the
+        # engine's clock (the monotonic clock, or scenario time under --simulate-speed); a test's virtual clock
+        # has none and exports its own seconds.
+        clock = self.engine.clock
+        offset = None if isinstance(clock, VirtualClock) else (
+            lambda: unix_offset() + time.monotonic() - clock.now())
+        self.renderer = Renderer(self.pipeline.stages, offset=offset)
         (host, port), *also = [parse_address(a) for a in listen_addresses(settings)]
         self.web = WebServer(
             self.renderer,
@@ -60,6 +66,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._render_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._reloads: set[asyncio.Task[bool]] = set()
         self._hotplug: hotplug.HotplugWatcher | None = None
 
     def _published(self, _snap: Any) -> None:
@@ -95,13 +102,17 @@ class Daemon:
     def reload(self) -> None:
         """SIGHUP: re-read --web.config.file (TLS, auth, headers); a bad file keeps the old config.
 
-        Other settings (collectors, intervals, listen address) need a restart: changing them under a running
-        engine would silently break the counters' continuity.
+        The reload (file reads, certificate loading) runs in a worker thread, never on the loop that schedules
+        the samplers. Other settings (collectors, intervals, listen address) need a restart: changing them
+        under a running engine would silently break the counters' continuity.
         """
         if self.webconfig is None:
             _log.info("reload_requested", note="no --web.config.file; other settings need a restart")
             return
-        self.webconfig.reload(reason="sighup")
+        task = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(self.webconfig.reload, "sighup"), name="webconfig-reload")
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
 
     def request_stop(self) -> None:
         """Ask the daemon to shut down (signal handler)."""
@@ -118,7 +129,7 @@ class Daemon:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        await self.web.stop_in_thread(timeout=1.0)
+        await self.web.stop_in_thread()  # in-flight responses get web.DRAIN_GRACE to finish
         if self.webconfig is not None:
             self.webconfig.close()
         if self._hotplug is not None:
@@ -134,6 +145,7 @@ async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type
         _log.error("web_config_invalid", error=str(e))
         return 2
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(log.loop_exception_handler)  # structured, rate-limited; never a bare traceback
     signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)

@@ -1,21 +1,36 @@
 """The sampling engine: runs every sampler at its own interval, keeps bounded history, publishes snapshots.
 
-Blocking samplers run in a small thread pool so a slow read (a hung NFS mount behind /proc, a driver call)
-never stalls the other samplers or the HTTP server. Time comes from an injectable clock: the daemon uses
-the event loop's monotonic clock, tests and ``diagnose --scenario`` a virtual one.
+Blocking samplers run in a small pool of worker threads (:class:`Workers`) so a slow read (a hung NFS mount
+behind /proc, a wedged driver call) never stalls the other samplers or the HTTP server. A sampler never
+blocks forever: each call has a deadline (``DEADLINE_INTERVALS`` x its interval, at least ``DEADLINE_MIN``).
+Past it the engine stops waiting, records the sampler as failed (``gpufeed_collector_success`` 0, its
+samples dropped from exposition, ``gpufeed_sample_age_seconds`` growing), and the worker -- a Python thread
+cannot be killed -- is abandoned to finish the call on its own while a fresh thread takes its place in the
+pool. A sampler whose abandoned call is still blocked is not called again until that call returns (a second
+call would block on the same hung source and pile up threads); never more than the pool's size plus
+``MAX_ABANDONED`` sampler threads exist (``gpufeed_sampler_abandoned_threads`` counts the stuck ones).
+``alive()`` (``/healthz``) keeps reporting the engine, not the sources: a sampler whose ticks keep being
+handled is alive even while its source is blocked -- that is ``gpufeed_collector_success 0`` and
+``GpufeedSamplesStale``, not a restart (a process with a thread in uninterruptible sleep cannot even exit
+until the read returns).
+
+Time comes from an injectable clock: the daemon uses the monotonic clock, tests and ``diagnose --scenario``
+a virtual one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import heapq
 import itertools
 import math
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -30,6 +45,140 @@ _log = log.get_logger(component="engine")
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
 BACKOFF_RESET = 300.0
+# A call may take this long before it counts as stuck: DEADLINE_INTERVALS of its sampler's interval, and never
+# less than DEADLINE_MIN (a first nvmlInit on a host without persistence mode takes seconds).
+DEADLINE_MIN = 5.0
+DEADLINE_INTERVALS = 5.0
+# Threads that may be left inside calls past their deadline, beyond the pool's own: never more than
+# workers + MAX_ABANDONED sampler threads exist (with every sampler stuck, the rest queue for the pool).
+MAX_ABANDONED = 8
+# A tick this late (and far later than any call may take) means the process or the host did not run: a VM
+# pause, SIGSTOP. Its ticks are not "overruns" of a slow sampler; the gap is logged once instead.
+GAP_MIN = 30.0
+
+
+class DeadlineExceededError(CollectorError):
+    """A sampler call did not return within its deadline (a blocked read); the sampler is marked failed."""
+
+
+class Job:
+    """One blocking call: the function, the future its result goes to, when a thread started it (monotonic
+    seconds; None while queued) and whether it was abandoned."""
+
+    __slots__ = ("abandoned", "fn", "future", "started")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.started: float | None = None
+        self.abandoned = False
+
+
+class Workers:
+    """Threads that run blocking sampler calls, replaceable when one is stuck (see the module docstring).
+
+    Up to ``size`` threads take calls from one queue, started on demand. :meth:`abandon` takes a thread stuck
+    in a call out of the pool and starts a replacement, as long as there are fewer than ``size +
+    max_abandoned`` threads in all; when the call finally returns, the thread rejoins the pool if it has room,
+    else ends.
+    """
+
+    def __init__(self, size: int, *, max_abandoned: int = MAX_ABANDONED, name: str = "sampler") -> None:
+        self.size = size
+        self.max_abandoned = max_abandoned
+        self.name = name
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._live = 0  # threads in the pool (taking calls)
+        self._idle = 0  # of those, waiting for a call
+        self._abandoned = 0  # threads out of the pool, still inside an abandoned call
+        self._running: dict[concurrent.futures.Future[Any], Job] = {}
+        self._seq = itertools.count(1)
+        self._closed = False
+
+    @property
+    def abandoned(self) -> int:
+        """Threads currently stuck in abandoned calls."""
+        return self._abandoned
+
+    def submit(self, fn: Callable[[], Any]) -> Job:
+        """Queue ``fn``; the job's future gets the result (``fn`` must not raise)."""
+        job = Job(fn)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("workers closed")
+            self._jobs.put(job)
+            if self._idle == 0 and self._live < self.size and self._room():
+                self._spawn()
+        return job
+
+    def _room(self) -> bool:  # under self._lock
+        """Whether one more thread may start: never more than ``size + max_abandoned`` threads in all."""
+        return self._live + self._abandoned < self.size + self.max_abandoned
+
+    def abandon(self, future: concurrent.futures.Future[Any]) -> bool:
+        """Stop waiting for ``future``: cancelled if still queued (False), else its thread leaves the pool and a
+        fresh one takes its place (True: a thread is now stuck on its own)."""
+        if future.cancel():
+            return False
+        with self._lock:
+            job = self._running.get(future)
+            if job is None or job.abandoned:  # finished meanwhile
+                return False
+            job.abandoned = True
+            self._live -= 1
+            self._abandoned += 1
+            if self._closed:
+                return True
+            if self._room():
+                self._spawn()
+                return True
+        if log.once(("sampler_thread_limit", self.name)):
+            _log.error("sampler_thread_limit", stuck=self._abandoned, limit=self.size + self.max_abandoned,
+                       note="no replacement thread started; samplers queue for the remaining ones")
+        return True
+
+    def shutdown(self) -> None:
+        """Let idle threads end; threads inside a call end when it returns."""
+        with self._lock:
+            self._closed = True
+            n = self._live
+        for _ in range(n):
+            self._jobs.put(None)
+
+    def _spawn(self) -> None:  # under self._lock
+        self._live += 1
+        threading.Thread(target=self._work, name=f"{self.name}-{next(self._seq)}", daemon=False).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            job = self._jobs.get()
+            with self._lock:
+                self._idle -= 1
+                if job is None:
+                    self._live -= 1
+                    return
+                if not job.future.set_running_or_notify_cancel():
+                    continue  # abandoned while queued
+                self._running[job.future] = job
+                job.started = time.monotonic()
+            try:
+                result = job.fn()
+            except BaseException as e:  # fn is the engine's _call, which catches Exception; be safe anyway
+                result = (None, e, 0.0)
+            with self._lock:
+                del self._running[job.future]
+                leave = False
+                if job.abandoned:
+                    self._abandoned -= 1
+                    leave = self._closed or self._live >= self.size
+                    if not leave:
+                        self._live += 1  # rejoin the pool
+            job.future.set_result(result)
+            if leave:
+                return
 
 
 class Clock(Protocol):
@@ -110,7 +259,11 @@ class Sampler:
     failures: int = 0
     restarts: int = 0
     last_run: float | None = None
+    last_success: float | None = None
     last_error: str | None = None
+    # The call abandoned at its deadline and still running, and when it started: no new call meanwhile.
+    blocked: concurrent.futures.Future[Any] | None = None
+    blocked_since: float = 0.0
 
     def status(self) -> SamplerStatus:
         return SamplerStatus(
@@ -125,6 +278,7 @@ class Sampler:
             failures=self.failures,
             restarts=self.restarts,
             last_run=self.last_run,
+            last_success=self.last_success,
             error=self.last_error,
         )
 
@@ -141,13 +295,18 @@ class Engine:
         inline: bool = False,
         workers: int = 4,
         on_publish: Callable[[Snapshot], None] | None = None,
+        min_deadline: float = DEADLINE_MIN,
+        max_abandoned: int = MAX_ABANDONED,
     ) -> None:
         self.clock: Clock = clock or RealClock()
         self.stages = list(stages)
         self.history_seconds = history_seconds
         self.inline = inline
+        self.min_deadline = min_deadline
+        self.deadline_intervals = DEADLINE_INTERVALS
         self._on_publish = on_publish
-        self._executor = None if inline else ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sampler")
+        self._workers = None if inline else Workers(workers, max_abandoned=max_abandoned)
+        self._gap_logged_at = -math.inf
         self.samplers: dict[str, Sampler] = {}
         for c in self.stages:
             for spec in c.samplers():
@@ -169,6 +328,17 @@ class Engine:
         # one than --engine.history), never fewer than 16, never more than 4096.
         horizon = self.history_seconds if history is None else min(self.history_seconds, history)
         return max(16, min(4096, math.ceil(horizon / interval) + 2))
+
+    def deadline(self, s: Sampler) -> float:
+        """How long one call of ``s`` may take before it is abandoned (its spec's, else the default rule)."""
+        if s.spec.deadline is not None:
+            return s.spec.deadline
+        return max(self.min_deadline, self.deadline_intervals * s.interval)
+
+    @property
+    def abandoned_threads(self) -> int:
+        """Worker threads stuck in calls that passed their deadline."""
+        return 0 if self._workers is None else self._workers.abandoned
 
     # ---- read side -------------------------------------------------------------------------------------
 
@@ -234,6 +404,7 @@ class Engine:
             if s.runs > 1 and not s.success and s.available:
                 _log.info("collector_recovered", collector=s.collector, sampler=name)
             s.success, s.available, s.last_error = True, True, None
+            s.last_success = started
             stamped = Stamped(started, value)
             s.buffer.append(stamped)
             self._latest[name] = stamped
@@ -267,6 +438,7 @@ class Engine:
             t=self.clock.now(),
             latest=MappingProxyType(dict(self._latest)),
             status=MappingProxyType({n: s.status() for n, s in self.samplers.items()}),
+            abandoned_threads=self.abandoned_threads,
         )
         if self._on_publish is not None:
             self._on_publish(self._snapshot)
@@ -310,12 +482,59 @@ class Engine:
 
     async def _run_async(self, s: Sampler) -> None:
         started = self.clock.now()
-        if s.spec.blocking and self._executor is not None:
-            loop = asyncio.get_running_loop()
-            value, err, took = await loop.run_in_executor(self._executor, self._call, s.spec.fn)
-        else:
+        if not (s.spec.blocking and self._workers is not None):
             value, err, took = self._call(s.spec.fn)
+            self._record(s, started, value, err, took)
+            return
+        if s.blocked is not None:
+            if not s.blocked.done():
+                self._still_blocked(s)
+                return
+            s.blocked = None
+            _log.info("sampler_unblocked", collector=s.collector, sampler=s.spec.name,
+                      blocked_s=round(self.clock.now() - s.blocked_since, 1))
+        value, err, took = await self._call_with_deadline(s, started)
         self._record(s, started, value, err, took)
+
+    async def _call_with_deadline(self, s: Sampler, started: float) -> tuple[Any, BaseException | None, float]:
+        """Run ``s`` on a worker; the deadline counts from when a thread starts the call (time spent queued
+        behind busy workers is lateness, counted as overruns), and a call never started within one deadline
+        fails too (every thread is stuck)."""
+        assert self._workers is not None
+        job = self._workers.submit(lambda: self._call(s.spec.fn))
+        wrapped = asyncio.wrap_future(job.future)
+        deadline = self.deadline(s)
+        wait = deadline
+        while True:
+            try:
+                result: tuple[Any, BaseException | None, float] = await asyncio.wait_for(asyncio.shield(wrapped), wait)
+                return result
+            except asyncio.TimeoutError:
+                pass
+            if job.started is not None:
+                wait = job.started + deadline - time.monotonic()
+                if wait > 0:
+                    continue  # it waited in the queue first: its own deadline is not over yet
+            if self._workers.abandon(job.future):
+                s.blocked, s.blocked_since = job.future, started
+                return None, DeadlineExceededError(
+                    f"no result within {deadline:g} s (a blocked read: hung NFS, a FIFO or a wedged driver call?);"
+                    " worker thread replaced"), deadline
+            if job.future.cancelled():
+                return None, DeadlineExceededError(
+                    f"no worker thread free within {deadline:g} s ({self._workers.abandoned} stuck in blocked "
+                    "reads)"), deadline
+            return await asyncio.shield(wrapped)  # it finished just now
+
+    def _still_blocked(self, s: Sampler) -> None:
+        """A tick skipped because the sampler's abandoned call has not returned: failed, counted, published."""
+        s.success = False
+        s.last_error = (f"DeadlineExceededError: previous call still blocked after "
+                        f"{self.clock.now() - s.blocked_since:.0f} s; not called again until it returns")
+        s.overruns += 1
+        s.last_run = self.clock.now()  # the tick was handled: the engine is alive, the source is not
+        self._latest.pop(s.spec.name, None)
+        self._publish()
 
     async def _loop(self, s: Sampler) -> None:
         """Run ``s`` at a fixed rate (no drift); skip and count the ticks a slow run overran."""
@@ -328,8 +547,18 @@ class Engine:
             s.next_due += s.interval
             now = self.clock.now()
             if s.next_due < now:
-                missed = math.ceil((now - s.next_due) / s.interval)
+                behind = now - s.next_due
+                missed = math.ceil(behind / s.interval)
                 s.next_due += missed * s.interval
+                if behind > max(GAP_MIN, 2 * self.deadline(s)):
+                    # Far later than any call may take: the process or host was not running (a VM pause,
+                    # SIGSTOP). Counting its ticks as overruns (29,978 for an hour at 100 ms) would blame the
+                    # samplers; the gap is logged once per pause instead.
+                    if now - self._gap_logged_at > GAP_MIN:
+                        self._gap_logged_at = now
+                        _log.warning("sampling_gap", seconds=round(behind, 1), sampler=s.spec.name,
+                                     note="the process did not run (VM paused, SIGSTOP?); not counted as overruns")
+                    continue
                 # _record counted the ticks the run itself overran; ticks lost because the run started late
                 # (a busy event loop, a full worker pool) are missed samples too and must be visible.
                 late = missed - int(s.duration // s.interval)
@@ -372,8 +601,8 @@ class Engine:
         if self._tasks:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._workers is not None:
+            self._workers.shutdown()
         for c in self.stages:
             try:
                 c.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import generate_latest as generate_text
@@ -26,8 +26,22 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 _log = log.get_logger(component="exposition")
 
-def self_metrics(snap: Snapshot) -> Iterator[Metric]:
-    """gpufeed's own health: per-collector success/availability/duration, sampler overruns, build info."""
+def unix_offset() -> float:
+    """Unix time minus the monotonic clock, now: turns an engine (monotonic) instant into a Unix timestamp.
+
+    Read at every render, so a wall-clock step (NTP) moves the timestamps with it; nothing is scheduled or
+    measured with it. The one use of wall time outside logs and certificate expiry.
+    """
+    return time.time() - time.monotonic()  # wall clock: *_timestamp_seconds are Unix times by convention
+
+
+def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -> Iterator[Metric]:
+    """gpufeed's own health: per-collector success/availability/duration, per-sampler overruns, restarts and
+    sample age, stuck worker threads, dropped log lines, withheld counter regressions, build info.
+
+    ``offset`` turns engine-clock times into Unix times (:func:`unix_offset` for the daemon's monotonic clock;
+    0 under a virtual clock, whose timestamps are then virtual seconds).
+    """
     success = GaugeMetricFamily(
         "gpufeed_collector_success",
         "Whether the collector's last run succeeded (1) or failed (0); absent when its source does not "
@@ -46,7 +60,8 @@ def self_metrics(snap: Snapshot) -> Iterator[Metric]:
     )
     overruns = CounterMetricFamily(
         "gpufeed_sampler_overruns",
-        "Sampling ticks missed because a run took longer than the sampler's interval.",
+        "Sampling ticks missed because a run took longer than the sampler's interval (or its previous call "
+        "is still blocked past its deadline).",
         labels=["sampler"],
     )
     restarts = CounterMetricFamily(
@@ -54,11 +69,26 @@ def self_metrics(snap: Snapshot) -> Iterator[Metric]:
         "Times a crashed sampler task was restarted.",
         labels=["sampler"],
     )
+    age = GaugeMetricFamily(
+        "gpufeed_sample_age_seconds",
+        "Age of the sampler's newest successful sample when this payload was published; grows while the "
+        "sampler fails or is blocked. Absent until its first success and while its source does not exist.",
+        labels=["sampler"],
+    )
+    last_ok = GaugeMetricFamily(
+        "gpufeed_sampler_last_success_timestamp_seconds",
+        "Unix time of the sampler's newest successful sample. Alert on time() minus this: it keeps growing "
+        "even if the exporter stopped publishing.",
+        labels=["sampler"],
+    )
     by_collector: dict[str, list[tuple[bool, bool, float, int]]] = {}
     for st in snap.status.values():
         by_collector.setdefault(st.collector, []).append((st.success, st.available, st.duration, st.runs))
         overruns.add_metric([st.name], float(st.overruns))
         restarts.add_metric([st.name], float(st.restarts))
+        if st.last_success is not None and st.available:  # a source gone by design is not a stale one
+            age.add_metric([st.name], max(0.0, snap.t - st.last_success))
+            last_ok.add_metric([st.name], st.last_success + offset)
     for name in sorted(by_collector):
         rows = [r for r in by_collector[name] if r[3] > 0]
         if not rows:
@@ -68,13 +98,70 @@ def self_metrics(snap: Snapshot) -> Iterator[Metric]:
         if avail:
             success.add_metric([name], 1.0 if all(r[0] for r in rows if r[1]) else 0.0)
         duration.add_metric([name], max(r[2] for r in rows))
+    abandoned = GaugeMetricFamily(
+        "gpufeed_sampler_abandoned_threads",
+        "Worker threads stuck in a sampler call that passed its deadline (each was replaced; bounded).",
+    )
+    abandoned.add_metric([], float(snap.abandoned_threads))
+    dropped = CounterMetricFamily(
+        "gpufeed_log_messages_dropped", "Log lines that could not be written (stderr closed, full or broken)."
+    )
+    dropped.add_metric([], float(log.dropped()))
+    withheld = CounterMetricFamily(
+        "gpufeed_exposition_regressions_withheld",
+        "Counter samples withheld because they were lower than the value last exported for the same series.",
+    )
+    withheld.add_metric([], float(regressions))
     info = buildinfo.labels()
     build = GaugeMetricFamily(
-        "gpufeed_build_info", "A metric with a constant '1' value labeled by the version, source revision and "
-        "Python version gpufeed runs with.", labels=list(info),
+        "gpufeed_build_info",
+        "A metric with a constant '1' value labeled by the version, source revision and Python version gpufeed "
+        "runs with.", labels=list(info),
     )
     build.add_metric(list(info.values()), 1.0)
-    yield from (success, available, duration, overruns, restarts, build)
+    yield from (success, available, duration, overruns, restarts, age, last_ok, abandoned, dropped, withheld,
+                build)
+
+
+class MonotonicGuard:
+    """Counters never go backwards while a series lives: a ``_total`` sample lower than the one exported for
+    the same series at the previous render is withheld (the series is absent from this payload) and counted.
+
+    A decrease that is not a reset -- a source falling back to an older sample -- makes ``rate()`` invent a
+    spike the size of the whole counter; absence is honest (an unknown value is omitted). The high-water mark
+    is kept while the source keeps producing the series and forgotten once it stops (process gone, device
+    removed), so a real reset after that is a new series life that ``rate()`` handles. Bounded by the series
+    of one payload.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.regressions = 0
+
+    def apply(self, families: list[Metric]) -> list[Metric]:
+        seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for fam in families:
+            if fam.type != "counter":
+                continue
+            kept = []
+            for sample in fam.samples:
+                if not sample.name.endswith("_total"):
+                    kept.append(sample)
+                    continue
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                prev = self._last.get(key)
+                if prev is not None and sample.value < prev:
+                    self.regressions += 1
+                    seen[key] = prev
+                    if log.once(("counter_regression", sample.name)):
+                        _log.error("counter_regression", metric=sample.name, labels=dict(key[1]), value=sample.value,
+                                   previous=prev, action="sample withheld until the series passes its last value")
+                    continue
+                seen[key] = sample.value
+                kept.append(sample)
+            fam.samples = kept
+        self._last = seen
+        return families
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +226,14 @@ class Renderer:
     bytes; a format nobody asked for recently is formatted on its first request and kept warm from then on.
     """
 
-    def __init__(self, stages: Sequence[Stage]) -> None:
+    def __init__(self, stages: Sequence[Stage], *, offset: Callable[[], float] | None = None) -> None:
         self.stages = list(stages)
+        self.offset = offset
         self._inputs = [tuple(sorted({spec.name for spec in st.samplers()})) for st in self.stages]
         self._chunks: list[_Chunk | None] = [None] * len(self.stages)
+        # One guard per stage: a stage's chunk is checked when it is formatted again (a reused chunk is the
+        # bytes that passed last time).
+        self._guards = [MonotonicGuard() for _ in self.stages]
         self._self: list[Metric] = []
         self._lock = threading.Lock()
         self._version = -1  # the snapshot whose families were collected last (set once its warm formats are done)
@@ -158,6 +249,11 @@ class Renderer:
         """Version of the snapshot the cached payload was rendered from."""
         return self._version
 
+    @property
+    def regressions(self) -> int:
+        """Counter samples withheld so far because they were below the last exported value (all stages)."""
+        return sum(g.regressions for g in self._guards)
+
     def _families_of(self, i: int, snap: Snapshot) -> list[Metric]:
         st = self.stages[i]
         try:
@@ -172,15 +268,16 @@ class Renderer:
         with self._lock:
             if snap.version == self._version:
                 return
-            self._self = list(self_metrics(snap))
             for i, names in enumerate(self._inputs):
                 inputs = tuple(snap.latest.get(n) for n in names)
                 old = self._chunks[i]
                 if old is not None and len(old.inputs) == len(inputs) and all(
                         a is b for a, b in zip(old.inputs, inputs, strict=True)):
                     continue
-                fams = self._families_of(i, snap)
+                fams = self._guards[i].apply(self._families_of(i, snap))
                 self._chunks[i] = _Chunk(inputs, fams, _text(fams))
+            offset = self.offset() if self.offset is not None else 0.0
+            self._self = list(self_metrics(snap, offset=offset, regressions=self.regressions))
             now = time.monotonic()
             om_warm = now - self._om_asked < WARM_SECONDS
             if now - self._text_asked < WARM_SECONDS or not om_warm:

@@ -206,7 +206,8 @@ class SamplerSpec:
 
     ``blocking`` samplers (file or driver I/O) run in a worker thread so they never stall the event loop.
     ``history``, when set, caps how many seconds of this sampler's samples the engine keeps (at most
-    ``--engine.history``): for heavy samples whose consumers only look a short way back.
+    ``--engine.history``): for heavy samples whose consumers only look a short way back. ``deadline``, when
+    set, replaces the engine's rule for how long one blocking call may take (see exporter.engine).
     """
 
     name: str
@@ -214,6 +215,7 @@ class SamplerSpec:
     fn: Callable[[], Any]
     blocking: bool = True
     history: float | None = None
+    deadline: float | None = None
 
 
 class Stage(ABC):

@@ -33,6 +33,7 @@ class SamplerStatus:
     failures: int
     restarts: int
     last_run: float | None
+    last_success: float | None = None  # engine-clock time of the newest successful sample
     error: str | None = None
 
 
@@ -52,6 +53,7 @@ class Snapshot:
     t: float
     latest: Mapping[str, Stamped[Any]] = field(default_factory=_empty)
     status: Mapping[str, SamplerStatus] = field(default_factory=_empty)
+    abandoned_threads: int = 0  # worker threads stuck in calls past their deadline (exporter.engine.Workers)
 
     def value(self, sampler: str) -> Any:
         """The newest sample value of ``sampler``, or None."""

@@ -1,8 +1,24 @@
 """A small, bounded HTTP/1.1 server on asyncio: /metrics, /healthz and a landing page.
 
-Bounded like node_exporter's web server: a cap on requests served at once (``--web.max-requests``,
-excess gets 503), a cap on open connections, header size and read/idle timeouts, so slow or hostile
-clients cannot grow memory or threads. Scrapes only copy pre-rendered bytes.
+Bounded like node_exporter's web server, and tighter where an attack found it lacking:
+
+- ``--web.max-requests`` requests served at once (excess: 503). A slot covers the serving work only: a
+  request waiting for bcrypt (basic auth) or a response waiting for a slow reader to drain holds none, so
+  neither can lock valid scrapers out.
+- ``--web.max-connections`` open connections, counted from ``accept()`` until the socket is really closed
+  (not until the handler returns: a closed transport holding unsent data keeps its socket), and never more
+  than the file-descriptor limit allows (the soft ``RLIMIT_NOFILE`` is raised to the hard one at start, as Go
+  does for node_exporter, and the cap is lowered to leave ``FD_RESERVE`` descriptors to the collectors).
+- The listener's ``accept()`` is ours, not asyncio's: over the cap a connection is closed before a transport
+  exists, and a transient ``EMFILE`` pauses accepting for a second with one log line (asyncio's accept loop
+  logs a traceback per attempt and re-arms itself per attempt: 126 MB of log in 30 s).
+- A request head has ``--web.read-timeout`` from its first byte (a keep-alive connection may idle up to
+  ``--web.idle-timeout`` *before* that byte, not while dripping a head); 16 KiB head, no bodies.
+- A response the peer does not read within ``--web.read-timeout`` is aborted (RST), freeing the socket at
+  once; a graceful close would keep it open as long as the peer keeps not reading.
+- On stop, requests being answered get ``DRAIN_GRACE`` seconds to finish; idle connections close at once.
+
+Scrapes only copy pre-rendered bytes.
 """
 
 from __future__ import annotations
@@ -10,6 +26,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import enum
+import errno
+import resource
+import socket
 import ssl
 import sys
 import threading
@@ -30,7 +50,20 @@ REASONS = {
     431: "Request Header Fields Too Large",
     503: "Service Unavailable", 505: "HTTP Version Not Supported",
 }
+BACKLOG = 1024
+ACCEPT_BATCH = 64  # connections accepted per wake-up of the listener, so one flood cannot hog the loop
+ACCEPT_PAUSE = 1.0  # seconds accepting stops after EMFILE/ENFILE/ENOBUFS/ENOMEM (the backlog keeps the rest)
+FD_RESERVE = 64  # descriptors kept for collectors, NVML device files, logs and the listener itself
+DRAIN_GRACE = 1.0  # seconds in-flight responses get at stop
+_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
+
+class Auth(enum.Enum):
+    """The outcome of basic auth for one request."""
+
+    OK = "ok"
+    DENIED = "denied"  # 401
+    BUSY = "busy"  # not cached, and pushed out of the full bcrypt queue by newer checks: 503, try again
 
 
 class AccessPolicy(Protocol):
@@ -49,8 +82,8 @@ class AccessPolicy(Protocol):
     def allow(self) -> bool:
         """Rate limit: False answers 429."""
 
-    async def authorize(self, headers: Mapping[str, str]) -> bool:
-        """Basic auth: False answers 401."""
+    async def authorize(self, headers: Mapping[str, str]) -> Auth:
+        """Basic auth: DENIED answers 401, BUSY 503."""
 
 
 @dataclass
@@ -84,7 +117,8 @@ class _BadRequestError(Exception):
 
 
 class _Protocol(asyncio.StreamReaderProtocol):
-    """A stream protocol that, for a TLS connection, stops reading the socket before any byte arrives.
+    """A stream protocol that counts its connection until the socket is gone and, for a TLS connection, stops
+    reading the socket before any byte arrives.
 
     The listener is plain TCP and TLS starts per connection. If the protocol read the ClientHello into the
     plain-text stream buffer before ``start_tls`` took over, the handshake would wait forever for bytes it
@@ -92,14 +126,22 @@ class _Protocol(asyncio.StreamReaderProtocol):
     the TLS protocol resumes reading.
     """
 
-    def __init__(self, reader: asyncio.StreamReader, cb: Any, *, pause: bool) -> None:
+    def __init__(self, reader: asyncio.StreamReader, cb: Any, *, pause: bool, server: WebServer) -> None:
         super().__init__(reader, cb)
         self._pause = pause
+        self._server = server
+        self._counted = True  # counted at accept(); released once, when the connection is lost
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._pause and isinstance(transport, asyncio.ReadTransport):
             transport.pause_reading()
         super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._counted:
+            self._counted = False
+            self._server._open -= 1
+        super().connection_lost(exc)
 
 
 async def _within(aw: Coroutine[Any, Any, bytes], timeout: float) -> bytes:
@@ -114,9 +156,19 @@ async def _within(aw: Coroutine[Any, Any, bytes], timeout: float) -> bytes:
     return await asyncio.wait_for(aw, timeout)  # pragma: no cover - Python 3.10
 
 
-def _log_once_refused(server: WebServer) -> bool:
-    """Log the connection cap at most once per 1000 refusals (a flood must not flood the log)."""
-    return server.connections_refused % 1000 == 1
+async def _head_bytes(reader: asyncio.StreamReader, timeout: float, idle: float | None, first: list[bytes]) -> bytes:
+    """A request head: up to ``idle`` s for its first byte (when given), then ``timeout`` s for the rest -- or
+    ``timeout`` s for all of it. One timer per head (3.11+: rescheduled after the first byte), as before the
+    keep-alive rule existed: the per-request cost of a back-to-back scraper does not grow."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout if idle is None else idle) as cm:
+            if idle is not None:
+                first.append(await reader.readexactly(1))
+                cm.reschedule(asyncio.get_running_loop().time() + timeout)
+            return b"".join(first) + await reader.readuntil(b"\r\n\r\n")
+    if idle is not None:  # pragma: no cover - Python 3.10
+        first.append(await _within(reader.readexactly(1), idle))
+    return b"".join(first) + await _within(reader.readuntil(b"\r\n\r\n"), timeout)  # pragma: no cover
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -134,6 +186,99 @@ def parse_address(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (what the Go runtime does at start since Go 1.19, so
+    node_exporter gets it too); the soft limit in force afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+def _bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for ``host:port`` (every address family of an empty host), like asyncio.create_server:
+    SO_REUSEADDR, and IPV6_V6ONLY on IPv6 so the IPv4 socket can bind the same port."""
+    infos: list[Any] = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
+                                          socket.AI_PASSIVE)
+    seen: set[tuple[int, Any]] = set()
+    out: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, addr in infos:
+            if (family, addr) in seen:
+                continue
+            seen.add((family, addr))
+            sock = socket.socket(family, kind, proto)
+            out.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+            if port == 0:  # the other families take the port the first one got
+                port = sock.getsockname()[1]
+                infos = [(f, k, p, c, (a[0], port, *a[2:])) for f, k, p, c, a in infos]
+    except OSError:
+        for sock in out:
+            sock.close()
+        raise
+    return out
+
+
+class _Listener:
+    """One listening socket; accepts in batches on the server's loop (see the module docstring)."""
+
+    def __init__(self, server: WebServer, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        self.server = server
+        self.sock = sock
+        self.loop = loop
+        self.paused = False
+
+    def start(self) -> None:
+        self.loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+
+    def _resume(self) -> None:
+        self.paused = False
+        if self.sock.fileno() >= 0:
+            self.start()
+
+    def _accept(self) -> None:
+        srv = self.server
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as e:
+                srv.accept_errors += 1
+                if srv.accept_errors % 1000 == 1:
+                    _log.error("accept_failed", error=e.strerror or repr(e), errno=e.errno, open=srv._open,
+                               note=f"accepting paused {ACCEPT_PAUSE:g} s" if e.errno in _RESOURCE_ERRNOS else "")
+                if e.errno in _RESOURCE_ERRNOS and not self.paused:
+                    self.paused = True
+                    self.loop.remove_reader(self.sock.fileno())
+                    self.loop.call_later(ACCEPT_PAUSE, self._resume)
+                return
+            if srv._open >= srv.max_connections or srv._stopping:
+                srv.connections_refused += 1
+                if srv.connections_refused % 1000 == 1:
+                    _log.warning("connection_limit_reached", max_connections=srv.max_connections)
+                conn.close()
+                continue
+            srv._open += 1
+            conn.setblocking(False)
+            self.loop.create_task(srv._adopt(conn))
+
+
 class WebServer:
     """Serves the renderer's cached payloads."""
 
@@ -149,27 +294,38 @@ class WebServer:
         self.settings = settings
         self.healthy = healthy
         self.policy = policy
-        self._server: asyncio.base_events.Server | None = None
-        self._servers: list[asyncio.base_events.Server] = []  # _server first, then one per settings.also
-        self._active = 0
+        self.max_connections = settings.max_connections
+        self._listeners: list[_Listener] = []
+        self._groups: list[list[_Listener]] = []  # the listeners of each --web.listen-address, in order
+        self._active = 0  # requests holding a --web.max-requests slot
+        self._open = 0  # connections from accept() until their socket is closed
+        self._busy: set[asyncio.Task[None]] = set()  # connections answering a request (drained at stop)
         self._connections: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.requests_served = 0
         self.requests_rejected = 0
         self.connections_refused = 0
         self.tls_handshakes_failed = 0
+        self.slow_readers_aborted = 0
+        self.accept_errors = 0
 
     @property
     def port(self) -> int:
         """The bound port (useful with port 0)."""
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._listeners
+        return int(self._listeners[0].sock.getsockname()[1])
+
+    @property
+    def open_connections(self) -> int:
+        """Connections accepted and not yet closed."""
+        return self._open
 
     @property
     def ports(self) -> list[int]:
         """The bound port of every listener, in --web.listen-address order."""
-        return [int(s.sockets[0].getsockname()[1]) for s in self._servers]
+        return [int(g[0].sock.getsockname()[1]) for g in self._groups]
 
     async def start(self) -> None:
         """Bind and start accepting.
@@ -178,20 +334,31 @@ class WebServer:
         certificates, client CAs and TLS versions reloaded from --web.config.file apply to new connections.
         """
         ctx = self.policy.ssl_context() if self.policy else None
+        nofile = raise_fd_limit()
+        usable = max(1, nofile - FD_RESERVE)
+        if self.settings.max_connections > usable:
+            self.max_connections = usable
+            _log.warning("connection_limit_lowered", max_connections=self.settings.max_connections,
+                         effective=usable, nofile=nofile, reserve=FD_RESERVE,
+                         note="raise the open-files limit (LimitNOFILE=) to allow more")
         loop = asyncio.get_running_loop()
+        # One group of sockets per --web.listen-address, all or nothing: a half-bound daemon would look healthy.
+        groups: list[list[socket.socket]] = []
         try:
             for host, port in ((self.settings.host, self.settings.port), *self.settings.also):
-                server = await loop.create_server(
-                    self._protocol, host=host or None, port=port, reuse_address=True, backlog=1024,
-                )
-                self._servers.append(server)
-                self._server = self._servers[0]
-                _log.info("listening", address=f"{host}:{server.sockets[0].getsockname()[1]}", tls=ctx is not None)
+                groups.append(_bind(host, port))
         except OSError:
-            for server in self._servers:  # all or nothing: a half-bound daemon would look healthy
-                server.close()
-            self._servers, self._server = [], None
+            for socks in groups:
+                for sock in socks:
+                    sock.close()
             raise
+        self._groups = [[_Listener(self, sock, loop) for sock in socks] for socks in groups]
+        self._listeners = [listener for g in self._groups for listener in g]
+        for listener in self._listeners:
+            listener.start()
+        for (host, _), g in zip(((self.settings.host, self.settings.port), *self.settings.also), self._groups,
+                                strict=True):
+            _log.info("listening", address=f"{host}:{g[0].sock.getsockname()[1]}", tls=ctx is not None)
 
     async def start_in_thread(self) -> None:
         """Bind and serve from a dedicated thread with its own event loop.
@@ -205,6 +372,7 @@ class WebServer:
         def main() -> None:
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
+            loop.set_exception_handler(log.loop_exception_handler)
             self._loop = loop
             try:
                 loop.run_until_complete(self.start())
@@ -224,7 +392,7 @@ class WebServer:
         self._thread.start()
         await asyncio.wrap_future(ready)
 
-    async def stop_in_thread(self, timeout: float = 1.5) -> None:
+    async def stop_in_thread(self, timeout: float = DRAIN_GRACE + 0.5) -> None:
         """Stop a server started with :meth:`start_in_thread` and join its thread (bounded)."""
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
@@ -237,44 +405,49 @@ class WebServer:
         await asyncio.get_running_loop().run_in_executor(None, thread.join, timeout)
         self._thread = None
 
-    async def stop(self) -> None:
-        """Stop accepting and close open connections."""
-        for server in self._servers:
-            server.close()
+    async def stop(self, grace: float = DRAIN_GRACE) -> None:
+        """Stop accepting; let requests being answered finish for up to ``grace`` s; close the rest."""
+        self._stopping = True
+        for listener in self._listeners:
+            listener.close()
+        for t in list(self._connections - self._busy):  # waiting for a request head: nothing to lose
+            t.cancel()
+        if self._busy:
+            await asyncio.wait(list(self._busy), timeout=grace)
         for t in list(self._connections):
             t.cancel()
         if self._connections:
             await asyncio.wait(list(self._connections), timeout=1.0)
-        for server in self._servers:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 1.0)
 
-    def _protocol(self) -> asyncio.StreamReaderProtocol:
-        """Called once per accepted connection: fixes that connection's TLS context (the current one)."""
-        ctx = self.policy.ssl_context() if self.policy else None
+    async def _adopt(self, conn: socket.socket) -> None:
+        """Make a transport and a handler for an accepted socket (already counted in ``_open``)."""
+        ctx = self.policy.ssl_context() if self.policy else None  # this connection's TLS context: the current one
         reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES)
 
         async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             await self._handle(r, w, ctx)
 
-        return _Protocol(reader, handle, pause=ctx is not None)
+        protocol = _Protocol(reader, handle, pause=ctx is not None, server=self)
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, conn)
+        except Exception as e:  # the peer reset before the transport existed, or the loop is closing
+            if protocol._counted:
+                protocol._counted = False
+                self._open -= 1
+            conn.close()
+            if not isinstance(e, OSError | asyncio.CancelledError):
+                _log.warning("connection_setup_failed", error=repr(e))
 
     async def _handle(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ctx: ssl.SSLContext | None = None
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._connections) >= self.settings.max_connections:
-            self.connections_refused += 1
-            if _log_once_refused(self):
-                _log.warning("connection_limit_reached", max_connections=self.settings.max_connections)
-            writer.close()
-            return
         self._connections.add(task)
         try:
             if ctx is not None and not await self._start_tls(writer, ctx):
                 return
-            await self._serve_connection(reader, writer)
+            await self._serve_connection(reader, writer, task)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ssl.SSLError,
                 asyncio.TimeoutError):
             pass
@@ -282,8 +455,13 @@ class WebServer:
             _log.warning("connection_failed", error=repr(e))
         finally:
             self._connections.discard(task)
-            with contextlib.suppress(Exception):
-                writer.close()
+            self._busy.discard(task)
+            transport = writer.transport
+            if transport.get_write_buffer_size() > 0:
+                transport.abort()  # unsent data would keep the socket open as long as the peer does not read
+            else:
+                with contextlib.suppress(Exception):
+                    writer.close()
 
     async def _start_tls(self, writer: asyncio.StreamWriter, ctx: ssl.SSLContext) -> bool:
         """Upgrade the connection to TLS; False when the handshake or the peer check failed."""
@@ -302,13 +480,18 @@ class WebServer:
             return False
         return True
 
-    async def _read_head(self, reader: asyncio.StreamReader, timeout: float) -> Request | None:
+    async def _read_head(
+        self, reader: asyncio.StreamReader, timeout: float, idle: float | None = None
+    ) -> Request | None:
+        """The next request head: within ``timeout`` seconds, counted from its first byte when ``idle`` (a
+        keep-alive connection's wait for that byte) is given, else from now."""
+        first: list[bytes] = []
         try:
-            head = await _within(reader.readuntil(b"\r\n\r\n"), timeout)
+            head = await _head_bytes(reader, timeout, idle, first)
         except asyncio.LimitOverrunError as e:
             raise _BadRequestError(431) from e
         except asyncio.IncompleteReadError as e:
-            if not e.partial.strip():
+            if not (b"".join(first) + e.partial).strip():
                 return None
             raise _BadRequestError(400) from e
         except asyncio.TimeoutError:
@@ -340,53 +523,76 @@ class WebServer:
             headers[name.lower()] = value.strip()
         return Request(method=method, path=target.split("?", 1)[0], version=version, headers=headers)
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        first = True
-        while True:
-            timeout = self.settings.read_timeout if first else self.settings.idle_timeout
-            first = False
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[None]
+    ) -> None:
+        idle: float | None = None  # the first head: read timeout from the accept; later ones: idle, then read
+        while not self._stopping:
             try:
-                req = await self._read_head(reader, timeout)
+                req = await self._read_head(reader, self.settings.read_timeout, idle)
             except _BadRequestError as e:
-                await self._send(writer, e.status, b"bad request\n", "text/plain; charset=utf-8", close=True)
+                self._write(writer, e.status, b"bad request\n", "text/plain; charset=utf-8", close=True)
+                await self._drain(writer)
                 return
             if req is None:
                 return
-            if req.headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in req.headers:
-                # Nothing here takes a body; refuse instead of reading an attacker-sized one.
-                await self._send(writer, 413, b"request bodies are not accepted\n", "text/plain", close=True)
-                return
-            keep_alive = req.version == "HTTP/1.1" and req.headers.get("connection", "").lower() != "close"
-            if self._active >= self.settings.max_requests:
-                self.requests_rejected += 1
-                await self._send(
-                    writer, 503, b"too many concurrent requests\n", "text/plain; charset=utf-8", close=True
-                )
-                return
-            self._active += 1
-            try:
-                await self._respond(req, writer, keep_alive)
-            finally:
-                self._active -= 1
+            idle = self.settings.idle_timeout
+            self._busy.add(task)
+            keep_alive = await self._answer(req, writer)
+            await self._drain(writer)  # holds no request slot: a slow reader delays only itself
+            self._busy.discard(task)
             if not keep_alive:
                 return
 
-    async def _respond(self, req: Request, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
-        head_only = req.method == "HEAD"
+    async def _answer(self, req: Request, writer: asyncio.StreamWriter) -> bool:
+        """Write the response to ``req`` into the transport; whether the connection stays open."""
+        keep_alive = (req.version == "HTTP/1.1" and req.headers.get("connection", "").lower() != "close"
+                      and not self._stopping)
+        text = "text/plain; charset=utf-8"
+        if req.headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in req.headers:
+            # Nothing here takes a body; refuse instead of reading an attacker-sized one.
+            self._write(writer, 413, b"request bodies are not accepted\n", "text/plain", close=True)
+            return False
         if req.method not in ("GET", "HEAD"):
-            await self._send(writer, 405, b"method not allowed\n", "text/plain; charset=utf-8",
-                             close=not keep_alive, extra={"Allow": "GET, HEAD"})
-            return
-        if self.policy is not None and not self.policy.allow():
+            self._write(writer, 405, b"method not allowed\n", text, close=not keep_alive,
+                        extra={"Allow": "GET, HEAD"})
+            return keep_alive
+        policy = self.policy
+        # /healthz answers without basic auth and outside the rate limit: container and Kubernetes probes
+        # cannot easily send credentials, it tells nothing but "ok", and a probe refused under a flood would
+        # restart a healthy daemon. TLS and client certificates still apply to it.
+        if policy is not None and req.path != "/healthz":
+            # Before any request slot is taken: bcrypt may queue (bounded, see WebConfigManager).
+            auth = await policy.authorize(req.headers)
+            if auth is Auth.DENIED:
+                self._write(writer, 401, b"Unauthorized\n", text, close=not keep_alive,
+                            extra={"WWW-Authenticate": 'Basic realm="gpufeed"'})
+                return keep_alive
+            if auth is Auth.BUSY:
+                self.requests_rejected += 1
+                self._write(writer, 503, b"authentication busy, retry\n", text, close=not keep_alive,
+                            extra={"Retry-After": "1"})
+                return keep_alive
+            # The rate limit counts authenticated requests only (when auth is on): unauthenticated clients
+            # cannot spend the tokens of the scrapers that hold the password.
+            if not policy.allow():
+                self.requests_rejected += 1
+                self._write(writer, 429, b"Too Many Requests\n", text, close=not keep_alive)
+                return keep_alive
+        if self._active >= self.settings.max_requests:
             self.requests_rejected += 1
-            await self._send(writer, 429, b"Too Many Requests\n", "text/plain; charset=utf-8", close=not keep_alive)
-            return
-        # /healthz answers without basic auth: container and Kubernetes probes cannot easily send credentials,
-        # and it tells nothing but "ok". TLS, client certificates and the rate limit still apply to it.
-        if self.policy is not None and req.path != "/healthz" and not await self.policy.authorize(req.headers):
-            await self._send(writer, 401, b"Unauthorized\n", "text/plain; charset=utf-8", close=not keep_alive,
-                             extra={"WWW-Authenticate": 'Basic realm="gpufeed"'})
-            return
+            self._write(writer, 503, b"too many concurrent requests\n", text, close=True)
+            return False
+        self._active += 1
+        try:
+            self._respond(req, writer, keep_alive)
+        finally:
+            self._active -= 1
+        return keep_alive
+
+    def _respond(self, req: Request, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
+        head_only = req.method == "HEAD"
+        close = not keep_alive
         self.requests_served += 1
         if req.path == self.settings.telemetry_path:
             accept = req.headers.get("accept", "")
@@ -396,18 +602,15 @@ class WebServer:
             gz = "gzip" in req.headers.get("accept-encoding", "")
             body = payload.gz if gz else payload.body
             extra = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gz else {"Vary": "Accept-Encoding"}
-            await self._send(writer, 200, body, payload.content_type, close=not keep_alive, extra=extra,
-                             head_only=head_only)
+            self._write(writer, 200, body, payload.content_type, close=close, extra=extra, head_only=head_only)
         elif req.path == "/healthz":
             ok = self.healthy()
-            await self._send(writer, 200 if ok else 503, b"ok\n" if ok else b"samplers not alive\n",
-                             "text/plain; charset=utf-8", close=not keep_alive, head_only=head_only)
+            self._write(writer, 200 if ok else 503, b"ok\n" if ok else b"samplers not alive\n",
+                        "text/plain; charset=utf-8", close=close, head_only=head_only)
         elif req.path == "/":
-            await self._send(writer, 200, self._landing(), "text/html; charset=utf-8", close=not keep_alive,
-                             head_only=head_only)
+            self._write(writer, 200, self._landing(), "text/html; charset=utf-8", close=close, head_only=head_only)
         else:
-            await self._send(writer, 404, b"not found\n", "text/plain; charset=utf-8", close=not keep_alive,
-                             head_only=head_only)
+            self._write(writer, 404, b"not found\n", "text/plain; charset=utf-8", close=close, head_only=head_only)
 
     def _landing(self) -> bytes:
         path = escape(self.settings.telemetry_path)
@@ -419,7 +622,7 @@ class WebServer:
             "</body></html>\n"
         ).encode()
 
-    async def _send(
+    def _write(
         self,
         writer: asyncio.StreamWriter,
         status: int,
@@ -430,6 +633,7 @@ class WebServer:
         extra: Mapping[str, str] | None = None,
         head_only: bool = False,
     ) -> None:
+        """Hand one response to the transport (never waits; see :meth:`_drain`)."""
         lines = [
             f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}",
             f"Content-Type: {content_type}",
@@ -442,8 +646,23 @@ class WebServer:
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         if not head_only:
             writer.write(body)
-        # Only wait when the socket did not take everything: wait_for() always yields to the loop (it wraps
-        # the drain in a task), which under many fast scrapers kept requests "in flight" for a whole loop
-        # round and turned the --web.max-requests cap into spurious 503s for everyone.
-        if writer.transport.get_write_buffer_size() > 0:
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+        """Wait, at most --web.read-timeout, for the peer to take what was written; abort the connection when it
+        does not (a slow or stalled reader), so its socket is closed now, not when the peer gives up.
+
+        Only waits when the socket did not take everything: an unconditional wait yields to the loop, which
+        under many fast scrapers kept requests in flight for a whole loop round.
+        """
+        transport = writer.transport
+        if transport.get_write_buffer_size() == 0:
+            return
+        try:
             await asyncio.wait_for(writer.drain(), self.settings.read_timeout)
+        except asyncio.TimeoutError:
+            self.slow_readers_aborted += 1
+            if self.slow_readers_aborted % 1000 == 1:
+                _log.info("slow_reader_aborted", unsent_bytes=transport.get_write_buffer_size(),
+                          timeout_s=self.settings.read_timeout)
+            transport.abort()
+            raise

@@ -7,12 +7,17 @@ old config stays in force. :class:`WebConfigManager` re-reads the file when it o
 (certificates rotate) changes, polled every few seconds, and on SIGHUP. New settings apply to new
 connections: the web server asks for the current TLS context per accepted connection.
 
+Security fails closed (DESIGN.md): an empty, comment-only or truncated file is refused at start (exit 2) and
+at reload (the previous config stays); files are read through :mod:`exporter.yamlsafe` (bounded).
+
 Basic auth follows exporter-toolkit's handler: the username lookup does not leak which users exist
 (every configured name is compared with :func:`hmac.compare_digest`, an unknown user is checked
-against a dummy hash of the same cost), bcrypt runs in a worker thread one at a time (it is CPU
-heavy: cost 10 is ~60 ms), and outcomes are cached in a small LRU keyed by a SHA-256 of
-user + stored hash + password, so a scraper pays bcrypt once, not on every scrape, and a reload that
-changes a hash invalidates its entries.
+against a dummy hash of the highest cost, a cheaper user's check is padded to that cost's time), bcrypt
+runs in one worker thread (it is CPU heavy: cost 10 is ~60 ms) that serves the newest request first, and
+outcomes are cached keyed by a SHA-256 of user + stored hash + password -- verified ones apart from refused
+ones, so a flood of wrong passwords cannot evict a scraper's entry -- so a scraper pays bcrypt once, not on
+every scrape, and a reload that changes a hash invalidates its entries. None of it holds a request slot:
+the web server asks before taking one.
 """
 
 from __future__ import annotations
@@ -20,32 +25,42 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import ipaddress
 import os
 import re
+import secrets
 import ssl
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import bcrypt
-import yaml
 
-from exporter import log
+from exporter import log, yamlsafe
 from exporter.durations import parse_duration
+from exporter.web import Auth
 
 _log = log.get_logger(component="webconfig")
 
 POLL_INTERVAL = 3.0
-AUTH_CACHE_SIZE = 100
+AUTH_CACHE_SIZE = 100  # verified credentials (only successes: a wrong password can never evict one)
+AUTH_FAILED_CACHE_SIZE = 1000  # refused credentials, so a client retrying one wrong password pays bcrypt once
+# bcrypt checks waiting for the one bcrypt thread. The newest is served first (adaptive LIFO: under a flood a
+# new request -- a scraper's first -- waits for about one check, not for the whole queue); when the queue is
+# full the oldest waiter is answered 503 (its client has likely given up). A cached credential never waits.
+AUTH_MAX_PENDING = 64
+# htpasswd's own ceiling (htpasswd -C: 4-17). Cost 17 is ~8 s per check on a busy core; 31 would be days.
+BCRYPT_MAX_COST = 17
+MAX_BURST = 1_000_000
+EXPIRY_WARNING_SECONDS = 7 * 86400.0
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -97,6 +112,7 @@ ALLOWED_HEADERS: Mapping[str, tuple[str, ...]] = {
 }
 
 _BCRYPT = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
+_BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 _TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
 _TLS_KEYS = (
     "cert_file", "key_file", "cert", "key", "client_auth_type", "client_ca_file", "client_ca",
@@ -127,7 +143,13 @@ class WebConfig:
     users: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
     rate_limit: RateLimit | None = None
     watched: tuple[Path, ...] = ()
-    dummy_hash: bytes = b""  # same cost as the users' hashes: unknown users pay the same bcrypt time
+    dummy_hash: bytes = b""  # the users' highest cost: unknown users pay the same bcrypt time
+    cert_not_after: float | None = None  # Unix time the server certificate expires
+
+    @property
+    def max_cost(self) -> int:
+        """The highest bcrypt cost among the users (0 without users)."""
+        return max((_cost(h) for h in self.users.values()), default=0)
 
 
 def _mapping(value: object, key: str, allowed: tuple[str, ...] | None = None) -> Mapping[str, Any]:
@@ -170,8 +192,26 @@ def _pem_file(inline: str, key: str) -> tuple[str, Callable[[], None]]:
     return f"/proc/self/fd/{fd}", close
 
 
-def _tls(section: Mapping[str, Any], base: Path) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[Path, ...]]:
-    """``tls_server_config`` -> a server SSLContext, the allowed client SANs and the files to watch."""
+def _not_after(cert_path: str) -> float | None:
+    """Unix time the (first) server certificate in ``cert_path`` expires; None when it cannot be decoded.
+
+    The ssl module loads a chain without exposing it; ``_test_decode_cert`` is CPython's own PEM decoder (used
+    by its test suite and present since Python 2.7), so it is called defensively.
+    """
+    decode = getattr(getattr(ssl, "_ssl", None), "_test_decode_cert", None)
+    if decode is None:  # pragma: no cover - every CPython has it
+        return None
+    try:
+        return float(ssl.cert_time_to_seconds(decode(cert_path)["notAfter"]))
+    except (ssl.SSLError, OSError, KeyError, ValueError):
+        return None
+
+
+def _tls(
+    section: Mapping[str, Any], base: Path
+) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[Path, ...], float | None]:
+    """``tls_server_config`` -> a server SSLContext, the allowed client SANs, the files to watch and the server
+    certificate's expiry (Unix time)."""
     k = "tls_server_config"
     opts = {name: section.get(name) for name in _TLS_KEYS}
     cert_file, key_file = _str(opts["cert_file"], f"{k}.cert_file"), _str(opts["key_file"], f"{k}.key_file")
@@ -209,6 +249,7 @@ def _tls(section: Mapping[str, Any], base: Path) -> tuple[ssl.SSLContext, tuple[
             ctx.load_cert_chain(cpath, kpath)
         except (ssl.SSLError, OSError) as e:
             raise WebConfigError(f"{k}.cert_file/key_file: cannot load certificate and key: {e}") from e
+        not_after = _not_after(cpath)
     finally:
         for closer in closers:
             closer()
@@ -285,7 +326,12 @@ def _tls(section: Mapping[str, Any], base: Path) -> tuple[ssl.SSLContext, tuple[
     if curves:
         # Python's ssl module sets one ECDH curve: the first preference.
         ctx.set_ecdh_curve(CURVES[curves[0]])
-    return ctx, sans, tuple(watched)
+    return ctx, sans, tuple(watched), not_after
+
+
+def _cost(h: bytes) -> int:
+    """The cost field of a modular-crypt bcrypt hash (``$2y$10$...`` -> 10)."""
+    return int(h.split(b"$")[2])
 
 
 def _rate_limit(section: Mapping[str, Any]) -> RateLimit | None:
@@ -298,8 +344,8 @@ def _rate_limit(section: Mapping[str, Any]) -> RateLimit | None:
     that never holds a token answers 429 to every request).
     """
     burst = section.get("burst", 0)
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
-        raise WebConfigError(f"rate_limit.burst: must be a non-negative integer, not {burst!r}")
+    if isinstance(burst, bool) or not isinstance(burst, int) or not 0 <= burst <= MAX_BURST:
+        raise WebConfigError(f"rate_limit.burst: must be an integer from 0 to {MAX_BURST}, not {burst!r}")
     value = section.get("interval", 0)
     if isinstance(value, int | float) and not isinstance(value, bool) and value != 0:
         raise WebConfigError(
@@ -333,24 +379,51 @@ def _users(section: Mapping[str, Any]) -> Mapping[str, bytes]:
             raise WebConfigError(
                 f"basic_auth_users.{user}: not a bcrypt hash (generate one with: htpasswd -nBC 10 '' | tr -d ':\\n')"
             )
-        cost = int(h[4:6]) if h[3] == "$" else int(h[3:5])
-        if not 4 <= cost <= 31:
-            raise WebConfigError(f"basic_auth_users.{user}: bcrypt cost {cost} out of range 4-31")
+        cost = _cost(h.encode())
+        if not 4 <= cost <= BCRYPT_MAX_COST:
+            raise WebConfigError(
+                f"basic_auth_users.{user}: bcrypt cost {cost} out of range 4-{BCRYPT_MAX_COST} (htpasswd's range; "
+                f"each new credential costs 2^cost rounds of CPU: cost 10 is ~60 ms, 17 ~8 s)"
+            )
         if ":" in user:
             raise WebConfigError(f"basic_auth_users.{user}: user names cannot contain ':'")
         out[user] = h.encode()
     return MappingProxyType(out)
 
 
+def dummy_hash(cost: int) -> bytes:
+    """A well-formed bcrypt hash of the given cost that no password matches, made without hashing anything.
+
+    An unknown user is checked against it so that the answer takes as long as for a real user. Built from a
+    fresh salt and 31 random characters, it costs nothing to make: hashing a random password instead (as
+    before) ran bcrypt at the users' cost on the reloading thread, and a cost-16 user stalled sampling 3.5 s.
+    """
+    tail = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(31))
+    return bcrypt.gensalt(cost) + tail.encode()
+
+
 def parse(data: object, base: Path) -> WebConfig:
-    """Validate parsed YAML and build a :class:`WebConfig`; relative paths are relative to ``base``."""
+    """Validate parsed YAML and build a :class:`WebConfig`; relative paths are relative to ``base``.
+
+    Fails closed: an empty document, or a top-level section present but empty (``tls_server_config:`` with
+    nothing under it, what a file truncated mid-rewrite looks like), is an error, never "no TLS, no auth".
+    """
+    if data is None or data == {}:
+        raise WebConfigError(
+            "empty: it would turn TLS and authentication off (a file truncated while being rewritten?); "
+            "to serve without them, do not pass --web.config.file"
+        )
     top = _mapping(data, "web config", _TOP_KEYS)
+    for key in _TOP_KEYS:
+        if key in top and not top[key]:
+            raise WebConfigError(f"{key}: empty (a truncated file?); remove the key or configure it")
     ctx: ssl.SSLContext | None = None
     sans: tuple[str, ...] = ()
     watched: tuple[Path, ...] = ()
+    not_after: float | None = None
     tls = _mapping(top.get("tls_server_config"), "tls_server_config", _TLS_KEYS)
     if tls:
-        ctx, sans, watched = _tls(tls, base)
+        ctx, sans, watched, not_after = _tls(tls, base)
     http = _mapping(top.get("http_server_config"), "http_server_config", ("http2", "headers"))
     if http.get("http2") is not None and not isinstance(http.get("http2"), bool):
         raise WebConfigError("http_server_config.http2: must be true or false")
@@ -373,32 +446,27 @@ def parse(data: object, base: Path) -> WebConfig:
         headers[name] = v
     users = _users(_mapping(top.get("basic_auth_users"), "basic_auth_users"))
     rate = _rate_limit(_mapping(top.get("rate_limit"), "rate_limit", ("interval", "burst")))
-    dummy = b""
-    if users:
-        cost = max(int(h.split(b"$")[2]) for h in users.values())
-        dummy = bcrypt.hashpw(os.urandom(16).hex().encode(), bcrypt.gensalt(cost))
+    costs = sorted({_cost(h) for h in users.values()})
     return WebConfig(
         ssl_context=ctx, client_allowed_sans=sans, headers=MappingProxyType(headers), users=users,
-        rate_limit=rate, watched=watched, dummy_hash=dummy,
+        rate_limit=rate, watched=watched, dummy_hash=dummy_hash(costs[-1]) if costs else b"",
+        cert_not_after=not_after,
     )
 
 
 def load(path: Path) -> WebConfig:
-    """Read, validate and build the config at ``path``; WebConfigError naming the file and key otherwise."""
+    """Read, validate and build the config at ``path``; WebConfigError naming the file and key otherwise.
+
+    Read through :mod:`exporter.yamlsafe` (size, nesting and numbers bounded; duplicate keys refused).
+    """
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise WebConfigError(f"web config file {path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise WebConfigError(f"web config file {path}: invalid YAML: {e}") from e
+        data = yamlsafe.load(path)
+    except yamlsafe.YamlError as e:
+        raise WebConfigError(f"web config file {path}: {e}") from e
     try:
         return parse(data, path.parent)
     except WebConfigError as e:
         raise WebConfigError(f"web config file {path}: {e}") from e
-    except RecursionError as e:  # absurdly nested YAML
-        raise WebConfigError(f"web config file {path}: too deeply nested") from e
 
 
 def parse_basic_auth(header: str) -> tuple[str, str] | None:
@@ -457,22 +525,38 @@ class _TokenBucket:
 
 
 class WebConfigManager:
-    """The live web config: answers the web server's TLS, auth, header and rate questions; reloads safely."""
+    """The live web config: answers the web server's TLS, auth, header and rate questions; reloads safely.
 
-    def __init__(self, path: Path | None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    Basic auth never holds a request slot (the web server asks before taking one) and cannot be used to push
+    valid credentials out: verified credentials are cached apart from refused ones, so a flood of wrong
+    passwords only churns the cache of refusals. Uncached checks queue for the one bcrypt thread, newest first,
+    at most ``AUTH_MAX_PENDING`` waiting (the oldest gets :attr:`Auth.BUSY`, a 503). When users have different
+    costs, a check against a cheaper hash is padded to the time of the most expensive one, so timing does not
+    tell which users exist (an unknown user is checked against a dummy hash of the highest cost).
+    """
+
+    def __init__(
+        self, path: Path | None, *, clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,  # wall clock: certificate validity is calendar time
+    ) -> None:
         self.path = path
         self.clock = clock
+        self.wall = wall
         self.config = load(path) if path is not None else WebConfig()
         self.reloads_failed = 0
         self.reloads_ok = 0
+        self.auth_busy = 0
         self.last_reload_successful = True
         self._stamp = self._stamps()
         self._bucket = _TokenBucket(self.config.rate_limit, clock) if self.config.rate_limit else None
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._verified: OrderedDict[bytes, None] = OrderedDict()
+        self._refused: OrderedDict[bytes, None] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._bcrypt_lock = threading.Lock()
+        self._reload_lock = threading.Lock()
         # One thread for bcrypt, created on first need: bounded, and never the event loop's default pool.
-        self._bcrypt_pool: ThreadPoolExecutor | None = None
+        self._bcrypt = _BcryptLane()
+        self._expiry_warned: float | None = None
+        self._check_expiry()
 
     # ---- reload ----------------------------------------------------------------------------------------
 
@@ -489,40 +573,77 @@ class WebConfigManager:
         return tuple(out)
 
     def reload(self, reason: str = "sighup") -> bool:
-        """Re-read the file; on error keep the current config, log and return False."""
+        """Re-read the file; on error keep the current config, log and return False.
+
+        Blocking (file reads, certificate loading): the daemon calls it from a worker thread, never on the
+        loop that schedules the samplers.
+        """
         if self.path is None:
             return True
-        try:
-            new = load(self.path)
-        except WebConfigError as e:
-            self.reloads_failed += 1
-            self.last_reload_successful = False
-            self._stamp = self._stamps()  # do not retry the same broken file every poll
-            _log.error("web_config_reload_failed", reason=reason, error=str(e), note="keeping previous config")
-            return False
-        old_rate = self.config.rate_limit
-        self.config = new
-        self._stamp = self._stamps()
-        if new.rate_limit != old_rate:
-            self._bucket = _TokenBucket(new.rate_limit, self.clock) if new.rate_limit else None
-        self.reloads_ok += 1
-        self.last_reload_successful = True
-        _log.info(
-            "web_config_reloaded", reason=reason, tls=new.ssl_context is not None, users=len(new.users),
-            mtls=bool(new.ssl_context and new.ssl_context.verify_mode == ssl.CERT_REQUIRED),
-        )
-        return True
+        with self._reload_lock:
+            try:
+                new = load(self.path)
+            except WebConfigError as e:
+                self.reloads_failed += 1
+                self.last_reload_successful = False
+                self._stamp = self._stamps()  # do not retry the same broken file every poll
+                _log.error("web_config_reload_failed", reason=reason, error=str(e), note="keeping previous config")
+                return False
+            old = self.config
+            self.config = new
+            self._stamp = self._stamps()
+            if new.rate_limit != old.rate_limit:
+                self._bucket = _TokenBucket(new.rate_limit, self.clock) if new.rate_limit else None
+            self.reloads_ok += 1
+            self.last_reload_successful = True
+            _log.info(
+                "web_config_reloaded", reason=reason, tls=new.ssl_context is not None, users=len(new.users),
+                mtls=bool(new.ssl_context and new.ssl_context.verify_mode == ssl.CERT_REQUIRED),
+            )
+            # A valid file may still turn protection off; that is the operator's call, but never a quiet one.
+            if old.ssl_context is not None and new.ssl_context is None:
+                _log.warning("web_config_tls_turned_off", reason=reason, note="new connections are plain HTTP")
+            if old.users and not new.users:
+                _log.warning("web_config_auth_turned_off", reason=reason, note="requests are no longer authenticated")
+            self._expiry_warned = None
+            self._check_expiry()
+            return True
 
     def changed(self) -> bool:
         """Whether the file or a file it names changed since the last (attempted) load."""
         return self.path is not None and self._stamps() != self._stamp
 
     async def watch(self, interval: float = POLL_INTERVAL) -> None:
-        """Poll for changes forever (cancel to stop); stat() is cheap and runs on the loop."""
+        """Poll for changes forever (cancel to stop). stat() and the reload run in a worker thread; an error
+        in one round is logged and the next round runs (a dead watcher would miss every later rotation)."""
+        failing = False
         while True:
             await asyncio.sleep(interval)
-            if self.changed():
-                self.reload(reason="file_changed")
+            try:
+                if await asyncio.to_thread(self.changed):
+                    await asyncio.to_thread(self.reload, "file_changed")
+                self._check_expiry()
+                failing = False
+            except Exception as e:
+                if not failing:
+                    _log.error("web_config_watch_failed", error=repr(e), exc_info=e, note="retrying every poll")
+                failing = True
+
+    def _check_expiry(self) -> None:
+        """Warn (once per state) when the served certificate has expired or expires within a week."""
+        not_after = self.config.cert_not_after
+        if not_after is None:
+            return
+        left = not_after - self.wall()
+        state = 0.0 if left <= 0 else (1.0 if left <= EXPIRY_WARNING_SECONDS else None)
+        if state is None or state == self._expiry_warned:
+            return
+        self._expiry_warned = state
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(not_after))
+        if left <= 0:
+            _log.warning("tls_certificate_expired", not_after=when, note="clients verifying it will refuse it")
+        else:
+            _log.warning("tls_certificate_expiring", not_after=when, days_left=round(left / 86400, 1))
 
     # ---- questions from the web server ---------------------------------------------------------------
 
@@ -538,54 +659,142 @@ class WebConfigManager:
         """Extra response headers (``http_server_config.headers``)."""
         return self.config.headers
 
+    def authenticates(self) -> bool:
+        """Whether requests need basic auth (the rate limit then counts authenticated requests only)."""
+        return bool(self.config.users)
+
     def allow(self) -> bool:
         """Rate limit: False means answer 429."""
         return self._bucket is None or self._bucket.allow()
 
-    async def authorize(self, headers: Mapping[str, str]) -> bool:
-        """Basic auth against ``basic_auth_users``; True when no users are configured."""
-        users = self.config.users
+    async def authorize(self, headers: Mapping[str, str]) -> Auth:
+        """Basic auth against ``basic_auth_users``; OK when no users are configured."""
+        config = self.config
+        users = config.users
         if not users:
-            return True
+            return Auth.OK
         creds = parse_basic_auth(headers.get("authorization", ""))
         if creds is None:
-            return False
+            return Auth.DENIED
         user, password = creds
         stored: bytes | None = None
         ub = user.encode("utf-8", "surrogateescape")
         for name, h in users.items():  # no early exit: time does not depend on which user matched
             if hmac.compare_digest(name.encode(), ub):
                 stored = h
-        valid_user = stored is not None
-        hashed = stored if stored is not None else self.config.dummy_hash
+        hashed = stored if stored is not None else config.dummy_hash
         key = hashlib.sha256(b"\0".join((ub, hashed, password.encode("utf-8", "surrogateescape")))).digest()
         with self._cache_lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-        if hit is None:
-            with self._cache_lock:
-                if self._bcrypt_pool is None:
-                    self._bcrypt_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcrypt")
-                pool = self._bcrypt_pool
-            hit = await asyncio.get_running_loop().run_in_executor(pool, self._check, password, hashed)
-            hit = hit and valid_user
-            with self._cache_lock:
-                self._cache[key] = hit
-                while len(self._cache) > AUTH_CACHE_SIZE:
-                    self._cache.popitem(last=False)
-        return hit and valid_user
+            if key in self._verified:
+                self._verified.move_to_end(key)
+                return Auth.OK
+            if key in self._refused:
+                self._refused.move_to_end(key)
+                return Auth.DENIED
+        got = await self._bcrypt.check(password, hashed)
+        if got is None:
+            self.auth_busy += 1
+            if self.auth_busy % 1000 == 1:
+                _log.warning("auth_busy", pending=AUTH_MAX_PENDING, note="oldest uncached credential answered 503")
+            return Auth.BUSY
+        ok, took = got
+        ok = ok and stored is not None
+        # Pad a cheaper user's check to the time of the costliest hash (what an unknown user pays): bcrypt's
+        # time doubles per cost step. Slept here, not in the bcrypt thread, so nobody else waits for it.
+        extra = took * (2.0 ** (config.max_cost - _cost(hashed)) - 1.0)
+        if extra > 0:
+            await self._pad(extra)
+        with self._cache_lock:
+            cache, size = (self._verified, AUTH_CACHE_SIZE) if ok else (self._refused, AUTH_FAILED_CACHE_SIZE)
+            cache[key] = None
+            while len(cache) > size:
+                cache.popitem(last=False)
+        return Auth.OK if ok else Auth.DENIED
+
+    async def _pad(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    @property
+    def pending(self) -> int:
+        """bcrypt checks waiting or running."""
+        return self._bcrypt.pending
 
     def close(self) -> None:
         """Release the bcrypt thread (daemon stop)."""
-        with self._cache_lock:
-            pool, self._bcrypt_pool = self._bcrypt_pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        self._bcrypt.close()
 
-    def _check(self, password: str, hashed: bytes) -> bool:
-        with self._bcrypt_lock:  # one bcrypt at a time: it is CPU heavy
+
+class _BcryptLane:
+    """The one bcrypt thread and its queue: newest first, at most ``AUTH_MAX_PENDING`` waiting, the oldest
+    answered None (busy) when a new one does not fit. Results go back to each caller's event loop."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._waiting: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[tuple[bool, float] | None], str,
+                                   bytes]] = deque()
+        self._running = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._waiting) + self._running
+
+    async def check(self, password: str, hashed: bytes) -> tuple[bool, float] | None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[bool, float] | None] = loop.create_future()
+        with self._cond:
+            if self._closed:
+                return None
+            if len(self._waiting) >= AUTH_MAX_PENDING:
+                old_loop, old, _, _ = self._waiting.popleft()
+                old_loop.call_soon_threadsafe(_resolve, old, None)
+            self._waiting.append((loop, fut, password, hashed))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="bcrypt", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return await fut
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                loop, fut, password, hashed = self._waiting.pop()  # the newest
+                self._running = 1
             try:
-                return bcrypt.checkpw(password.encode("utf-8", "surrogateescape"), hashed)
-            except ValueError:
-                return False
+                result: tuple[bool, float] | None = _check(password, hashed)
+            except Exception:  # bcrypt itself failing: refuse, never crash the thread
+                result = (False, 0.0)
+            with self._cond:
+                self._running = 0
+            with contextlib.suppress(RuntimeError):  # the caller's loop closed meanwhile
+                loop.call_soon_threadsafe(_resolve, fut, result)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            self._cond.notify_all()
+        for loop, fut, _, _ in waiting:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, fut, None)
+
+
+def _resolve(fut: asyncio.Future[tuple[bool, float] | None], value: tuple[bool, float] | None) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _check(password: str, hashed: bytes) -> tuple[bool, float]:
+    """bcrypt in the bcrypt thread (one at a time: it is CPU heavy; it releases the GIL); (match, seconds)."""
+    t0 = time.perf_counter()
+    try:
+        ok = bcrypt.checkpw(password.encode("utf-8", "surrogateescape"), hashed)
+    except ValueError:
+        ok = False
+    return ok, time.perf_counter() - t0

@@ -356,6 +356,19 @@
             },
           },
           {
+            "alert": "GpufeedSamplesStale",
+            "expr": "time() - gpufeed_sampler_last_success_timestamp_seconds > 120",
+            "for": "5m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "gpufeed sampler {{ $labels.sampler }} has no fresh samples on {{ $labels.instance }}",
+              "description": "The newest sample of the {{ $labels.sampler }} sampler of gpufeed on {{ $labels.instance }} is {{ $value | humanizeDuration }} old: its reads are blocked past their deadline (a hung NFS mount or driver call) or failing -- its series are missing meanwhile, the log has collector_failed (DeadlineExceededError for a blocked read) -- or the exporter stopped publishing (frozen series).",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedsamplesstale" % $._config),
+            },
+          },
+          {
             "alert": "GpufeedTargetDown",
             "expr": ("up{%(gpufeedSelector)s} == 0" % $._config),
             "for": "5m",

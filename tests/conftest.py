@@ -5,8 +5,11 @@ from __future__ import annotations
 import builtins
 import errno
 import io
+import logging
 import os
 import shutil
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,14 @@ def _restore_logging() -> Iterator[None]:
     for name in SAMPLERS:
         log.forget(("sampler_failed", name))
         log.forget(("sampler_nodata", name))
+    # log.configure also routes Python's own reports (stdlib logging, thread and unraisable hooks) through
+    # structlog; pytest's own capture relies on those, so they are put back too.
+    root = logging.getLogger()
+    saved_hooks = (list(root.handlers), root.level, threading.excepthook, sys.unraisablehook, sys.excepthook)
     yield
+    root.handlers[:], root.level = saved_hooks[0], saved_hooks[1]
+    threading.excepthook, sys.unraisablehook, sys.excepthook = saved_hooks[2:]
+    logging.captureWarnings(False)
     structlog.configure(**saved_config)
     with log._once_lock:
         log._once_keys.clear()

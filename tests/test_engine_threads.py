@@ -1,19 +1,21 @@
 """Engine on real threads: a sampler stuck in a read (hung NFS, slow driver) stalls neither other samplers nor
-the HTTP server, and its overrun is counted."""
+the HTTP server, and its overrun is counted; past its deadline it is failed and its worker replaced (bounded);
+a forward jump of the monotonic clock is a gap, not overruns."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prometheus_client.core import Metric
+from structlog.testing import capture_logs
 
-from exporter.engine import Engine, RealClock
+from exporter.engine import Engine, RealClock, VirtualClock
 from exporter.exposition import Renderer
-from exporter.sampling import Collector, CollectorContext
+from exporter.sampling import Collector, CollectorContext, SamplerSpec
 from exporter.snapshot import Snapshot
 from exporter.web import WebServer, WebSettings
 
@@ -94,3 +96,96 @@ async def test_blocked_sampler_stalls_neither_other_samplers_nor_scrapes() -> No
         stuck.release.set()
         await eng.stop()
         await web.stop()
+
+
+class Blocking(Collector):
+    """A read that blocks until released (a FIFO, a hung NFS server); counts its calls."""
+
+    name = "blocking"
+    help = "blocks until released"
+    default_interval = 0.05
+
+    def __init__(self, ctx: CollectorContext, name: str = "blocking") -> None:
+        super().__init__(ctx)
+        self.name = name  # type: ignore[misc]
+        self.release = threading.Event()
+        self.calls = 0
+
+    def samplers(self) -> list[SamplerSpec]:
+        return [SamplerSpec(self.name, self.interval, self.update)]
+
+    def update(self) -> int:
+        self.calls += 1
+        if not self.release.is_set():
+            self.release.wait(30)
+        return self.calls
+
+    def metrics(self, snap: Snapshot) -> Iterable[Metric]:
+        return ()
+
+
+async def _until(cond: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_read_blocked_past_its_deadline_fails_the_sampler_and_its_worker_is_replaced() -> None:
+    blocked, fast = Blocking(_ctx()), Fast(_ctx())
+    eng = Engine([blocked, fast], RealClock(), workers=1, min_deadline=0.3)
+    eng.start()
+    try:
+        await _until(lambda: eng.snapshot.status["blocking"].runs >= 1)
+        st = eng.snapshot.status["blocking"]
+        assert not st.success and st.error is not None and "DeadlineExceededError" in st.error
+        assert eng.abandoned_threads == 1 and eng.snapshot.abandoned_threads == 1
+        # The one worker was stuck; its replacement keeps the other sampler going.
+        calls = fast.calls
+        await _until(lambda: fast.calls >= calls + 5)
+        assert eng.snapshot.status["fast"].success
+        assert blocked.calls == 1  # not called again while its first call is still blocked
+        assert eng.snapshot.value("blocking") is None  # nothing frozen is exported
+        # Its ticks are still handled (failed, counted as overruns): /healthz reports the engine, which is fine.
+        ran = eng.snapshot.status["blocking"].last_run
+        await _until(lambda: (eng.snapshot.status["blocking"].last_run or 0) > (ran or 0))
+        assert eng.alive() and eng.snapshot.status["blocking"].overruns >= 1
+        blocked.release.set()  # the NFS server is back: the abandoned call returns, its result is dropped
+        await _until(lambda: eng.snapshot.status["blocking"].success)
+        assert eng.abandoned_threads == 0 and blocked.calls >= 2
+    finally:
+        blocked.release.set()
+        await eng.stop()
+
+
+async def test_threads_left_in_blocked_reads_are_bounded_and_the_limit_is_logged() -> None:
+    stuck = [Blocking(_ctx(), f"blocking{i}") for i in range(5)]
+    fast = Fast(_ctx())
+    eng = Engine([*stuck, fast], RealClock(), workers=2, min_deadline=0.2, max_abandoned=2)
+    with capture_logs() as logs:
+        eng.start()
+        try:
+            await _until(lambda: "sampler_thread_limit" in [e["event"] for e in logs])
+            await asyncio.sleep(0.5)
+            alive = [t for t in threading.enumerate() if t.name.startswith("sampler-")]
+            assert eng.abandoned_threads <= 2 + 2 and len(alive) <= 2 + 2  # pool + max_abandoned, in all
+        finally:
+            for b in stuck:
+                b.release.set()
+            await eng.stop()
+
+
+async def test_a_forward_clock_jump_is_one_logged_gap_not_thousands_of_overruns() -> None:
+    # A VM paused for an hour: CLOCK_MONOTONIC jumps. 29,978 overruns were counted for one such pause.
+    fast = Fast(_ctx())
+    clock = VirtualClock(0.0)
+    eng = Engine([fast], clock, inline=True)
+    with capture_logs() as logs:
+        eng.start()
+        await clock.advance(1.0)
+        clock.set(clock.now() + 3000.0)
+        await clock.advance(1.0)
+        await eng.stop()
+    st = eng.snapshot.status["fast"]
+    assert st.overruns < 5, st.overruns
+    assert [e["event"] for e in logs].count("sampling_gap") == 1

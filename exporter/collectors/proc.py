@@ -248,8 +248,10 @@ class ProcCollector(Collector):
         path = self.ctx.proc(*parts)
         try:
             return read_text(path)
-        except SourceTooLargeError:
-            raise
+        except SourceTooLargeError as e:
+            # A 1 GB file over one process's stat is that process's problem: it is skipped, not read whole, and
+            # the other processes are still sampled.
+            raise _MalformedError(str(path), str(e)) from e
         except OSError as e:
             if e.errno in GONE:
                 raise _GoneError(str(path)) from e
@@ -338,8 +340,16 @@ class ProcCollector(Collector):
     def metrics(self, snap: Snapshot) -> Iterator[Metric]:
         shallow: ProcSample | None = snap.value(self.name)
         deep: ProcSample | None = snap.value(THREADS_SAMPLER)
-        base = shallow or deep
-        if base is None:
+        yield from self._counters(shallow)
+        if deep is not None:
+            yield self._thread_states(deep)
+
+    @staticmethod
+    def _counters(shallow: ProcSample | None) -> Iterator[Metric]:
+        """CPU and read counters, from the process-level sampler only. Never from the deep sample in its place:
+        that one is up to --collector.proc.threads-interval older, and a counter that falls back to it goes
+        backwards (a failed read of /proc/<pid>/stat made rate() invent a spike). A failure omits them."""
+        if shallow is None:
             return
         cpu = CounterMetricFamily(
             "gpufeed_process_cpu_seconds", "CPU time of an inspected process (all its threads), from /proc/<pid>/stat.",
@@ -355,8 +365,8 @@ class ProcCollector(Collector):
             "gpufeed_process_read_syscalls", "Read syscalls of the process (syscr), from /proc/<pid>/io.",
             labels=["pid", "comm"],
         )
-        for pid, p in sorted(base.processes.items()):
-            if pid in base.workload:
+        for pid, p in sorted(shallow.processes.items()):
+            if pid in shallow.workload:
                 continue
             labels = [str(pid), p.comm]
             cpu.add_metric([*labels, "user"], p.utime)
@@ -367,8 +377,10 @@ class ProcCollector(Collector):
         yield cpu
         yield rbytes
         yield rcalls
-        if deep is None:
-            return
+
+    @staticmethod
+    def _thread_states(deep: ProcSample) -> Metric:
+        """Threads per state from the newest deep sample (the processes it left out: as last read)."""
         threads = GaugeMetricFamily(
             "gpufeed_process_threads",
             "Threads of the process per state, from /proc/<pid>/task/*/stat (sampled every "
@@ -381,4 +393,4 @@ class ProcCollector(Collector):
             counts = Counter(STATE_NAMES.get(t.state, t.state) for t in p.threads)
             for state in sorted(set(ALWAYS_STATES) | set(counts)):
                 threads.add_metric([str(pid), p.comm, state], float(counts.get(state, 0)))
-        yield threads
+        return threads

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -47,6 +48,9 @@ from exporter.sim.timebase import Playback, ScaledClock, group_intervals
 _log = log.get_logger(component="sim")
 NVML_FILE = "nvml.json"
 READY_TIMEOUT_S = 60.0
+PARTS = ("trees", "nvml")
+SUPERVISE_INTERVAL_S = 0.5  # how often the daemon checks that both children are alive
+SUPERVISE_BACKOFF_MAX_S = 30.0
 
 
 class SimulationError(Exception):
@@ -66,6 +70,8 @@ class LiveSimulation:
         self.settings = settings  # the daemon's settings; pointed at the rendered trees once started
         self.nvml: Any = None  # the strict fake NVML reading the rendered state, once started
         self.kubelet: Kubelet | None = None  # the scenario's pod-resources server, when it has one
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     @classmethod
     def start(cls, settings: Settings, registry: Mapping[str, type[Stage]]) -> LiveSimulation:
@@ -102,28 +108,68 @@ class LiveSimulation:
 
     def _spawn(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-", dir=fast_tmpdir()))
-        start = self.origin = time.monotonic()  # CLOCK_MONOTONIC is system-wide: all share scenario time
-        for part in ("trees", "nvml"):
-            argv = [sys.executable, "-m", "exporter.sim.live", "--scenario", self.scenario, "--root", str(self.dir),
-                    "--speed", repr(self.speed), "--parent", str(os.getpid()), "--start", repr(start),
-                    "--only", part]
-            for g, iv in sorted(self.intervals.items()):
-                argv += ["--interval", f"{g}={iv!r}"]
-            self.procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-                                               close_fds=True))
-        for proc in self.procs:
-            assert proc.stdout is not None
-            ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
-            line = proc.stdout.readline() if ready else b""
-            if line.strip() != b"ready":
+        self.origin = time.monotonic()  # CLOCK_MONOTONIC is system-wide: all share scenario time
+        self.procs = [self._child(part) for part in PARTS]
+        for part, proc in zip(PARTS, self.procs, strict=True):
+            if not self._ready(proc):
                 code = proc.poll()
                 self.stop()
-                raise SimulationError(f"the scenario renderer did not start (exit code {code})")
+                raise SimulationError(f"the scenario renderer ({part}) did not start (exit code {code})")
         _log.info("simulation_started", scenario=self.scenario, speed=self.speed, root=str(self.dir),
                   renderer_pids=",".join(str(p.pid) for p in self.procs))
+        self._stopping.clear()
+        self._supervisor = threading.Thread(target=self._supervise, name="sim-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _child(self, part: str) -> subprocess.Popen[bytes]:
+        assert self.dir is not None
+        argv = [sys.executable, "-m", "exporter.sim.live", "--scenario", self.scenario, "--root", str(self.dir),
+                "--speed", repr(self.speed), "--parent", str(os.getpid()), "--start", repr(self.origin),
+                "--only", part]
+        for g, iv in sorted(self.intervals.items()):
+            argv += ["--interval", f"{g}={iv!r}"]
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True)
+
+    @staticmethod
+    def _ready(proc: subprocess.Popen[bytes]) -> bool:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
+        return bool(ready) and proc.stdout.readline().strip() == b"ready"
+
+    def _supervise(self) -> None:
+        """Restart a child that died (SIGKILL, OOM, a crash): while one is gone its files stop changing and the
+        daemon would serve a frozen host with every collector succeeding. Scenario time is shared (``--start``),
+        so a restarted child renders where the timeline is now. Backoff doubles while restarts keep failing."""
+        backoff = dict.fromkeys(PARTS, 0.0)
+        while not self._stopping.wait(SUPERVISE_INTERVAL_S):
+            for i, part in enumerate(PARTS):
+                proc = self.procs[i] if i < len(self.procs) else None
+                if proc is None or proc.poll() is None:
+                    continue
+                _log.error("simulation_renderer_exited", part=part, pid=proc.pid, code=proc.returncode,
+                           restart_in=backoff[part])
+                if backoff[part] and self._stopping.wait(backoff[part]):
+                    return
+                if proc.stdout is not None:
+                    proc.stdout.close()
+                new = self._child(part)
+                if self._stopping.is_set():
+                    new.kill()
+                    new.wait()
+                    return
+                self.procs[i] = new
+                if self._ready(new):
+                    backoff[part] = 0.0
+                    _log.info("simulation_renderer_restarted", part=part, pid=new.pid)
+                else:
+                    backoff[part] = min(SUPERVISE_BACKOFF_MAX_S, max(1.0, 2 * backoff[part]))
 
     def stop(self) -> None:
         """Stop the children (closing their stdin, then SIGTERM, then SIGKILL) and remove the directory."""
+        self._stopping.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(READY_TIMEOUT_S)
+            self._supervisor = None
         if self.kubelet is not None:
             self.kubelet.stop()
             self.kubelet = None
@@ -194,11 +240,14 @@ def child_main(argv: Sequence[str] | None = None) -> int:
                   reason="a 32-bit counter could wrap more than once between two reads at this speed")
     signal.signal(signal.SIGTERM, _terminate)
     try:
+        # The first render is at the scenario time now, not 0: a child restarted by the daemon's supervisor must
+        # not show counters from the start of the timeline (they would go backwards).
+        t0 = max(0.0, playback.scenario_time(time.monotonic()))
         if "nvml" in mine:
-            write_json(root / NVML_FILE, playback.nvml(0.0))
+            write_json(root / NVML_FILE, playback.nvml(t0))
         if mine & set(GROUPS):
             renderer.setup()
-            renderer.render(0.0)
+            renderer.render(t0)
         sys.stdout.write("ready\n")
         sys.stdout.flush()
         while True:

@@ -3,12 +3,14 @@ mappings included: ``host.disks.sda.await_ms`` can change alone), then resolved 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from exporter.sim import workload_spec as v2
 from exporter.sim.reader import Reader, generation, governor, indexed, item, join, width
+from exporter.sim.signal import NOISE_STEP
 from exporter.sim.spec import (
     CLOCK_EVENT_REASONS,
     CPU_MODES,
@@ -16,6 +18,9 @@ from exporter.sim.spec import (
     FRACTION,
     GPU_HEALTH_NUMERIC,
     GPU_NUMERIC,
+    MAX_PHASE_S,
+    MAX_PIECES,
+    MAX_TIMELINE_S,
     MIG_NUMERIC,
     NFS_OPS,
     NONNEG,
@@ -31,9 +36,11 @@ from exporter.sim.spec import (
     MemoryState,
     MigState,
     NfsState,
+    Noise,
     Phase,
     Process,
     ProcessState,
+    Square,
     ThreadGroup,
     Value,
     XidEvent,
@@ -249,6 +256,7 @@ def phases_of(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...], procs: tu
     names: set[str] = set()
     out: list[Phase] = []
     start = 0.0
+    pieces = 0
     for i, ph in enumerate(lst):
         p = item("phases", i)
         m = r.mapping(ph, p)
@@ -259,7 +267,10 @@ def phases_of(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...], procs: tu
         if name in names:
             raise r.fail(p + ".name", f"phase name {name!r} used twice")
         names.add(name)
-        duration = r._positive(m["duration_s"], p + ".duration_s")
+        duration = r._positive(m["duration_s"], p + ".duration_s", hi=MAX_PHASE_S)
+        if start + duration > MAX_TIMELINE_S:
+            raise r.fail(p + ".duration_s", f"the phases would last {start + duration:g} s, more than "
+                         f"{MAX_TIMELINE_S:g} s (a week) in all")
         gpus_m = r.mapping(m.get("gpus") or {}, p + ".gpus")
         for idx, gv in indexed(r, gpus_m, p + ".gpus", set(gpu_by), "GPU").items():
             gstate[idx] = _merge(gstate[idx], _gpu_partial(r, gv, f"{p}.gpus.{idx}", gpu_by[idx]))
@@ -274,14 +285,54 @@ def phases_of(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...], procs: tu
         resolved = {g: _gpu_state(gstate[g], gpu_by[g]) for g in sorted(gstate)}
         for partial in gstate.values():
             partial.pop("xid_events", None)  # an event happens in its phase only: never carried over
-        out.append(Phase(
+        phase = Phase(
             name=name, duration_s=duration, start_s=start, index=i,
             gpus=MappingProxyType(resolved),
             processes=MappingProxyType({q: _proc_state(pstate[q], proc_by[q]) for q in sorted(pstate)}),
             host=_host_state(hstate, host),
-        ))
+        )
+        pieces += _pieces(phase, host)
+        if pieces > MAX_PIECES:
+            raise r.fail(p, f"the square/noise patterns in force up to this phase make {pieces} constant pieces "
+                         f"(at most {MAX_PIECES}, weighted by the cores each lands on): use longer period_s, "
+                         "fewer noisy values or shorter phases")
+        out.append(phase)
         start += duration
     return tuple(out)
+
+
+def pattern_pieces(v: Value, duration: float) -> int:
+    """Constant pieces the simulator builds for ``v`` over a phase of ``duration`` seconds (exporter.sim.signal)."""
+    if isinstance(v, Square):
+        if 0.0 < v.duty < 1.0 and v.high != v.low:
+            return 2 * math.ceil(duration / v.period_s)
+        return 1
+    if isinstance(v, Noise):
+        return math.ceil(duration / NOISE_STEP) if v.sd > 0 else 1
+    return 1
+
+
+def _pieces(ph: Phase, host: Host) -> int:
+    """Weighted pieces of one phase: a pattern is rebuilt in every phase it is in force, and a CPU pattern is
+    combined into the time series of each core it lands on (the background: every core)."""
+    d = ph.duration_s
+    n = 0
+    for g in ph.gpus.values():
+        n += sum(pattern_pieces(getattr(g, k), d) for k in GPU_NUMERIC)
+    for st in ph.processes.values():
+        n += pattern_pieces(st.read_bytes_per_s, d) + pattern_pieces(st.read_syscalls_per_s, d)
+        for tg in st.threads_cpu:
+            n += (pattern_pieces(tg.user, d) + pattern_pieces(tg.system, d)) * min(tg.count, host.cpus)
+    hs = ph.host
+    n += sum(pattern_pieces(hs.cpu_background.get(m), d) for m in CPU_MODES) * host.cpus
+    for cpus, modes in hs.cpu_cores:
+        n += sum(pattern_pieces(modes.get(m), d) for m in CPU_MODES) * len(cpus)
+    for disk in hs.disks.values():
+        n += sum(pattern_pieces(getattr(disk, k), d) for k in DISK_KEYS)
+    n += sum(pattern_pieces(v, d) for v in (*hs.nfs.ops_per_s.values(), hs.nfs.retrans_per_s, *hs.psi.values(),
+                                           hs.memory.available_ratio, hs.memory.dirty_bytes,
+                                           hs.memory.writeback_bytes, hs.oom_kills_per_s))
+    return n
 
 
 def _gpu_state(s: Partial, gpu: Gpu) -> GpuState:

@@ -1,5 +1,6 @@
 """Validation primitives of the scenario loader: typed reads that know the file and the key path, so every
-error names both (``phases[1].gpus.0.link.gen``), and the YAML loader (YAML 1.2 floats, no duplicate keys)."""
+error names both (``phases[1].gpus.0.link.gen``). The YAML itself is read by :mod:`exporter.yamlsafe` (size,
+nesting and numbers bounded, YAML 1.2 floats, no duplicate keys)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
 from exporter import linkmath
 from exporter.cpulist import CpulistError, parse_cpulist
-from exporter.sim.spec import Noise, ScenarioError, Square, Value
+from exporter.sim.spec import MAX_MAGNITUDE, MAX_PHASE_S, MIN_PERIOD_S, Noise, ScenarioError, Square, Value
 
 # ---- the reader ------------------------------------------------------------------------------------------------
 
@@ -49,7 +48,7 @@ class Reader:
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise self.fail(path, f"must be a number, not {kind(v)}")
         f = float(v)
-        if math.isnan(f) or not lo <= f <= hi:
+        if not math.isfinite(f) or not lo <= f <= hi:  # no scenario value is meaningfully infinite
             raise self.fail(path, f"{v!r} out of range [{lo:g}, {hi:g}]")
         return f
 
@@ -103,7 +102,7 @@ class Reader:
                 return Square(
                     high=self.number(sq["high"], join(p, "high"), lo, hi),
                     low=self.number(sq["low"], join(p, "low"), lo, hi),
-                    period_s=self._positive(sq["period_s"], join(p, "period_s")),
+                    period_s=self._positive(sq["period_s"], join(p, "period_s"), hi=MAX_PHASE_S, floor=MIN_PERIOD_S),
                     duty=self.number(sq["duty"], join(p, "duty"), 0.0, 1.0),
                 )
             p = join(path, "noise")
@@ -111,14 +110,17 @@ class Reader:
             self.keys(nz, p, ("mean", "sd"), ("mean", "sd"))
             return Noise(
                 mean=self.number(nz["mean"], join(p, "mean"), lo, hi),
-                sd=self.number(nz["sd"], join(p, "sd"), 0.0),
+                sd=self.number(nz["sd"], join(p, "sd"), 0.0, MAX_MAGNITUDE),
             )
         return self.number(v, path, lo, hi)
 
-    def _positive(self, v: object, path: str) -> float:
-        f = self.number(v, path, 0.0)
+    def _positive(self, v: object, path: str, *, hi: float = MAX_MAGNITUDE, floor: float = 0.0) -> float:
+        """A number above 0 (at least ``floor`` when one is given) and at most ``hi``."""
+        f = self.number(v, path, 0.0, hi)
         if f <= 0:
             raise self.fail(path, "must be positive")
+        if f < floor:
+            raise self.fail(path, f"{v!r} is below the minimum {floor:g}")
         return f
 
 
@@ -136,29 +138,6 @@ def join(path: str, key: object) -> str:
 def item(path: str, i: int) -> str:
     return f"{path}[{i}]"
 
-
-
-class Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 floats (``1.5e9``, ``6e9``: YAML 1.1 reads them as strings) and no duplicate keys."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, list | dict):
-                continue
-            if key in seen and key != "<<":
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
 
 
 # ---- typed fields shared by the sections -----------------------------------------------------------------

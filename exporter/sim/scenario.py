@@ -17,19 +17,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-import yaml
-
-from exporter import pci
+from exporter import pci, yamlsafe
 from exporter.names import FINDINGS, VERDICTS
 from exporter.sim import workload_spec as v2
 from exporter.sim.phases import phases_of
-from exporter.sim.reader import Loader, Reader, generation, governor, indexed, item, list_str, width
+from exporter.sim.reader import Reader, generation, governor, indexed, item, list_str, width
 from exporter.sim.spec import (  # the model is part of this module's interface
     CLOCK_EVENT_REASONS,
     CPU_MODES,
     DISK_KEYS,
     FRACTION,
     GPU_NUMERIC,
+    MAX_CPUS,
+    MAX_MHZ,
+    MAX_WATTS,
     NFS_OPS,
     NONNEG,
     PSI_KEYS,
@@ -64,23 +65,24 @@ DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$")  # a block devic
 
 
 def load(path: str | Path) -> Scenario:
-    """Read and validate a scenario file; ScenarioError (file and key named) on any problem."""
+    """Read and validate a scenario file; ScenarioError (file and key named) on any problem.
+
+    The file is refused before parsing when it is larger than :data:`exporter.yamlsafe.MAX_BYTES`.
+    """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ScenarioError(f"{p}: cannot read: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{p}: not UTF-8 text: {e}") from e
+        text = yamlsafe.read(p)
+    except yamlsafe.YamlError as e:
+        raise ScenarioError(f"{p}: {e}") from e
     return loads(text, str(p))
 
 
 def loads(text: str, file: str = "<scenario>") -> Scenario:
     """Validate scenario YAML text; ``file`` names it in messages."""
     try:
-        data = yaml.load(text, Loader=Loader)
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{file}: invalid YAML: {e}") from e
+        data = yamlsafe.loads(text)
+    except yamlsafe.YamlError as e:
+        raise ScenarioError(f"{file}: {e}") from e
     return from_dict(data, file)
 
 
@@ -114,7 +116,7 @@ def _host(r: Reader, v: object) -> Host:
     v2.gate(r, m, "host", r.version, v2.V2_HOST)
     r.keys(m, "host", ("cpus", "numa_nodes", "governor", "cpu_max_mhz", "mem_total_bytes", "disks", "nfs",
                        *v2.V2_HOST), ("cpus",))
-    cpus = r.integer(m["cpus"], "host.cpus", 1, 65536)
+    cpus = r.integer(m["cpus"], "host.cpus", 1, MAX_CPUS)
     nodes: list[frozenset[int]] = []
     if "numa_nodes" in m:
         seen: dict[int, int] = {}
@@ -151,7 +153,7 @@ def _host(r: Reader, v: object) -> Host:
         disks = tuple(names)
     return Host(
         cpus=cpus, numa_nodes=tuple(nodes), governor=gov,
-        cpu_max_mhz=r._positive(m.get("cpu_max_mhz", 3000), "host.cpu_max_mhz"),
+        cpu_max_mhz=r._positive(m.get("cpu_max_mhz", 3000), "host.cpu_max_mhz", hi=MAX_MHZ),
         mem_total_bytes=r.integer(m.get("mem_total_bytes", 549755813888), "host.mem_total_bytes", 1),
         disks=disks, nfs=r.boolean(m.get("nfs", False), "host.nfs"),
         cgroup_version=v2.cgroup_version(r, m), cgroups=v2.cgroups(r, m.get("cgroups"), cpus),
@@ -209,8 +211,8 @@ def _gpus(r: Reader, v: object, host: Host) -> tuple[Gpu, ...]:
             index=index, name=name, uuid=uuid,
             pci_bus_id=bdf, numa_node=numa, pcie=pcie, upstream=tuple(upstream),
             gpm=r.boolean(m.get("gpm", True), p + ".gpm"),
-            max_sm_clock_mhz=r._positive(m.get("max_sm_clock_mhz", 1980), p + ".max_sm_clock_mhz"),
-            power_limit_w=r._positive(m.get("power_limit_w", 700), p + ".power_limit_w"),
+            max_sm_clock_mhz=r._positive(m.get("max_sm_clock_mhz", 1980), p + ".max_sm_clock_mhz", hi=MAX_MHZ),
+            power_limit_w=r._positive(m.get("power_limit_w", 700), p + ".power_limit_w", hi=MAX_WATTS),
             memory_total_bytes=memory,
             mig=None if m.get("mig") is None else _mig_instances(r, m["mig"], p + ".mig", uuid, name, memory=memory),
         ))

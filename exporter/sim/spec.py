@@ -5,7 +5,6 @@ numeric :data:`Value` in time is in :mod:`exporter.sim.signal`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -46,9 +45,21 @@ DISK_KEYS = ("reads_per_s", "read_bytes_per_s", "writes_per_s", "write_bytes_per
 NFS_OPS = ("read", "getattr", "open", "lookup")
 PSI_KEYS = ("cpu_some", "io_some", "io_full", "memory_some", "memory_full")
 
+# Bounds that keep an accepted scenario playable: SPEC.md sets no limits, these are far beyond any real host
+# and stop files that would exhaust memory or never finish (a square wave of period 1e-6 s, a phase of 1e300 s,
+# rates of 1e308 whose integrals overflow to infinity).
+MAX_MAGNITUDE = 1e15  # any rate, size or count per second (1 PB/s); counters stay finite over MAX_TIMELINE_S
+MIN_PERIOD_S = 0.01  # a square wave's period: 10x below the 100 ms sampling floor, nothing sees finer
+MAX_PHASE_S = 86400.0  # one phase: a day
+MAX_TIMELINE_S = 7 * 86400.0  # all phases: a week (diagnose plays it at ~60x real time: ~3 h)
+MAX_PIECES = 1_000_000  # constant pieces of all patterns over the timeline, weighted by the cores they land on
+MAX_MHZ = 1e6  # clocks (1 THz)
+MAX_CPUS = 8192  # Linux's largest NR_CPUS (x86 MAXSMP); 65536 simulated CPUs took 230 MiB before any render
+MAX_WATTS = 1e6
+
 # Valid range of each numeric GPU / process / host state key; noise is clipped to it.
 FRACTION = (0.0, 1.0)
-NONNEG = (0.0, math.inf)
+NONNEG = (0.0, MAX_MAGNITUDE)
 GPU_NUMERIC: Mapping[str, tuple[float, float]] = MappingProxyType({
     "gpu_util": FRACTION, "sm_active": FRACTION, "sm_occupancy": FRACTION, "tensor_active": FRACTION,
     "dram_active": FRACTION, "pcie_tx_bytes_per_s": NONNEG, "pcie_rx_bytes_per_s": NONNEG,

@@ -1,20 +1,27 @@
 """Shared fixtures of the reliability suite: a throwaway PKI (openssl CLI, test-only), an in-process web
-server on 127.0.0.1:0, and curl as the independent client that operators would use."""
+server on 127.0.0.1:0, curl as the independent client that operators would use, and real daemon processes
+(tests/reliability/daemon_child.py) on a known port, optionally under an open-files limit."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import socket
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
 import pytest_asyncio
 from prometheus_client.core import Metric
 
+from bench.load import free_port
 from exporter.exposition import Renderer
 from exporter.sampling import Collector, CollectorContext
 from exporter.snapshot import Snapshot
@@ -126,3 +133,42 @@ async def curl(*args: str, timeout: float = 15.0) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_child(
+    extra: tuple[str, ...], flags: tuple[str, ...], *, nofile: int | None = None, **popen: Any
+) -> tuple[subprocess.Popen[Any], int]:
+    """``python -m tests.reliability.daemon_child *extra -- *flags`` on a free 127.0.0.1 port (under
+    ``prlimit --nofile`` when given), returned once it accepts connections. The port is chosen here, not read
+    from the log: some tests send the log nowhere (a full disk, a closed pipe)."""
+    port = free_port()
+    args = [sys.executable, "-m", "tests.reliability.daemon_child", *extra, "--",
+            f"--web.listen-address=127.0.0.1:{port}", *flags]
+    if nofile is not None:
+        args = ["prlimit", f"--nofile={nofile}:{nofile}", *args]
+    proc: subprocess.Popen[Any] = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                                   **popen)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), 0.5):
+                return proc, port
+        except OSError:
+            assert proc.poll() is None, f"daemon exited with {proc.returncode}: {proc.communicate()[0]!r}"
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("daemon did not listen")
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[Any]]]:
+    """Daemon processes a test started; killed at teardown if still running."""
+    started: list[subprocess.Popen[Any]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=10)

@@ -1,8 +1,10 @@
 """A real ``gpufeed serve`` process with test collectors, for the lifecycle tests (run as a subprocess).
 
-Usage: python -m tests.reliability.daemon_child [--blocking] [--crashing] -- <serve flags>
+Usage: python -m tests.reliability.daemon_child [--blocking] [--flaky] [--files] [--big|--medium] -- <flags>
 ``--blocking`` adds a collector whose read never returns (a hung NFS mount behind /proc);
-``--crashing`` adds one whose sampler task crashes on its second run.
+``--flaky`` one that fails every other run, so it logs on every run (collector_failed / collector_recovered);
+``--files`` one that reads /proc/self/stat through exporter.sources every tick (fails when fds run out);
+``--big`` one that exports ~6 MB of series (a response that takes a while to send), ``--medium`` ~200 KB.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from collections.abc import Iterable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from exporter import log
 from exporter.config import resolve
 from exporter.daemon import run_daemon
-from exporter.sampling import Collector
+from exporter.sampling import Collector, CollectorError
 from exporter.snapshot import Snapshot
+from exporter.sources import read_text
 
 
 class Ticks(Collector):
@@ -51,10 +55,74 @@ class Hung(Collector):
         return ()
 
 
+class Flaky(Collector):
+    """Fails every other run: every run changes its state, and each change is logged."""
+
+    name = "flaky"
+    help = "test"
+    default_interval = 0.05
+    runs = 0
+
+    def update(self) -> int:
+        Flaky.runs += 1
+        if Flaky.runs % 2:
+            raise CollectorError("odd run")
+        log.forget(("sampler_failed", self.name))  # log every failure, not only the first
+        return Flaky.runs
+
+    def metrics(self, snap: Snapshot) -> Iterable[Metric]:
+        g = GaugeMetricFamily("test_flaky_runs", "test")
+        g.add_metric([], float(Flaky.runs))
+        yield g
+
+
+class Files(Collector):
+    """Reads a procfs file every tick through the one door (exporter.sources)."""
+
+    name = "files"
+    help = "test"
+    default_interval = 0.1
+
+    def update(self) -> int:
+        return len(read_text("/proc/self/stat"))
+
+    def metrics(self, snap: Snapshot) -> Iterable[Metric]:
+        return ()
+
+
+class Big(Collector):
+    """About 6 MB of exposition (``--big``: more than the kernel's largest socket buffer, 4 MB), or 200 KB, a
+    large node_exporter's (``--medium``)."""
+
+    name = "big"
+    help = "test"
+    default_interval = 60.0
+    series = 28000
+
+    def update(self) -> int:
+        return 1
+
+    def metrics(self, snap: Snapshot) -> Iterable[Metric]:
+        g = GaugeMetricFamily("test_big", "test", labels=["i", "pad"])
+        pad = "x" * 200
+        for i in range(self.series):
+            g.add_metric([str(i), pad], float(i))
+        yield g
+
+
 def main(argv: list[str]) -> int:
     registry: dict[str, type[Collector]] = {"ticks": Ticks}
     if "--blocking" in argv:
         registry["hung"] = Hung
+    if "--flaky" in argv:
+        registry["flaky"] = Flaky
+    if "--files" in argv:
+        registry["files"] = Files
+    if "--big" in argv:
+        registry["big"] = Big
+    if "--medium" in argv:
+        Big.series = 900
+        registry["big"] = Big
     flags = argv[argv.index("--") + 1:] if "--" in argv else []
     values = {}
     for f in flags:

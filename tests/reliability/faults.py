@@ -14,7 +14,7 @@ from typing import Any
 
 from exporter import pipeline
 from exporter.config import resolve
-from exporter.engine import VirtualClock
+from exporter.engine import Clock, RealClock, VirtualClock
 from exporter.exposition import Renderer
 from exporter.sim.fakenvml import FakeNvml
 
@@ -60,16 +60,18 @@ class Host:
     """The simulated host. ``run(dt)`` advances virtual time; ``series()`` is what a scrape would return."""
 
     def __init__(self, root: Path, *, nvml: Mapping[str, Any] | None = None,
-                 options: Mapping[str, Any] | None = None) -> None:
+                 options: Mapping[str, Any] | None = None, live: bool = False) -> None:
+        """``live``: real time and worker threads (the daemon's engine, started with ``engine.start()`` on a
+        running loop) instead of virtual time run inline by :meth:`run`."""
         self.root = root
         # Hard links to a merged template: cheap per test. Faults therefore never write a file in place:
         # see replace() (a new inode) and unlink(); permission faults are injected, not chmod-ed.
         shutil.copytree(_template(), root, symlinks=True, dirs_exist_ok=True, copy_function=os.link)
-        self.clock = VirtualClock(0.0)
+        self.clock: Clock = RealClock() if live else VirtualClock(0.0)
         self.fake = FakeNvml(nvml_state() if nvml is None else nvml)
         flags = {"path.procfs": str(root / "proc"), "path.sysfs": str(root / "sys"), **(options or {})}
         self.settings = resolve(pipeline.registry(), {}, flags)
-        self.pipeline = pipeline.build(self.settings, clock=self.clock, nvml=self.fake, inline=True)
+        self.pipeline = pipeline.build(self.settings, clock=self.clock, nvml=self.fake, inline=not live)
         self.targets = self.pipeline.targets
         self.collectors = self.pipeline.collectors
         self.engine = self.pipeline.engine

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from exporter import linkmath, webconfig
+from exporter import linkmath, webconfig, yamlsafe
 from exporter.collectors import load_all
 from exporter.collectors.gpu import GpuCollector
 from exporter.config import ConfigError, load_file, resolve
@@ -104,6 +104,17 @@ def test_web_config_file_text_raises_only_web_config_error(tmp_path: Path, text:
         text.encode("utf-8", "surrogatepass"))
     with contextlib.suppress(webconfig.WebConfigError):
         webconfig.load(p)
+
+
+YAML_TOKENS = st.sampled_from(["[", "]", "{", "}", ":", ", ", "- ", "&a ", "*a", "<<: ", "!!int ", "? ", "---\n",
+                               "\n", "  ", "9" * 50, "1e400", ".inf", "0x", "'", '"', "#", "|\n", "a", "b", "~"])
+
+
+@FUZZ
+@given(st.lists(YAML_TOKENS | st.text(max_size=5), max_size=60).map("".join) | st.text(max_size=200))
+def test_the_bounded_yaml_loader_raises_only_yaml_error(text: str) -> None:
+    with contextlib.suppress(yamlsafe.YamlError):
+        yamlsafe.loads(text)
 
 
 @FUZZ_SLOW

@@ -234,3 +234,26 @@ async def test_broken_reload_keeps_the_previous_config_and_logs_it(
     write(path, "http_server_config: {headers: {X-Frame-Options: deny}}\n")
     assert mgr.reload() and mgr.last_reload_successful
     assert (await curl("-o", "/dev/null", "-w", "%{http_code}", url))[1] == "200"
+
+
+# ---- certificate expiry --------------------------------------------------------------------------------------
+
+def test_an_expired_or_expiring_server_certificate_is_logged_once(pki: Pki, tmp_path: Path) -> None:
+    import time
+
+    from structlog.testing import capture_logs
+
+    path = write(tmp_path / "web.yml", tls_yaml(pki))  # the test PKI's certificates are valid for 2 days
+    now = [time.time() - 30 * 86400]
+    with capture_logs() as logs:
+        mgr = WebConfigManager(path, wall=lambda: now[0])  # a month before: nothing to say
+        mgr._check_expiry()
+        now[0] = time.time()  # within a week of the end
+        mgr._check_expiry()
+        mgr._check_expiry()  # the watcher checks on every poll: once is enough
+        now[0] = time.time() + 3 * 86400  # past it
+        mgr._check_expiry()
+        mgr._check_expiry()
+    events = [e["event"] for e in logs]
+    assert events == ["tls_certificate_expiring", "tls_certificate_expired"], events
+    assert mgr.config.cert_not_after is not None and mgr.config.cert_not_after > time.time()

@@ -11,14 +11,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from exporter import pipeline
+from exporter import pipeline, yamlsafe
 from exporter.config import resolve
 from exporter.engine import VirtualClock
 from exporter.exposition import Renderer
 from exporter.sim.fakenvml import FakeNvml, advance_device
-from exporter.sim.reader import Loader
 from tests.support.hosts import HOSTS
 
 # Families whose values depend on the machine running the test, not on the host: how long runs took (and so
@@ -36,8 +33,8 @@ def hosts() -> list[str]:
 def run(name: str) -> str:
     """``/metrics`` of the whole pipeline after the host's run, machine-dependent values masked."""
     root = HOSTS / name
-    # YAML 1.2 floats (5.8e9), as scenario files have them.
-    spec: dict[str, Any] = yaml.load((root / "host.yaml").read_text(), Loader=Loader) or {}
+    # The loader scenario files go through: YAML 1.2 floats (5.8e9), bounded.
+    spec: dict[str, Any] = yamlsafe.load(root / "host.yaml") or {}
     state = json.loads((root / "nvml" / "state.json").read_text())
     fake = FakeNvml(state)
     rates = {int(k): v for k, v in (spec.get("nvml_rates") or {}).items()}

@@ -1,0 +1,50 @@
+"""``serve --simulate`` supervises its renderer children: one killed with SIGKILL is restarted, so the daemon never
+serves a frozen host with every collector succeeding (round 2 found exactly that)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from exporter import pipeline
+from exporter.config import resolve
+from exporter.sim.live import NVML_FILE, LiveSimulation
+
+RISER = Path(__file__).resolve().parents[1] / "scenarios" / "transfer_bound_riser.yaml"
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
+
+
+def test_a_renderer_child_killed_with_sigkill_is_restarted_and_the_host_moves_again() -> None:
+    registry = pipeline.registry()
+    settings = resolve(registry, {}, {"simulate": str(RISER), "web.listen-address": "127.0.0.1:0"})
+    with capture_logs() as logs:
+        sim = LiveSimulation.start(settings, registry)
+        try:
+            assert sim.dir is not None
+            state = sim.dir / NVML_FILE
+            old = sim.procs[1]
+            os.kill(old.pid, signal.SIGKILL)  # the OOM killer's way
+            old.wait(10)
+            deadline = time.monotonic() + 20
+            while sim.procs[1] is old or sim.procs[1].poll() is not None:
+                assert time.monotonic() < deadline, "the killed child was not restarted"
+                time.sleep(0.1)
+            before = _mtime(state)
+            while _mtime(state) == before:  # written again: the fake NVML no longer reads a frozen state
+                assert time.monotonic() < deadline, "the restarted child does not render"
+                time.sleep(0.05)
+            assert sim.procs[0].poll() is None  # the other child was left alone
+        finally:
+            sim.stop()
+    events = [e["event"] for e in logs]
+    assert events.count("simulation_renderer_exited") == 1 and events.count("simulation_renderer_restarted") == 1
