@@ -265,10 +265,9 @@ def test_check_config_loads_the_scenario_serve_would_simulate(tmp_path: Path,
     assert cli.main(["check-config", "--simulate", "transfer_bound_riser"]) == 0  # a shipped scenario by name
 
 
-# ---- YAML the safe loader of the reliability branch rejects (config.load_file is theirs) --------------------------
+# ---- YAML the bounded loader (exporter/yamlsafe.py) rejects -----------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by the safe YAML loader on the reliability branch")
 def test_a_non_utf8_config_file_is_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "gpufeed.yml"
     cfg.write_bytes(b"web:\n  listen-address: '\xff\xfe:9842'\n")
@@ -276,7 +275,6 @@ def test_a_non_utf8_config_file_is_exit_2_naming_the_file(tmp_path: Path, capsys
     assert rc == 2 and str(cfg) in _one_line(err)
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by the safe YAML loader on the reliability branch")
 def test_a_duplicated_key_in_the_config_file_is_exit_2_not_a_silently_dropped_block(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "gpufeed.yml"

@@ -58,6 +58,16 @@ FINDING_FIXES = {
     "nfs_retransmissions": "Stage the data on local NVMe, reduce the number of files, raise the client cache "
                            "where safe, or change the dataset format (task 13).",
     "gpu_lost": "Drain the host; the GPU needs a reset or a reboot, then check its slot and power.",
+    "gpu_xid_error": "Drain the GPU and read the Xid in the kernel log (dmesg): 48/64/74/79/95/119/120 are "
+                     "memory, NVLink, bus or GSP faults that need a reset or an RMA (docs/runbooks.md).",
+    "gpu_memory_errors": "Uncorrectable ECC or retired/remapped rows: drain the GPU, reset it to apply pending "
+                         "remaps, and open an RMA if the remap table is full or errors come back.",
+    "cpu_quota_throttled": "The workload's CFS quota (a pod's CPU limit, a job's cpu.max) starves the feeding "
+                           "threads: raise the limit or cut data-loader workers to fit it (checklist C).",
+    "cpu_contention": "Other work holds the CPUs the GPU's threads need: pin the job to its NUMA node's cores, "
+                      "isolate noisy neighbours, or give the job more CPUs (checklist B).",
+    "gpu_memory_full": "Limited by VRAM (a hint: caching allocators hold memory): the batch is capped by memory, "
+                       "not by the CPU -- activation checkpointing or mixed precision raise it.",
 }
 
 FINDING_LABELS = {
@@ -69,6 +79,11 @@ FINDING_LABELS = {
     "memory_pressure": "host memory pressure",
     "nfs_retransmissions": "NFS retransmissions",
     "gpu_lost": "GPU fell off the bus",
+    "gpu_xid_error": "GPU Xid errors (hardware)",
+    "gpu_memory_errors": "GPU memory errors (ECC, row remapping)",
+    "cpu_quota_throttled": "workload CPU-throttled by its quota",
+    "cpu_contention": "GPU threads waiting for CPUs held by other work",
+    "gpu_memory_full": "GPU memory full (batch limited by VRAM)",
 }
 
 def fix_for(cause: str | None) -> str:

@@ -2,7 +2,7 @@
 
 Usage: python -m tests.reliability.daemon_child [--blocking] [--flaky] [--files] [--big|--medium] -- <flags>
 ``--blocking`` adds a collector whose read never returns (a hung NFS mount behind /proc);
-``--flaky`` one that fails every other run, so it logs on every run (collector_failed / collector_recovered);
+``--flaky`` one that fails every third run, so it logs on two runs in three (collector_failed / collector_recovered);
 ``--files`` one that reads /proc/self/stat through exporter.sources every tick (fails when fds run out);
 ``--big`` one that exports ~6 MB of series (a response that takes a while to send), ``--medium`` ~200 KB.
 """
@@ -56,7 +56,12 @@ class Hung(Collector):
 
 
 class Flaky(Collector):
-    """Fails every other run: every run changes its state, and each change is logged."""
+    """Fails every third run: its state changes twice in three runs, and each change is logged.
+
+    Not every other run: the payload is re-rendered once a second (20 runs), so a renderer locked to that phase
+    would only ever see the failing half. ``metrics`` reads the snapshot, as every collector must (the renderer
+    formats a stage again only when its sampler has a new sample).
+    """
 
     name = "flaky"
     help = "test"
@@ -65,14 +70,15 @@ class Flaky(Collector):
 
     def update(self) -> int:
         Flaky.runs += 1
-        if Flaky.runs % 2:
-            raise CollectorError("odd run")
+        if Flaky.runs % 3 == 1:
+            raise CollectorError("every third run")
         log.forget(("sampler_failed", self.name))  # log every failure, not only the first
         return Flaky.runs
 
     def metrics(self, snap: Snapshot) -> Iterable[Metric]:
         g = GaugeMetricFamily("test_flaky_runs", "test")
-        g.add_metric([], float(Flaky.runs))
+        last = snap.latest.get(self.name)
+        g.add_metric([], float(last.value) if last is not None else 0.0)
         yield g
 
 

@@ -17,6 +17,7 @@ import re
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.exposition import Renderer
 from exporter.sampling import Collector, CollectorContext
-from exporter.snapshot import Snapshot
+from exporter.snapshot import Snapshot, Stamped
 
 from .faults import GPU_PID, Host, scratch_dir
 
@@ -191,7 +192,10 @@ def test_the_exposition_withholds_a_lower_counter_until_it_passes_the_last_value
     shown: list[float | None] = []
     for version, value in enumerate([10.0, 20.0, 15.0, 18.0, 25.0, None, 3.0, 4.0], start=1):
         col.current = value
-        renderer.render(Snapshot(version=version, t=float(version)))
+        # A new sample of the collector's sampler each time, as the engine publishes (the renderer formats a
+        # stage again only when one of its samplers has a new sample).
+        sample = Stamped(float(version), value)
+        renderer.render(Snapshot(version=version, t=float(version), latest=MappingProxyType({"backwards": sample})))
         got = counters(renderer.text().body.decode())
         shown.append(got.get('test_things_total{k="a"}'))
     # 15 and 18 are below 20: withheld; the series gone (None) ends its life: 3 starts a new one (a reset).

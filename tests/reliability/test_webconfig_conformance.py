@@ -107,7 +107,8 @@ ROWS = [
     Row("web_config_junk_key.yml", "tls_server_config:\n  cert_filse: server.crt\n", False,
         refused="cert_filse: unknown key"),
     Row("web_config_junk.yml", "hWkNKCp3fvIx3jKnsaBI\nTuEjdwNS8A2vYdFbiKqr\n", False, refused="must be a mapping"),
-    Row("web_config_empty.yml", "", True),
+    Row("web_config_empty.yml", "", True, refused="empty: it would turn TLS and authentication off",
+        deliberate="a file truncated while being rewritten would silently serve without TLS or auth: fail closed"),
     # ---- http_server_config --------------------------------------------------------------------------------
     Row("web_config_noAuth_noHTTP2.good.yml", TLS + "  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384]\n"
         "  max_version: TLS12\nhttp_server_config:\n  http2: false\n", True),
@@ -127,7 +128,8 @@ ROWS = [
     # ---- basic_auth_users ----------------------------------------------------------------------------------
     Row("web_config_users.good.yml (with the docs' example hash)", TLS + f"basic_auth_users:\n  alice: {DOC_HASH}\n"
         f"  carol: {DOC_HASH}\n", True),
-    Row("web_config_users_noTLS.good.yml", "basic_auth_users:\n", True),
+    Row("web_config_users_noTLS.good.yml", "basic_auth_users:\n", True, refused="basic_auth_users: empty",
+        deliberate="an empty user list (a truncated file?) would turn authentication off: fail closed"),
     Row("web_config_auth_user_list_invalid.bad.yml", TLS + "basic_auth_users:\n  john: doe\n", False,
         refused="basic_auth_users.john: not a bcrypt hash"),
     # ---- rate_limit ----------------------------------------------------------------------------------------

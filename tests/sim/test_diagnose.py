@@ -152,7 +152,6 @@ def test_every_scenario_report_validates_and_names_a_next_step_for_every_gpu(pat
             assert g["next_check"], f"{path.name} {ph['name']}: GPU {g['index']} has no next step"
 
 
-@pytest.mark.xfail(strict=True, reason="fixed by the safe YAML loader on the reliability branch")
 def test_a_29_mb_scenario_is_rejected_for_its_size_before_it_is_parsed(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     big = tmp_path / "big.yaml"
