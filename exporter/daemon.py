@@ -69,7 +69,7 @@ class Daemon:
         self._reloads: set[asyncio.Task[bool]] = set()
         self._hotplug: hotplug.HotplugWatcher | None = None
 
-    def _published(self, _snap: Any) -> None:
+    def _published(self) -> None:
         self._changed.set()
 
     async def _render_loop(self) -> None:

@@ -18,7 +18,6 @@ from exporter.config import Settings
 from exporter.derived.analyzer import Analyzer
 from exporter.engine import Clock, Engine, RealClock
 from exporter.sampling import Collector, CollectorContext, Stage, Targets
-from exporter.snapshot import Snapshot
 
 _log = log.get_logger(component="pipeline")
 
@@ -65,7 +64,7 @@ def build(
     nvml: Any = None,
     inline: bool = False,
     history_seconds: float | None = None,
-    on_publish: Callable[[Snapshot], None] | None = None,
+    on_publish: Callable[[], None] | None = None,
 ) -> Pipeline:
     """Build every stage ``settings`` enables and the engine over them.
 

@@ -34,6 +34,26 @@ from exporter.snapshot import Snapshot
 CPU_WINDOW_MAX = 10.0
 
 
+class Unchanged:
+    """The type of :data:`UNCHANGED`."""
+
+    _instance: ClassVar[Unchanged | None] = None
+
+    def __new__(cls) -> Unchanged:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+# What a sampler returns when its newest sample still stands (the analyzer while every verdict holds): the
+# run counts as a success, its previous sample stays the newest, nothing is buffered or published again --
+# the renderer does not format the stage's families again for a sample that did not change.
+UNCHANGED = Unchanged()
+
+
 class NoDataError(Exception):
     """The source does not exist on this host by design (PSI disabled, no NFS client, no driver).
 

@@ -73,7 +73,7 @@ async def _scrape(port: int) -> float:
 async def test_blocked_sampler_stalls_neither_other_samplers_nor_scrapes() -> None:
     stuck, fast = Stuck(_ctx()), Fast(_ctx())
     renderer = Renderer([stuck, fast])
-    eng = Engine([stuck, fast], RealClock(), on_publish=renderer.render)
+    eng: Engine = Engine([stuck, fast], RealClock(), on_publish=lambda: renderer.render(eng.snapshot))
     web = WebServer(renderer, WebSettings(host="127.0.0.1", port=0), eng.alive)
     await web.start()
     eng.start()

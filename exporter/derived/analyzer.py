@@ -38,7 +38,7 @@ from exporter.derived.evaluate import (
     overlap_mean,
     unjudged,
 )
-from exporter.derived.gpuview import GpuView
+from exporter.derived.gpuview import GpuView, activity_points
 from exporter.derived.hostshape import io_signals
 from exporter.derived.series import IDLE_LEVEL, Point, bucket_counts
 from exporter.derived.verdict import Candidate, Settled, settle
@@ -47,8 +47,13 @@ from exporter.derived.workload import workloads
 from exporter.names import STATES, VERDICTS, WAITING_CAUSES
 from exporter.samples.derived import GAP_BUCKETS, DerivedState, Finding, GpuActivity, GpuVerdict, WorkloadSummary
 from exporter.samples.gpu import GpuIdentity, GpuKey, GpuSample
-from exporter.sampling import CPU_WINDOW_MAX, NoDataError, Option, SamplerSpec, Stage, Targets
+from exporter.sampling import CPU_WINDOW_MAX, UNCHANGED, NoDataError, Option, SamplerSpec, Stage, Targets, Unchanged
 from exporter.snapshot import Snapshot, Stamped
+
+# The tripwire of a stable GPU (see Analyzer._moved): activity this far from what the last evaluation saw
+# evaluates the GPU at once instead of at its next --stable-interval. A tenth of the GPU's time: well above
+# the jitter of a steady GPU's readings, well below the drop of a GPU that starts to wait.
+TRIP_ACTIVITY = 0.1
 
 
 class EngineReader(Protocol):
@@ -97,6 +102,22 @@ class _GapTracker:
                 self.seen_active = True
 
 
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    """What the last evaluation of one GPU produced: reused, as it is, while the GPU stays stable."""
+
+    activity: GpuActivity
+    findings: tuple[Finding, ...]
+    workload: WorkloadSummary | None
+    busy: bool
+    waiting: bool
+    waiting_pids: frozenset[int]
+    agreed: bool  # the candidate was the settled verdict (no switch pending)
+    util: float | None  # mean utilisation over the window: the tripwire's baselines (with the two below)
+    shape_mean: float  # mean of the burstiness points (SM activity with GPM)
+    idle_ratio: float
+
+
 @dataclass
 class _GpuState:
     """Per-GPU mutable state: counters, hysteresis, gap tracking, the last verdict."""
@@ -106,6 +127,9 @@ class _GpuState:
     gaps: _GapTracker = field(default_factory=_GapTracker)
     settled: Settled | None = None
     verdict: GpuVerdict | None = None
+    judged: _Judged | None = None
+    evaluated_t: float = float("-inf")
+    pending_s: float = 0.0  # seconds elapsed since the counters were last split into states
 
 
 class Analyzer(Stage):
@@ -118,6 +142,10 @@ class Analyzer(Stage):
         Option("window", "duration", 15.0, "Classifier window: verdicts, burstiness and findings look this far back."),
         Option("hold", "duration", 3.0, "Hysteresis: a new verdict must hold this long before it replaces the old."),
         Option("deep-interval", "duration", 0.5, "Per-thread sampling interval while a GPU is waiting."),
+        Option("stable-interval", "duration", 5.0,
+               "How often a GPU whose verdict holds is evaluated again. Each run (--collector.derived.interval) "
+               "still checks its newest activity, and evaluates it at once when the activity moved; a waiting "
+               "GPU, or one whose verdict changed within the window, is evaluated every run."),
     )
 
     def __init__(self, options: Mapping[str, Any], targets: Targets) -> None:
@@ -129,11 +157,15 @@ class Analyzer(Stage):
         self.recent_s = max(3.0, self.window_s / 3)
         self.hold_s = float(options.get("hold", 3.0))
         self.deep_fast = float(options.get("deep-interval", 0.5))
+        self.stable_s = max(self.interval, float(options.get("stable-interval", 5.0)))
         self._engine: EngineReader | None = None
         self._deep_slow: float | None = None
         self._focus: frozenset[int] | None = None
         self._full_t: float | None = None  # when the last full deep pass was requested while focused
         self._last_t: float | None = None
+        self._host_t = float("-inf")  # when the host findings were last evaluated
+        self._shape: tuple[frozenset[int], frozenset[int]] | None = None  # the GPUs and lost GPUs seen last
+        self._previous: DerivedState | None = None
         self._gpus: dict[GpuKey, _GpuState] = {}
         self._raised: set[tuple[str, str]] = set()
 
@@ -172,12 +204,11 @@ class Analyzer(Stage):
             workload=self._window(names.WORKLOAD, win, now),
         )
 
-    def update(self) -> DerivedState:
+    def update(self) -> DerivedState | Unchanged:
         if self._engine is None:
             raise NoDataError("analyzer not bound to an engine")
         eng = self._engine
         now = float(eng.now())
-        w = self.windows(now)
         snap = eng.snapshot
         identities: dict[int, Any] = {}
         lost: set[int] = set()
@@ -186,9 +217,24 @@ class Analyzer(Stage):
             if isinstance(v, GpuSample):
                 identities.update(v.identities)
                 lost |= v.lost
+        dt = 0.0 if self._last_t is None else max(0.0, now - self._last_t)
+        self._last_t = now
+        keys_of: dict[int, list[GpuKey]] = {}
+        for idx in sorted(identities):
+            ident: GpuIdentity = identities[idx]
+            # A GPU in MIG mode is judged per instance; its platform findings once, for the physical GPU.
+            keys_of[idx] = ([GpuKey(idx, m.gi) for m in ident.mig] if ident.mig_mode and ident.mig and idx not in lost
+                            else [GpuKey(idx)])
+            for key in keys_of[idx]:
+                self._gpus.setdefault(key, _GpuState()).pending_s += dt
+        due = {idx for idx in identities if self._due(idx, keys_of[idx], identities[idx], lost, now)}
+        shape = (frozenset(identities), frozenset(lost))
+        if not due and shape == self._shape and self._previous is not None and now - self._host_t < self.stable_s:
+            return UNCHANGED  # every verdict holds and no activity moved: the previous state stands
+        self._shape = shape
+        w = self.windows(now)
         bdf_index = {ident.pci_bus_id.lower(): i for i, ident in identities.items()}
         gpu_key = {str(i): i for i in identities} | bdf_index
-        dt = 0.0 if self._last_t is None else max(0.0, now - self._last_t)
         verdicts: dict[GpuKey, GpuVerdict] = {}
         activity: dict[GpuKey, GpuActivity] = {}
         blind: dict[GpuKey, str] = {}
@@ -197,33 +243,43 @@ class Analyzer(Stage):
         any_waiting = False
         waiting_pids: set[int] = set()
         by_gpu = self.targets.by_gpu()
-        fed = workloads(w.slow, identities, snap.value(names.WORKLOAD), snap.value(names.KUBERNETES))
+        fed = workloads(w.slow, identities, snap.value(names.WORKLOAD), snap.value(names.KUBERNETES)) if due else {}
         summaries: dict[int, WorkloadSummary] = {}
         for idx in sorted(identities):
-            ident: GpuIdentity = identities[idx]
+            ident = identities[idx]
+            keys = keys_of[idx]
             if idx in lost:
                 found.append(fnd.gpu_lost(idx))
-                st = self._gpus.setdefault(GpuKey(idx), _GpuState())
-                st.settled, st.verdict = None, None
+                st = self._gpus[GpuKey(idx)]
+                st.settled, st.verdict, st.judged, st.pending_s = None, None, None, 0.0
                 activity[GpuKey(idx)] = self._activity(st, None, {})
                 continue
-            # A GPU in MIG mode is judged per instance; its platform findings once, for the physical GPU.
-            keys = [GpuKey(idx, m.gi) for m in ident.mig] if ident.mig_mode and ident.mig else [GpuKey(idx)]
+            if idx not in due:  # stable: the last evaluation stands
+                st = self._gpus[keys[0]]
+                assert st.judged is not None and st.verdict is not None
+                verdicts[keys[0]], activity[keys[0]] = st.verdict, st.judged.activity
+                found.extend(st.judged.findings)
+                if st.judged.workload is not None:
+                    summaries[idx] = st.judged.workload
+                if st.judged.busy:
+                    busy.append(idx)
+                continue
             views: list[GpuView] = []
             for key in keys:
                 if key.mig is not None and (why := unjudged(idx, w, key.mig)) is not None:
                     blind[key] = why
                     continue
-                st = self._gpus.setdefault(key, _GpuState())
+                st = self._gpus[key]
                 prev = st.settled.cause if st.settled else None
                 # The workload (process tree, cgroup, owner) is the whole GPU's: a MIG instance is judged on
                 # its own processes' CPU evidence.
                 wl = fed.get(idx) if key.mig is None else None
                 ev = evaluate_gpu(idx, w, previous=prev, mig=key.mig, workload=wl)
+                summary = None
                 if wl is not None:
-                    summaries[idx] = WorkloadSummary(labels=wl.labels, processes=len(wl.members),
-                                                     cpu_cores=ev.shape.used_cores,
-                                                     capacity_cores=ev.shape.capacity_cores)
+                    summary = WorkloadSummary(labels=wl.labels, processes=len(wl.members),
+                                              cpu_cores=ev.shape.used_cores, capacity_cores=ev.shape.capacity_cores)
+                    summaries[idx] = summary
                 view, cand = ev.view, ev.candidate
                 views.append(view)
                 st.gaps.feed(view.shape_points)
@@ -235,32 +291,42 @@ class Analyzer(Stage):
                 uuid = next((m.uuid for m in ident.mig if m.gi == key.mig), view.uuid)
                 st.verdict = self._verdict(view, cand, st, uuid=uuid)
                 verdicts[key] = st.verdict
-                self._account(st, view.util_points, cand, dt, now)
+                self._account(st, view.util_points, cand, st.pending_s, now)
+                st.pending_s, st.evaluated_t = 0.0, now
+                pids: set[int] = set()
                 if ev.waiting:
-                    any_waiting = True
-                    waiting_pids.update(view.pids)
+                    pids.update(view.pids)
                     if key.mig is None:
-                        waiting_pids.update(by_gpu.get(str(idx), ()))
+                        pids.update(by_gpu.get(str(idx), ()))
                     if wl is not None:
-                        waiting_pids.update(wl.members)
+                        pids.update(wl.members)
                 if ev.busy and idx not in busy:
                     busy.append(idx)
                 found.extend(ev.findings)
                 activity[key] = self._activity(st, view, ev.links)
+                st.judged = _Judged(activity=activity[key], findings=tuple(ev.findings), workload=summary,
+                                    busy=ev.busy, waiting=ev.waiting, waiting_pids=frozenset(pids),
+                                    agreed=cand.cause == st.settled.cause and st.settled.pending is None,
+                                    util=view.util, shape_mean=view.burst.mean,
+                                    idle_ratio=view.burst.idle_ratio)
             if keys[0].mig is not None:
                 gpu_found, links = mig_gpu_findings(idx, w, views)
                 found.extend(gpu_found)
                 for key in keys:
                     if key in activity:
                         activity[key] = dataclasses.replace(activity[key], links=MappingProxyType(dict(links)))
+        for key, st in self._gpus.items():
+            if key.gpu in identities and key.gpu not in lost and st.judged is not None and st.judged.waiting:
+                any_waiting = True
+                waiting_pids.update(st.judged.waiting_pids)
         found.extend(host_findings(w, snap.value(names.NUMA), snap.value(names.CPUFREQ), gpu_key, busy))
+        self._host_t = now
         self._adapt_depth(any_waiting, frozenset(waiting_pids), now)
         self._log_findings(found)
-        self._last_t = now
         # A GPU missing from this evaluation (its sampler failed once, or it was unplugged) keeps its state:
         # its counters continue where they were if it comes back, instead of resetting. Bounded by the
         # number of GPUs (and MIG instances) the host ever had.
-        return DerivedState(
+        self._previous = DerivedState(
             t=now, gpus=MappingProxyType({k.gpu: v for k, v in verdicts.items() if k.mig is None}),
             findings=tuple(found),
             activity=MappingProxyType({k.gpu: a for k, a in activity.items() if k.mig is None}),
@@ -269,6 +335,47 @@ class Analyzer(Stage):
             mig_activity=MappingProxyType({k: a for k, a in activity.items() if k.mig is not None}),
             unjudged=MappingProxyType(blind), workloads=MappingProxyType(summaries),
         )
+        return self._previous
+
+    def _due(self, idx: int, keys: Sequence[GpuKey], ident: GpuIdentity, lost: set[int], now: float) -> bool:
+        """Whether GPU ``idx`` is evaluated in this run, or its last evaluation still stands.
+
+        It stands while the GPU is stable -- its last evaluation agreed with the settled verdict, it does not
+        wait, the verdict has not changed within the window, it was evaluated less than --stable-interval ago
+        -- and its newest activity has not moved from what that evaluation saw. A GPU in MIG mode (judged per
+        instance), a lost one and a new one are evaluated every run."""
+        if idx in lost or keys[0].mig is not None:
+            return True
+        st = self._gpus[keys[0]]
+        j = st.judged
+        if j is None or st.settled is None or j.waiting or not j.agreed:
+            return True
+        if now - st.evaluated_t >= self.stable_s - 1e-9 or now - st.settled.since < self.window_s:
+            return True
+        return self._moved(idx, ident, j, st.evaluated_t, now)
+
+    def _moved(self, idx: int, ident: GpuIdentity, j: _Judged, since: float, now: float) -> bool:
+        """The tripwire: whether GPU ``idx``'s activity since ``since`` differs from its last evaluation's.
+
+        A dip, a gap or new work shows as the new stretch's mean utilisation, mean activity (the burstiness
+        points: SM activity with GPM) or idle share leaving the window's by more than ``TRIP_ACTIVITY``; the
+        check reads only the samples taken since (a few per GPU), not the window."""
+        assert self._engine is not None
+        lookback = now - since + 2.0  # one earlier sample of each counter, so the first new interval has a pair
+        fast = self._engine.window(names.GPU_FAST, lookback, now)
+        buffered = self._engine.window(names.GPU_SAMPLES, lookback, now)
+        util, shape = activity_points(fast, buffered, idx, bool(ident.gpm))
+        recent = [p for p in shape if p.t + p.dt > since]
+        if not recent:
+            return False
+        span = sum(p.dt for p in recent)
+        if span <= 0:
+            return False
+        mean = sum(p.value * p.dt for p in recent) / span
+        idle = sum(p.dt for p in recent if p.value < IDLE_LEVEL) / span
+        new_util = overlap_mean(util, since, now)
+        return (abs(mean - j.shape_mean) > TRIP_ACTIVITY or abs(idle - j.idle_ratio) > TRIP_ACTIVITY
+                or (new_util is not None and abs(new_util - (j.util or 0.0)) > TRIP_ACTIVITY))
 
     def _verdict(self, view: GpuView, cand: Candidate, st: _GpuState, *, uuid: str) -> GpuVerdict:
         """The settled verdict: the candidate's evidence when they agree, else the held one and why."""
