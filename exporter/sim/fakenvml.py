@@ -20,10 +20,13 @@ calls the same function names. It is strict about the surface of the *installed*
 - forwards constants (``NVML_*``, ``nvmlClocks*``, ``nvmlEventType*``), the structs and the ``NVMLError*``
   classes from the real module.
 
-Its whole device state is one plain JSON-serialisable dict, so a simulator can compute it in one process,
-write it to a file, and the daemon's ``FakeNvml.from_file(path)`` reloads it whenever the file changes
-(write it to a temporary file and ``os.replace`` it, so a reader never sees half a file; an unreadable or
-invalid file keeps the previous state and is counted in ``reload_errors``).
+Its whole device state is one plain JSON-serialisable dict, so a simulator can compute it in one process and
+hand it to the daemon: ``FakeNvml.from_exchange(dir)`` serves what an ``exporter.sim.exchange.Writer``
+publishes there (the numbers through shared memory, the rest as JSON only when it changes -- what
+``serve --simulate`` uses, so the daemon pays for a new state what it would pay a real driver: nearly
+nothing), and ``FakeNvml.from_file(path)`` reloads a JSON file whenever it changes (write it to a temporary
+file and ``os.replace`` it, so a reader never sees half a file). Either way an unreadable or invalid state
+keeps the previous one and is counted in ``reload_errors``.
 
 State (every key optional unless marked required; unknown keys are an error naming the key)
 -----------------------------------------------------------------------------------------
@@ -150,6 +153,7 @@ from exporter.cpulist import parse_cpulist
 from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
 from exporter.gpu import fields
 from exporter.gpu.binding import FIELD_VALUE
+from exporter.sim.exchange import Reader
 
 TOP_KEYS = frozenset({"t", "driver_version", "init_error", "devices"})
 
@@ -583,6 +587,7 @@ class FakeNvml:
         self._state = normalize_state(state or {"devices": []})
         self._path: Path | None = None
         self._stamp: tuple[int, int] | None = None
+        self._exchange: Reader | None = None  # from_exchange
         self._init_count = 0
         self._lost_calls: Counter[str] = Counter()
         # Handles, samples and event sets are real binding pointers to objects the fake keeps alive; the
@@ -607,21 +612,42 @@ class FakeNvml:
         fake._path, fake._stamp = p, (st.st_mtime_ns, st.st_size)
         return fake
 
+    @classmethod
+    def from_exchange(cls, directory: str | os.PathLike[str]) -> FakeNvml:
+        """A fake serving the state a simulator publishes in ``directory`` through :mod:`exporter.sim.exchange`
+        (what ``serve --simulate`` uses): a change of values costs the daemon an unpack, not a JSON parse."""
+        fake = cls()
+        fake._exchange = Reader(Path(directory), normalize_state)
+        got = fake._exchange.poll()
+        if got is None:
+            raise StateError(f"{directory}: the simulator has not published a state yet")
+        fake._install(got[0])
+        return fake
+
     # ---- test/simulator hooks -------------------------------------------------------------------------------
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Replace the whole state (validated; StateError on a bad key)."""
-        norm = normalize_state(state)
+        self._install(normalize_state(state))
+
+    def _install(self, norm: dict[str, Any]) -> None:
+        """Serve ``norm`` (normalised) from now on."""
         with self._lock:
             self._state = norm
             for dev in norm["devices"]:
                 if not dev["lost"]:
                     self._lost_calls.pop(dev["uuid"], None)
-                # Time went back (a test restarted the clock): deliver from the new time on.
-                done = self._xid_delivered.get(dev["uuid"])
-                if done is not None and done[0] > float(norm["t"]):
-                    self._xid_delivered.pop(dev["uuid"])
-            self._cond.notify_all()
+            self._values_changed()
+
+    def _values_changed(self) -> None:  # under self._lock
+        """The state's numbers moved (its time among them): wake event waiters; after time went back (a test or
+        a looping simulator restarted the clock), deliver Xid events from the new time on."""
+        t = float(self._state["t"])
+        for dev in self._state["devices"]:
+            done = self._xid_delivered.get(dev["uuid"])
+            if done is not None and done[0] > t:
+                self._xid_delivered.pop(dev["uuid"])
+        self._cond.notify_all()
 
     @property
     def state(self) -> dict[str, Any]:
@@ -636,6 +662,18 @@ class FakeNvml:
             return len(self._event_sets.live())
 
     def _maybe_reload(self) -> None:
+        if self._exchange is not None:
+            try:
+                got = self._exchange.poll()
+            except (OSError, ValueError, StateError):
+                self.reload_errors += 1
+                return
+            if got is not None:
+                if got[1]:
+                    self._install(got[0])
+                else:
+                    self._values_changed()
+            return
         if self._path is None:
             return
         try:

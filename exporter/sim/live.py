@@ -2,13 +2,14 @@
 
 The daemon (:class:`LiveSimulation`) validates the scenario, makes a temporary directory (on /dev/shm when
 there is one) and starts two ``python -m exporter.sim.live`` children on it: one renders ``<dir>/proc`` and
-``<dir>/sys``, each group of files as often as the fastest sampler that reads it; the other writes the fake
-NVML's state ``<dir>/nvml.json`` at twice the rate of the fastest GPU sampler, never delayed by the trees
+``<dir>/sys``, each group of files as often as the fastest sampler that reads it; the other publishes the fake
+NVML's state (:mod:`exporter.sim.exchange`: ``<dir>/nvml.bin``, ``<dir>/nvml.json``) at twice the rate of the
+fastest GPU sampler, never delayed by the trees
 (two GPM reads 100 ms apart must see two states). Every file is replaced atomically; both use scenario time
 ``(now - start) x speed`` from one shared CLOCK_MONOTONIC start, looping the timeline, and so does the
 daemon's engine (:attr:`LiveSimulation.clock`, :mod:`exporter.sim.timebase`): at any ``--simulate-speed``
 its intervals, rates and verdict windows are scenario time. The daemon points ``--path.procfs`` /
-``--path.sysfs`` at the trees and uses ``FakeNvml.from_file(<dir>/nvml.json)`` as its NVML module: it reads
+``--path.sysfs`` at the trees and uses ``FakeNvml.from_exchange(<dir>)`` as its NVML module: it reads
 the simulated host exactly as it reads a real one, and its own ``/proc/<pid>/stat`` counts the daemon alone
 (the renderer's CPU is the child's).
 
@@ -38,15 +39,16 @@ from typing import Any
 from exporter import log
 from exporter.config import Settings
 from exporter.sampling import Stage
+from exporter.sim import exchange
 from exporter.sim.kubelet import Kubelet
 from exporter.sim.model import Model
 from exporter.sim.player import fast_tmpdir, kubelet_socket
-from exporter.sim.render import GROUPS, Renderer, write_json
+from exporter.sim.render import GROUPS, Renderer
 from exporter.sim.scenario import ScenarioError, load
 from exporter.sim.timebase import Playback, ScaledClock, group_intervals
 
 _log = log.get_logger(component="sim")
-NVML_FILE = "nvml.json"
+NVML_FILE = exchange.SHAPE_FILE
 READY_TIMEOUT_S = 60.0
 PARTS = ("trees", "nvml")
 SUPERVISE_INTERVAL_S = 0.5  # how often the daemon checks that both children are alive
@@ -89,7 +91,7 @@ class LiveSimulation:
         values = dict(settings.values)
         values["path.procfs"] = str(sim.dir / "proc")
         values["path.sysfs"] = str(sim.dir / "sys")
-        sim.nvml = FakeNvml.from_file(sim.dir / NVML_FILE)
+        sim.nvml = FakeNvml.from_exchange(sim.dir)
         # The simulated host's kubelet (SPEC v2 host.kubernetes) answers in the daemon's process, on a socket
         # in the simulated root; without one, that socket is absent -- never the real host's kubelet.
         sock = kubelet_socket(sim.dir)
@@ -224,6 +226,7 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", choices=("trees", "nvml", "all"), default="all")
     ns = ap.parse_args(argv)
     log.configure("info", "logfmt")
+    from exporter.sim.fakenvml import normalize_state  # the child only: the writer validates, not the daemon
     root = Path(ns.root)
     try:
         sc = load(ns.scenario)
@@ -244,7 +247,8 @@ def child_main(argv: Sequence[str] | None = None) -> int:
         # not show counters from the start of the timeline (they would go backwards).
         t0 = max(0.0, playback.scenario_time(time.monotonic()))
         if "nvml" in mine:
-            write_json(root / NVML_FILE, playback.nvml(t0))
+            nvml_out = exchange.Writer(root)
+            nvml_out.write(normalize_state(playback.nvml(t0)))
         if mine & set(GROUPS):
             renderer.setup()
             renderer.render(t0)
@@ -259,7 +263,7 @@ def child_main(argv: Sequence[str] | None = None) -> int:
                 if trees:
                     renderer.render(t, trees)
                 if "nvml" in groups:
-                    write_json(root / NVML_FILE, playback.nvml(t))
+                    nvml_out.write(normalize_state(playback.nvml(t)))
             wait = max(0.0, playback.next_due() - time.monotonic())
             # stdin readable means EOF (the parent never writes): the daemon is gone.
             r, _, _ = select.select([sys.stdin], [], [], wait)

@@ -14,10 +14,9 @@ GPU's negotiated speed and width (capped at its own maximum), as a real downstre
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -496,11 +495,3 @@ def _nvml_mig(model: Model, g: Gpu, t: float, procs: list[Process]) -> dict[str,
             "processes": [{"pid": q.pid, "used_memory_bytes": used // len(mine)} for q in mine],
         })
     return {"mig": instances, "processes": [], "process_util": []}
-
-
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Atomically replace ``path`` with ``data`` as JSON."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, separators=(",", ":"))
-    os.replace(tmp, path)

@@ -12,16 +12,18 @@ from structlog.testing import capture_logs
 
 from exporter import pipeline
 from exporter.config import resolve
-from exporter.sim.live import NVML_FILE, LiveSimulation
+from exporter.sim import exchange
+from exporter.sim.live import LiveSimulation
 
 RISER = Path(__file__).resolve().parents[1] / "scenarios" / "transfer_bound_riser.yaml"
 
 
-def _mtime(path: Path) -> int:
+def _written(directory: Path) -> int:
+    """The fake NVML state's sequence number: moves at every state the simulator publishes."""
     try:
-        return path.stat().st_mtime_ns
+        return exchange.sequence(directory)
     except FileNotFoundError:
-        return 0
+        return -1
 
 
 def test_a_renderer_child_killed_with_sigkill_is_restarted_and_the_host_moves_again() -> None:
@@ -31,7 +33,6 @@ def test_a_renderer_child_killed_with_sigkill_is_restarted_and_the_host_moves_ag
         sim = LiveSimulation.start(settings, registry)
         try:
             assert sim.dir is not None
-            state = sim.dir / NVML_FILE
             old = sim.procs[1]
             os.kill(old.pid, signal.SIGKILL)  # the OOM killer's way
             old.wait(10)
@@ -39,8 +40,8 @@ def test_a_renderer_child_killed_with_sigkill_is_restarted_and_the_host_moves_ag
             while sim.procs[1] is old or sim.procs[1].poll() is not None:
                 assert time.monotonic() < deadline, "the killed child was not restarted"
                 time.sleep(0.1)
-            before = _mtime(state)
-            while _mtime(state) == before:  # written again: the fake NVML no longer reads a frozen state
+            before = _written(sim.dir)
+            while _written(sim.dir) == before:  # written again: the fake NVML no longer reads a frozen state
                 assert time.monotonic() < deadline, "the restarted child does not render"
                 time.sleep(0.05)
             assert sim.procs[0].poll() is None  # the other child was left alone

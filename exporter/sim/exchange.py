@@ -1,0 +1,238 @@
+"""How the simulator hands the fake NVML's state to the daemon: cheap for the reader, whatever the writer pays.
+
+A real driver costs the daemon nothing between two NVML calls; a fake that re-parsed and re-validated a JSON
+state file at every change (20 times a second, 2.9 ms each on the 8-GPU bench host) charged the daemon six
+points of a core that no real host pays, and distorted every measurement made under simulation. Here the
+state is split in two, in the directory the simulator and the daemon share:
+
+- ``nvml.json``, the *shape*: the whole normalised state (``fakenvml.normalize_state``) as JSON, rewritten
+  (atomically, ``os.replace``) only when something other than a number changed -- a process came or went, a
+  GPU was lost, a MIG layout, an Xid event, a sample buffer's length. The reader validates it in full, as
+  before; it is also what a person reads to see the simulated driver's state.
+- ``nvml.bin``, the *values*: every number of the state (ints as int64, floats as float64), in the order a
+  depth-first walk of the normalised state meets them, in a fixed binary layout mapped into memory, behind a
+  sequence lock. The writer bumps the sequence to odd, writes, bumps it to even; a reader copies the block and
+  keeps it only if the sequence was even and unchanged around the copy. Checking whether anything changed is
+  one 8-byte read of mapped memory (no system call); a change costs an unpack and one assignment per number.
+
+Layout of ``nvml.bin`` (little endian)::
+
+    0   8s  magic b"GPUFEED1"
+    8   Q   sequence (odd while the writer is inside a write)
+    16  Q   shape id: bumped with every new nvml.json; a reader whose shape is older reloads the JSON first
+    24  I   number of int64 values      28  I  number of float64 values
+    32  ... the int64 values, then the float64 values
+
+The file is sized for the values of the current shape, so a new shape with more numbers grows it: the writer
+truncates it larger before it writes, a reader maps it again when its size changed. Both sides walk the
+normalised state the same way (dicts in key order, lists in order; ``bool`` is not a number), which is
+stable because ``normalize_state`` is idempotent and keeps key order.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+SHAPE_FILE = "nvml.json"
+VALUES_FILE = "nvml.bin"
+MAGIC = b"GPUFEED1"
+_HEADER = struct.Struct("<8sQQII")
+_SEQ = struct.Struct("<Q")
+_SEQ_AT = 8
+
+# A slot is where one number lives: (container, key-or-index).
+Slot = tuple[Any, Any]
+
+
+def walk(state: Any) -> tuple[list[Slot], list[Slot], list[Any]]:
+    """The int slots, the float slots, and the shape signature of ``state`` (everything but the numbers)."""
+    ints: list[Slot] = []
+    floats: list[Slot] = []
+    shape: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            shape.append("{")
+            for k, v in node.items():
+                shape.append(k)
+                leaf(node, k, v)
+            shape.append("}")
+        elif isinstance(node, list):
+            shape.append(("[", len(node)))
+            for i, v in enumerate(node):
+                leaf(node, i, v)
+
+    def leaf(container: Any, key: Any, v: Any) -> None:
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            shape.append(v if not isinstance(v, str) else ("s", v))
+        elif isinstance(v, int):
+            shape.append("i")
+            ints.append((container, key))
+        elif isinstance(v, float):
+            shape.append("f")
+            floats.append((container, key))
+        else:
+            visit(v)
+
+    visit(state)
+    return ints, floats, shape
+
+
+class Writer:
+    """The simulator's side: :meth:`write` a normalised state; JSON only when its shape changed."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self._shape: list[Any] | None = None
+        # A restarted writer (the daemon restarts a killed simulator child) must not reuse the ids a reader
+        # saw: shape ids start at random, the sequence continues from the file's.
+        self._shape_id = int.from_bytes(os.urandom(6), "little") << 8
+        self._fd = os.open(self.dir / VALUES_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        self._seq = sequence(self.dir) + 1 & ~1 if os.fstat(self._fd).st_size >= _HEADER.size else 0
+        self._map: mmap.mmap | None = None
+        self._size = 0
+
+    def write(self, state: dict[str, Any]) -> None:
+        """Publish ``state`` (already normalised: ``fakenvml.normalize_state``)."""
+        ints, floats, shape = walk(state)
+        if shape != self._shape:
+            _write_json(self.dir / SHAPE_FILE, state)
+            self._shape, self._shape_id = shape, self._shape_id + 1
+        size = _HEADER.size + 8 * (len(ints) + len(floats))
+        if self._map is None or size > self._size:
+            os.ftruncate(self._fd, size)
+            if self._map is not None:
+                self._map.close()
+            self._map, self._size = mmap.mmap(self._fd, size), size
+        m = self._map
+        self._seq += 1  # odd: inside a write
+        _SEQ.pack_into(m, _SEQ_AT, self._seq)
+        _HEADER.pack_into(m, 0, MAGIC, self._seq, self._shape_id, len(ints), len(floats))
+        at = _HEADER.size
+        struct.pack_into(f"<{len(ints)}q", m, at, *(c[k] for c, k in ints))
+        struct.pack_into(f"<{len(floats)}d", m, at + 8 * len(ints), *(c[k] for c, k in floats))
+        self._seq += 1  # even: complete
+        _SEQ.pack_into(m, _SEQ_AT, self._seq)
+
+    @property
+    def sequence(self) -> int:
+        return self._seq
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        os.close(self._fd)
+
+
+class Reader:
+    """The fake NVML's side. :meth:`poll` answers None while nothing changed (one read of mapped memory), else
+    ``(state, new_shape)``: the state dict, updated in place for a change of values, a new validated dict
+    after a change of shape. ``load_shape`` validates a shape's JSON (``fakenvml.normalize_state``)."""
+
+    def __init__(self, directory: Path, load_shape: Any) -> None:
+        self.dir = directory
+        self._load_shape = load_shape
+        self._fd: int | None = None
+        self._map: mmap.mmap | None = None
+        self._seq = -1
+        self._shape_id = -1
+        self.state: dict[str, Any] | None = None
+        self._ints: list[Slot] = []
+        self._floats: list[Slot] = []
+        self.shape_loads = 0  # JSON shapes read (tests: value changes must not read JSON)
+
+    def _mapped(self) -> mmap.mmap | None:
+        if self._map is None:
+            try:
+                self._fd = os.open(self.dir / VALUES_FILE, os.O_RDONLY)
+                size = os.fstat(self._fd).st_size
+                if size < _HEADER.size:
+                    os.close(self._fd)
+                    self._fd = None
+                    return None
+                self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_READ)
+            except OSError:
+                return None
+        return self._map
+
+    def _remap(self) -> mmap.mmap | None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        return self._mapped()
+
+    def poll(self) -> tuple[dict[str, Any], bool] | None:
+        """None: nothing new (or a write in progress: the previous state stands). Raises OSError/ValueError
+        (and the shape loader's errors) for an unreadable or invalid exchange; the caller keeps its state."""
+        m = self._mapped()
+        if m is None:
+            raise OSError(f"{self.dir / VALUES_FILE}: missing or empty")
+        (seq,) = _SEQ.unpack_from(m, _SEQ_AT)
+        if seq == self._seq or seq & 1:
+            return None
+        magic, _, shape_id, n_int, n_float = _HEADER.unpack_from(m, 0)
+        if magic != MAGIC:
+            raise ValueError(f"{self.dir / VALUES_FILE}: not a gpufeed state exchange (magic {magic!r})")
+        end = _HEADER.size + 8 * (n_int + n_float)
+        if end > len(m):
+            m = self._remap()  # the writer grew the file for a larger shape
+            if m is None or end > len(m):
+                return None
+        block = m[_HEADER.size:end]
+        (again,) = _SEQ.unpack_from(m, _SEQ_AT)
+        if again != seq:
+            return None  # written meanwhile: the next poll reads the newer one
+        new_shape = shape_id != self._shape_id or (n_int, n_float) != (len(self._ints), len(self._floats))
+        if new_shape:
+            try:
+                with open(self.dir / SHAPE_FILE, encoding="utf-8") as f:
+                    state = self._load_shape(json.load(f))
+            except (OSError, ValueError):
+                self._seq = seq  # one error per state published, not one per call until the next
+                raise
+            self.shape_loads += 1
+            ints, floats, _ = walk(state)
+            if (len(ints), len(floats)) != (n_int, n_float):
+                return None  # the JSON of a newer shape than these values (or older): poll again
+            self.state, self._ints, self._floats, self._shape_id = state, ints, floats, shape_id
+        ints_v = struct.unpack_from(f"<{n_int}q", block, 0)
+        floats_v = struct.unpack_from(f"<{n_float}d", block, 8 * n_int)
+        for (c, k), v in zip(self._ints, ints_v, strict=True):
+            c[k] = v
+        for (c, k), v in zip(self._floats, floats_v, strict=True):
+            c[k] = v
+        self._seq = seq
+        assert self.state is not None
+        return self.state, new_shape
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def sequence(directory: Path) -> int:
+    """The exchange's current sequence number (tests: is the simulator still writing?)."""
+    with open(directory / VALUES_FILE, "rb") as f:
+        head = f.read(_HEADER.size)
+    return int(_HEADER.unpack(head)[1]) if len(head) == _HEADER.size else -1
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, separators=(",", ":"))
+    os.replace(tmp, path)

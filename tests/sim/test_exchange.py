@@ -1,0 +1,137 @@
+"""The simulator's state exchange: numbers through shared memory, JSON only when the shape changes, a reader that
+never takes half a write, and a fake NVML served from it exactly as from the JSON file."""
+
+from __future__ import annotations
+
+import copy
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from exporter.sim import exchange
+from exporter.sim.fakenvml import FakeNvml, advance_state, normalize_state
+
+DEV = {"pci_bus_id": "0000:82:00.0", "power_w": 120.5, "sm_clock_mhz": 1410}
+
+
+def _state(n: int = 2) -> dict[str, Any]:
+    return normalize_state({"t": 1.0, "devices": [dict(DEV, pci_bus_id=f"0000:8{i}:00.0") for i in range(n)]})
+
+
+def _advanced(state: dict[str, Any], dt: float) -> dict[str, Any]:
+    """``state`` moved on by ``dt``: counters, integrals, time (the sample buffers' lengths stay)."""
+    s = copy.deepcopy(state)
+    samples = [d.pop("util_samples") for d in s["devices"]], [d.pop("mem_util_samples") for d in s["devices"]]
+    advance_state(s, dt, {0: {"gpu_util": 0.8, "sm_active": 0.6, "pcie_tx_bytes_per_s": 1e9}})
+    for d, u, m in zip(s["devices"], *samples, strict=True):
+        d["util_samples"], d["mem_util_samples"] = u, m
+    s["devices"][0]["power_w"] += 10.0
+    return normalize_state(s)
+
+
+def test_a_change_of_values_reaches_the_reader_without_reading_json(tmp_path: Path) -> None:
+    w = exchange.Writer(tmp_path)
+    s0 = _advanced(_state(), 0.1)
+    w.write(s0)
+    r = exchange.Reader(tmp_path, normalize_state)
+    got = r.poll()
+    assert got is not None and got[1] and got[0] == s0
+    assert r.poll() is None  # nothing new: one read of mapped memory
+    s1 = _advanced(s0, 0.5)
+    assert exchange.walk(s1)[2] == exchange.walk(s0)[2], "the test needs a change of values only"
+    w.write(s1)
+    got = r.poll()
+    assert got is not None and not got[1]
+    assert got[0] == s1 and r.shape_loads == 1
+    assert isinstance(got[0]["devices"][0]["pcie_tx_bytes"], int)
+    assert isinstance(got[0]["devices"][0]["power_w"], float)
+
+
+def test_a_change_of_shape_rewrites_the_json_and_the_reader_revalidates(tmp_path: Path) -> None:
+    w = exchange.Writer(tmp_path)
+    w.write(_state(1))
+    r = exchange.Reader(tmp_path, normalize_state)
+    assert r.poll() is not None
+    bigger = _state(3)  # more devices: more numbers, a larger values file
+    w.write(bigger)
+    got = r.poll()
+    assert got is not None and got[1] and got[0] == bigger and r.shape_loads == 2
+    procs = copy.deepcopy(bigger)
+    procs["devices"][1]["processes"] = [{"pid": 4242, "used_memory_bytes": 1 << 30}]
+    w.write(procs)
+    got = r.poll()
+    assert got is not None and got[1] and got[0]["devices"][1]["processes"][0]["pid"] == 4242
+
+
+def test_a_write_in_progress_or_torn_is_never_taken(tmp_path: Path) -> None:
+    w = exchange.Writer(tmp_path)
+    s0 = _advanced(_state(), 0.1)
+    w.write(s0)
+    r = exchange.Reader(tmp_path, normalize_state)
+    assert r.poll() is not None
+    w.write(_advanced(s0, 1.0))
+    # Freeze the file mid-write: an odd sequence is a writer inside a write.
+    path = tmp_path / exchange.VALUES_FILE
+    raw = bytearray(path.read_bytes())
+    seq = struct.unpack_from("<Q", raw, 8)[0]
+    struct.pack_into("<Q", raw, 8, seq + 1)
+    path.write_bytes(bytes(raw))
+    r2 = exchange.Reader(tmp_path, normalize_state)
+    assert r2.poll() is None and r2.state is None  # nothing complete to take yet
+    assert r.poll() is None  # the first reader keeps what it had
+    raw[8:16] = struct.pack("<Q", seq + 2)  # the write completed
+    path.write_bytes(bytes(raw))
+    got = r2.poll()
+    assert got is not None and got[0] == _advanced(s0, 1.0)
+
+
+def test_a_restarted_writer_never_reuses_the_ids_a_reader_saw(tmp_path: Path) -> None:
+    w = exchange.Writer(tmp_path)
+    w.write(_state(2))
+    r = exchange.Reader(tmp_path, normalize_state)
+    assert r.poll() is not None
+    w.close()
+    w2 = exchange.Writer(tmp_path)  # the daemon restarted a killed simulator child
+    assert w2.sequence >= w.sequence
+    other = _state(1)
+    w2.write(other)
+    got = r.poll()
+    assert got is not None and got[1] and got[0] == other  # a new shape, whatever ids the first writer used
+
+
+def test_a_fake_served_from_the_exchange_answers_as_from_the_state(tmp_path: Path) -> None:
+    w = exchange.Writer(tmp_path)
+    s0 = _state()
+    w.write(s0)
+    fake = FakeNvml.from_exchange(tmp_path)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert fake.nvmlDeviceGetPowerUsage(h) == 120500
+    s1 = copy.deepcopy(s0)
+    s1["devices"][0]["power_w"] = 250.0
+    w.write(s1)
+    assert fake.nvmlDeviceGetPowerUsage(h) == 250000
+    s2 = copy.deepcopy(s1)
+    s2["devices"][0]["lost"] = True  # a shape change: the fake installs the revalidated state
+    w.write(s2)
+    with pytest.raises(pynvml.NVMLError):
+        fake.nvmlDeviceGetPowerUsage(h)
+    assert fake.reload_errors == 0
+
+
+def test_an_invalid_shape_keeps_the_previous_state_and_is_counted(tmp_path: Path) -> None:
+    w = exchange.Writer(tmp_path)
+    w.write(_state())
+    fake = FakeNvml.from_exchange(tmp_path)
+    fake.nvmlInit()
+    bad = _state()
+    bad["devices"][0]["no_such_key"] = 1  # what a buggy simulator could publish
+    w.write(bad)
+    assert fake.nvmlDeviceGetCount() == 2
+    assert fake.nvmlDeviceGetCount() == 2
+    assert fake.reload_errors == 1  # once per state published, not once per call
+    json.loads((tmp_path / exchange.SHAPE_FILE).read_text())  # the shape file itself is whole JSON
