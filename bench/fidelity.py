@@ -105,14 +105,14 @@ def condition(ctx: Context, opts: Options, label: str, *, burn: bool, nice: int 
                 how = f"{how} + {group}" if nice else group
             time.sleep(opts.warmup)
             _, body0 = procs.get(port)
-            h0 = procstat.host_ticks()[0]
+            h0 = procstat.host_busy_seconds()
             t0 = time.monotonic()
             if burn:
                 stack.enter_context(procs.stress(opts.cpus, opts.fidelity_seconds + 1))
             # One Prometheus-like scraper at 4 Hz: is /metrics still fast while every core is busy?
             lat = scrape.scrape(port, concurrency=1, seconds=opts.fidelity_seconds, interval=0.25)
             t1 = time.monotonic()
-            host_busy = (procstat.host_ticks()[0] - h0) / procstat.CLK_TCK / (t1 - t0)
+            host_busy = (procstat.host_busy_seconds() - h0) / (t1 - t0)
             proc.check_alive()
             _, body1 = procs.get(port)
             proc.stop()

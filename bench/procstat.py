@@ -1,8 +1,9 @@
-"""CPU time and memory of one process, and of the whole host, straight from procfs.
+"""CPU time and memory of one process, and of the whole host, measured from outside with psutil.
 
-Only the measured process's own ``utime + stime`` counts (fields 14 and 15 of ``/proc/<pid>/stat``,
-all of its threads, none of its children): the simulator renders in a child process by design, so
-measuring the daemon pid measures the daemon alone.
+Only the measured process's own user + system time counts (all of its threads, none of its children): the
+simulator renders in a child process by design, so measuring the daemon pid measures the daemon alone.
+psutil rather than the daemon's own /proc parsers, so the benchmark does not grade the daemon with its own
+code.
 """
 
 from __future__ import annotations
@@ -10,61 +11,39 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-# /proc/<pid>/stat times are in clock ticks of USER_HZ (proc(5), "utime %lu ... sysconf(_SC_CLK_TCK)").
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PROC = Path("/proc")
+import psutil
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` (all threads, not children), from /proc/<pid>/stat."""
-    text = (PROC / str(pid) / "stat").read_text()
-    # comm may contain spaces and parentheses: split after the last ')'; state is then field 3.
-    fields = text.rpartition(")")[2].split()
-    utime, stime = int(fields[11]), int(fields[12])
-    return (utime + stime) / CLK_TCK
+    """User + system CPU seconds of ``pid`` (all threads, not children)."""
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident set size of ``pid`` in bytes, from VmRSS in /proc/<pid>/status (kB there)."""
-    for line in (PROC / str(pid) / "status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    """Resident set size of ``pid`` in bytes."""
+    return int(psutil.Process(pid).memory_info().rss)
 
 
 def thread_count(pid: int) -> int:
-    """Threads of ``pid``, from Threads in /proc/<pid>/status."""
-    for line in (PROC / str(pid) / "status").read_text().splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1])
-    return 0
+    """Threads of ``pid``."""
+    return int(psutil.Process(pid).num_threads())
 
 
-def host_ticks() -> tuple[int, int]:
-    """(busy, total) CPU ticks of all cores since boot, from the ``cpu`` line of /proc/stat."""
-    first = (PROC / "stat").read_text().split("\n", 1)[0].split()
-    values = [int(v) for v in first[1:]]
-    # user nice system idle iowait irq softirq steal guest guest_nice; guest is already in user.
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    total = sum(values[:8])
-    return total - idle, total
+def host_busy_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (everything but idle and iowait; guest is in user)."""
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0)
+                 - getattr(t, "guest_nice", 0.0))
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (every thread's children file, /proc/<pid>/task/*/children)."""
-    out: list[int] = []
+    """Direct children of ``pid``."""
     try:
-        tasks = list((PROC / str(pid) / "task").iterdir())
-    except OSError:
-        return out
-    for t in tasks:
-        try:
-            out += [int(x) for x in (t / "children").read_text().split()]
-        except OSError:
-            continue
-    return sorted(set(out))
+        return sorted(c.pid for c in psutil.Process(pid).children())
+    except psutil.NoSuchProcess:
+        return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,19 +66,18 @@ class CpuWindow:
         self.pids = dict(pids)
         self._t0 = 0.0
         self._c0: dict[str, float] = {}
-        self._h0 = (0, 0)
+        self._h0 = 0.0
 
     def start(self) -> None:
         self._c0 = {k: cpu_seconds(p) for k, p in self.pids.items()}
-        self._h0 = host_ticks()
+        self._h0 = host_busy_seconds()
         self._t0 = time.monotonic()
 
     def stop(self) -> tuple[dict[str, CpuReading], float]:
         """Per-name readings and the host's average busy cores over the window (all processes)."""
         wall = time.monotonic() - self._t0
         out = {k: CpuReading(cpu_seconds(p) - self._c0[k], wall) for k, p in self.pids.items()}
-        busy1, _ = host_ticks()
-        busy = (busy1 - self._h0[0]) / CLK_TCK
+        busy = host_busy_seconds() - self._h0
         return out, busy / wall if wall > 0 else 0.0
 
 
