@@ -163,12 +163,7 @@ class Reader:
         return self._map
 
     def _remap(self) -> mmap.mmap | None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self.close()
         return self._mapped()
 
     def poll(self) -> tuple[dict[str, Any], bool] | None:
