@@ -134,14 +134,14 @@ def variables(*, with_gpu: bool) -> list[dict[str, Any]]:
           "hide": 0, "refresh": 1, "regex": "", "options": []}
     host_q = "label_values(gpufeed_build_info, instance)"
     host = {"name": "host", "label": "Host", "type": "query", "datasource": DS,
-            "query": {"query": host_q, "refId": "host"}, "definition": host_q, "refresh": 2, "sort": 1,
+            "query": {"query": host_q, "refId": "host"}, "refresh": 2, "sort": 1,
             "multi": not with_gpu, "includeAll": not with_gpu, "allValue": ".+", "hide": 0,
             "options": [], "regex": ""}
     out = [ds, host]
     if with_gpu:
         gpu_q = 'label_values(gpufeed_gpu_state_seconds_total{instance=~"$host"}, gpu)'
         out.append({"name": "gpu", "label": "GPU", "type": "query", "datasource": DS,
-                    "query": {"query": gpu_q, "refId": "gpu"}, "definition": gpu_q, "refresh": 2, "sort": 3,
+                    "query": {"query": gpu_q, "refId": "gpu"}, "refresh": 2, "sort": 3,
                     "multi": True, "includeAll": True, "allValue": ".*", "hide": 0,
                     "options": [], "regex": ""})
     return out

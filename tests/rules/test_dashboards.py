@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from exporter.names import FINDINGS, VERDICTS
@@ -288,3 +292,50 @@ def test_every_family_an_alert_a_recording_rule_a_verdict_or_a_finding_uses_is_o
     missing = {fam: sorted(why) for fam, why in needed.items() if fam not in on_board}
     assert not missing, "families no dashboard panel queries:\n" + "\n".join(
         f"  {fam} (used by {', '.join(why)})" for fam, why in sorted(missing.items()))
+
+
+# ---- Grafana's published schema
+
+SCHEMA = Path(__file__).resolve().parent / "grafana-schema"  # package.json pins @grafana/schema and typescript
+
+
+def _tsc(boards: dict[str, dict[str, Any]], tmp: Path) -> dict[str, list[str]]:
+    """Type-check each board as ``const board: Board = <its JSON>`` (grafana-schema/dashboard.ts); errors by board."""
+    node = shutil.which("node")
+    tsc = SCHEMA / "node_modules" / "typescript" / "bin" / "tsc"
+    if node is None or not tsc.exists() or not (SCHEMA / "node_modules" / "@grafana" / "schema").is_dir():
+        pytest.fail("Grafana's schema check needs node and tests/rules/grafana-schema/node_modules: run "
+                    "tools/ensure-test-deps.sh (Debian's nodejs and npm, then npm ci there)")
+    for name, board in boards.items():
+        (tmp / f"{name}.ts").write_text(f'import type {{ Board }} from "{SCHEMA / "dashboard"}";\n'
+                                        f"export const board: Board = {json.dumps(board, indent=1)};\n")
+    r = subprocess.run([node, str(tsc), "--noEmit", "--strict", "--skipLibCheck", "--target", "es2022", "--module",
+                        "esnext", "--moduleResolution", "bundler", *(str(tmp / f"{n}.ts") for n in boards)],
+                       capture_output=True, text=True, timeout=300, check=False, cwd=SCHEMA)
+    errors: dict[str, list[str]] = {name: [] for name in boards}
+    for line in r.stdout.splitlines():
+        m = re.match(r"(?:.*/)?([\w-]+)\.ts\(\d+,\d+\): error", line)
+        if m and m.group(1) in errors:
+            errors[m.group(1)].append(line)
+    assert r.returncode == 0 or any(errors.values()), r.stdout + r.stderr  # tsc failed on something else
+    return errors
+
+
+def test_dashboards_type_check_against_grafanas_published_schema_and_a_typo_would_not(tmp_path: Path) -> None:
+    boards = {f.stem: json.loads(f.read_text()) for f in DASHBOARDS}
+    fleet = boards["gpufeed-fleet"]
+    first = next(i for i, p in enumerate(fleet["panels"]) if p["type"] == "timeseries")
+    broken: dict[str, dict[str, Any]] = {}
+    mutations: dict[str, Callable[[dict[str, Any]], None]] = {
+        "unti": lambda p: p["fieldConfig"]["defaults"].update(unti="s"),  # a misspelt key
+        "tabel": lambda p: p["options"].update(legend={"displayMode": "tabel"}),  # a value outside an enum
+        "absolut": lambda p: p["fieldConfig"]["defaults"]["thresholds"].update(mode="absolut"),
+    }
+    for what, mutate in mutations.items():
+        b = copy.deepcopy(fleet)
+        mutate(b["panels"][first])
+        broken[f"broken-{what}"] = b
+    errors = _tsc({**boards, **broken}, tmp_path)
+    assert errors["gpufeed-fleet"] == [] and errors["gpufeed-host"] == [], errors
+    for what in ("unti", "tabel", "absolut"):
+        assert any(what in e for e in errors[f"broken-{what}"]), (what, errors[f"broken-{what}"])
