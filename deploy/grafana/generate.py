@@ -171,6 +171,14 @@ def column(name: str, unit: str, steps: Steps = NEUTRAL) -> dict[str, Any]:
             "properties": [{"id": "unit", "value": unit}, {"id": "thresholds", "value": thresholds(steps)}]}
 
 
+def info_table(title: str, desc: str, expr: str) -> Panel:
+    """A table of an info metric's labels now (one row per series; its value 1, Time and job hidden)."""
+    p = panel("table", title, desc, [target(expr, instant=True, fmt="table")], options={"showHeader": True})
+    p["transformations"] = [{"id": "organize", "options": {
+        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+    return p
+
+
 def query_unit(ref: str, unit: str) -> dict[str, Any]:
     """The unit of one query's series in a panel that mixes kinds (a 0-1 share next to a coefficient)."""
     return {"matcher": {"id": "byFrameRefID", "options": ref}, "properties": [{"id": "unit", "value": unit}]}
@@ -427,12 +435,10 @@ def gpu_state_row() -> tuple[str, list[tuple[Panel, int, int]]]:
 def workload_row() -> tuple[str, list[tuple[Panel, int, int]]]:
     """Who each GPU works for (DESIGN.md "Workloads"): the pod or Slurm job or unit, the CPU it may use, and the GPU
     time it waits, by owner."""
-    owners = panel(
-        "table", "Who owns each GPU", "gpufeed_workload_info: namespace/pod/container (the kubelet's pod-resources "
+    owners = info_table(
+        "Who owns each GPU", "gpufeed_workload_info: namespace/pod/container (the kubelet's pod-resources "
         "assignment), Slurm job and systemd unit (the cgroup path) and the container id of each GPU's workload.",
-        [target(f"gpufeed_workload_info{{{HG}}}", instant=True, fmt="table")], options={"showHeader": True})
-    owners["transformations"] = [{"id": "organize", "options": {
-        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+        f"gpufeed_workload_info{{{HG}}}")
     procs = panel(
         "table", "GPU processes: device memory and SM share",
         "Each compute process NVML lists on the GPU: its device memory and its share of SM time in the latest "
@@ -516,12 +522,10 @@ def host() -> dict[str, Any]:
         [target(f"gpufeed_gpu_info{{{HG}}}", instant=True, fmt="table")], options={"showHeader": True})
     gpus["transformations"] = [{"id": "organize", "options": {
         "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
-    hops = panel(
-        "table", "PCIe devices on the GPUs' paths",
+    hops = info_table(
+        "PCIe devices on the GPUs' paths",
         "gpufeed_pcie_device_info: every hop from root port to GPU (role, driver, NUMA node, port type).",
-        [target(f"gpufeed_pcie_device_info{{{H}}}", instant=True, fmt="table")], options={"showHeader": True})
-    hops["transformations"] = [{"id": "organize", "options": {
-        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+        f"gpufeed_pcie_device_info{{{H}}}")
     findings = panel(
         "table", "Findings on this host", "gpufeed_finding raised now (gpu empty = host-wide).",
         [target(f"gpufeed_finding{{{H}}} == 1", instant=True, fmt="table")], options={"showHeader": True})
