@@ -129,7 +129,7 @@ def _is_share(expr: str) -> bool:
     """A query of 0-1 shares only: ratio recording rules and _ratio gauges (nothing divided, nothing summed)."""
     toks = _TOKEN.findall(expr)
     return bool(toks) and not re.search(r"\bsum\b|/", expr) and all(
-        (":" in t and ":ratio" in t) or (t.endswith("_ratio") and t not in NOT_SHARES) for t in toks)
+        (":" in t and re.search(r":\w*ratio", t)) or (t.endswith("_ratio") and t not in NOT_SHARES) for t in toks)
 
 
 def test_every_panel_sets_its_unit_and_its_own_thresholds_never_grafanas_red_at_80() -> None:
