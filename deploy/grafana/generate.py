@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from exporter.names import VERDICTS  # noqa: E402 -- the repo root is put on sys.path above
+from exporter.thresholds import DEFAULTS as LIMITS  # noqa: E402 -- the thresholds the alert rules use
 
 OUT = HERE / "dashboards"
 # The repository's other copies, written with the default --out: Helm reads files inside the chart only, and
@@ -33,6 +34,31 @@ HG = 'instance=~"$host", gpu=~"$gpu"'
 RI = "$__rate_interval"
 
 Panel = dict[str, Any]
+Steps = list[tuple[float | None, str]]
+
+# Units. A per-GPU rate of GPU-seconds stacked over GPUs is not a 0-1 share but "GPUs' worth" (8 GPUs waiting
+# half the time stack to 4), so it gets its own unit instead of a percentunit axis that would pass 100%.
+GPUS = "suffix: GPUs"
+CORES = "suffix: cores"
+
+# Thresholds. Every panel sets its own, so Grafana's default (green, red at 80) never paints a count of hosts
+# or a 0-1 share red. NEUTRAL: the value is neither good nor bad by itself (sizes, counts, shapes); the others
+# are the judgement gpufeed's own alerts and findings make (exporter/thresholds.yaml), so a board turns
+# orange where an alert would start counting.
+NEUTRAL: Steps = [(None, "text")]
+ANY_IS_BAD: Steps = [(None, "green"), (1, "red")]  # Xid errors, OOM kills, lost GPUs: one is one too many
+WAITING_SHARE: Steps = [(None, "green"), (LIMITS["gpu_starved"]["min_waiting_ratio"], "orange")]
+GPU_MEMORY_FULL: Steps = [(None, "green"), (LIMITS["gpu_memory_full"]["min_gpu_memory_used_ratio"], "orange")]
+MEMORY_STALL: Steps = [(None, "green"), (LIMITS["memory_pressure"]["max_memory_stall_ratio"], "orange")]
+SAMPLE_AGE: Steps = [(None, "green"), (LIMITS["samples_stale"]["max_age_seconds"], "red")]
+OVERRUNS: Steps = [(None, "green"), (LIMITS["sampler_overruns"]["max_overruns_per_second"], "orange")]
+COLLECTOR_OK: Steps = [(None, "red"), (1, "green")]  # gpufeed_collector_success: 0 failing, 1 fine
+# The io_bound rule counts a disk as busy at >= 50% of the time (docs/derived.md, exporter/derived/verdict.py).
+DISK_BUSY: Steps = [(None, "green"), (0.5, "orange")]
+
+
+def thresholds(steps: Steps) -> dict[str, Any]:
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
 
 # Colours of the states and causes, the same on every panel.
 COLORS = {
@@ -57,8 +83,9 @@ def overrides_by_name(names: tuple[str, ...]) -> list[dict[str, Any]]:
 def panel(kind: str, title: str, desc: str, targets: list[dict[str, Any]], *, unit: str = "short",
           stack: bool = False, color_names: tuple[str, ...] = (), options: dict[str, Any] | None = None,
           custom: dict[str, Any] | None = None, mappings: list[dict[str, Any]] | None = None,
-          minmax: tuple[float | None, float | None] = (None, None)) -> Panel:
-    defaults: dict[str, Any] = {"unit": unit, "custom": dict(custom or {})}
+          minmax: tuple[float | None, float | None] = (None, None), steps: Steps = NEUTRAL,
+          field_overrides: list[dict[str, Any]] | None = None) -> Panel:
+    defaults: dict[str, Any] = {"unit": unit, "custom": dict(custom or {}), "thresholds": thresholds(steps)}
     if minmax[0] is not None:
         defaults["min"] = minmax[0]
     if minmax[1] is not None:
@@ -67,12 +94,15 @@ def panel(kind: str, title: str, desc: str, targets: list[dict[str, Any]], *, un
         defaults["custom"].update({"drawStyle": "line", "lineWidth": 1, "fillOpacity": 60 if stack else 10,
                                    "stacking": {"mode": "normal" if stack else "none", "group": "A"},
                                    "showPoints": "never"})
+        if steps is not NEUTRAL:  # draw the judgement where the lines cross it
+            defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
     if mappings:
         defaults["mappings"] = mappings
     for i, t in enumerate(targets):
         t["refId"] = chr(ord("A") + i)
     return {"type": kind, "title": title, "description": desc, "datasource": DS, "targets": targets,
-            "fieldConfig": {"defaults": defaults, "overrides": overrides_by_name(color_names)},
+            "fieldConfig": {"defaults": defaults,
+                            "overrides": overrides_by_name(color_names) + list(field_overrides or [])},
             "options": options or {}}
 
 
@@ -101,20 +131,57 @@ def layout(rows: list[tuple[str, list[tuple[Panel, int, int]]]]) -> list[Panel]:
 
 def variables(*, with_gpu: bool) -> list[dict[str, Any]]:
     ds = {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-          "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}
+          "hide": 0, "refresh": 1, "regex": "", "options": []}
     host_q = "label_values(gpufeed_build_info, instance)"
     host = {"name": "host", "label": "Host", "type": "query", "datasource": DS,
-            "query": {"query": host_q, "refId": "host"}, "definition": host_q, "refresh": 2, "sort": 1,
-            "multi": not with_gpu, "includeAll": not with_gpu, "allValue": ".+", "current": {}, "hide": 0,
+            "query": {"query": host_q, "refId": "host"}, "refresh": 2, "sort": 1,
+            "multi": not with_gpu, "includeAll": not with_gpu, "allValue": ".+", "hide": 0,
             "options": [], "regex": ""}
     out = [ds, host]
     if with_gpu:
         gpu_q = 'label_values(gpufeed_gpu_state_seconds_total{instance=~"$host"}, gpu)'
         out.append({"name": "gpu", "label": "GPU", "type": "query", "datasource": DS,
-                    "query": {"query": gpu_q, "refId": "gpu"}, "definition": gpu_q, "refresh": 2, "sort": 3,
-                    "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "hide": 0,
+                    "query": {"query": gpu_q, "refId": "gpu"}, "refresh": 2, "sort": 3,
+                    "multi": True, "includeAll": True, "allValue": ".*", "hide": 0,
                     "options": [], "regex": ""})
     return out
+
+
+def board_link(title: str, uid: str) -> dict[str, Any]:
+    """A link to the other board carrying the time range, the data source and the host selection
+    (``${var:queryparam}`` renders ``var-host=a&var-host=b``; Grafana's own includeVars would also carry $gpu,
+    which the fleet board does not have)."""
+    return {"title": title, "type": "link", "icon": "dashboard", "tooltip": f"Open {title} for the same hosts",
+            "url": f"/d/{uid}/{uid}?${{__url_time_range}}&${{datasource:queryparam}}&${{host:queryparam}}",
+            "asDropdown": False, "includeVars": False, "keepTime": False, "tags": [], "targetBlank": False}
+
+
+def host_data_link(p: Panel) -> Panel:
+    """Each row of a fleet table opens the host drill-down for that row's instance, same time and data source."""
+    p["fieldConfig"]["defaults"]["links"] = [{
+        "title": "Host drill-down for ${__data.fields.instance}",
+        "url": "/d/gpufeed-host/gpufeed-host?${__url_time_range}&${datasource:queryparam}"
+               "&var-host=${__data.fields.instance}"}]
+    return p
+
+
+def column(name: str, unit: str, steps: Steps = NEUTRAL) -> dict[str, Any]:
+    """A table column (a merged query's ``Value #B``) with its own unit and thresholds."""
+    return {"matcher": {"id": "byName", "options": name},
+            "properties": [{"id": "unit", "value": unit}, {"id": "thresholds", "value": thresholds(steps)}]}
+
+
+def info_table(title: str, desc: str, expr: str) -> Panel:
+    """A table of an info metric's labels now (one row per series; its value 1, Time and job hidden)."""
+    p = panel("table", title, desc, [target(expr, instant=True, fmt="table")], options={"showHeader": True})
+    p["transformations"] = [{"id": "organize", "options": {
+        "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+    return p
+
+
+def query_unit(ref: str, unit: str) -> dict[str, Any]:
+    """The unit of one query's series in a panel that mixes kinds (a 0-1 share next to a coefficient)."""
+    return {"matcher": {"id": "byFrameRefID", "options": ref}, "properties": [{"id": "unit", "value": unit}]}
 
 
 def dashboard(uid: str, title: str, desc: str, panels: list[Panel], *, templating: list[dict[str, Any]],
@@ -150,15 +217,17 @@ def fleet() -> dict[str, Any]:
         [target(f"sort_desc(topk(15, instance:gpufeed_gpu_waiting_hours:increase1d{{{H}}}))", instant=True,
                 fmt="table"),
          target(f"instance:gpufeed_gpu_waiting_hours:fleet_ratio1d{{{H}}}", instant=True, fmt="table")],
-        options=table_opts)
+        unit="h", options=table_opts, field_overrides=[column("Value #B", "percentunit")])
     worst_24h["transformations"] = [{"id": "merge", "options": {}}, *hide_time]
     worst_now = panel(
         "table", "Worst hosts now: share of GPU-time waiting",
         "Hosts ranked by the share of their GPU-time spent waiting over the last 5 minutes.",
         [target(f'sort_desc(topk(15, instance_state:gpufeed_gpu_time:ratio_rate5m{{state="waiting", {H}}}))',
                 instant=True, fmt="table")],
-        unit="percentunit", options=table_opts)
+        unit="percentunit", options=table_opts, minmax=(0, 1), steps=WAITING_SHARE)
     worst_now["transformations"] = hide_time
+    for t in (worst_24h, worst_now):
+        host_data_link(t)
     findings = panel(
         "table", "Active findings", "Platform findings raised now (gpufeed_finding), one row per host, check "
         "and GPU; gpu empty means host-wide. Each has an alert and a runbook section.",
@@ -177,7 +246,7 @@ def fleet() -> dict[str, Any]:
         "host's collector is failing) and how many hosts run it.",
         [target(f"min by (collector) (gpufeed_collector_success{{{H}}})", instant=True, fmt="table"),
          target(f"count by (collector) (gpufeed_collector_success{{{H}}})", instant=True, fmt="table")],
-        options=table_opts)
+        options=table_opts, steps=COLLECTOR_OK, field_overrides=[column("Value #B", "short")])
     health["transformations"] = [{"id": "merge", "options": {}}, *hide_time]
     rows: list[tuple[str, list[tuple[Panel, int, int]]]] = [
         ("Fleet now", [
@@ -188,7 +257,7 @@ def fleet() -> dict[str, Any]:
                            instant=True)]), 4, 4),
             (panel("stat", "Fleet GPU-time by state (5m)", "Share of all GPUs' time working, waiting, idle.",
                    [target("sum by (state) (job_state:gpufeed_gpu_time:ratio_rate5m)", "{{state}}",
-                           instant=True)], unit="percentunit", color_names=states,
+                           instant=True)], unit="percentunit", color_names=states, minmax=(0, 1),
                    options={"colorMode": "background", "textMode": "value_and_name"}), 8, 4),
             (panel("stat", "GPU-hours lost waiting, last 24h", "Sum over all causes and hosts.",
                    [target("sum(job_cause:gpufeed_gpu_waiting_hours:increase1d)", instant=True)], unit="h"),
@@ -202,7 +271,7 @@ def fleet() -> dict[str, Any]:
                    "Share of all GPU-time spent waiting on each cause "
                    "(job_cause:gpufeed_gpu_waiting_time:ratio_rate5m).",
                    [target("sum by (cause) (job_cause:gpufeed_gpu_waiting_time:ratio_rate5m)", "{{cause}}")],
-                   unit="percentunit", stack=True, color_names=causes, minmax=(0, None)), 12, 8),
+                   unit="percentunit", stack=True, color_names=causes, minmax=(0, 1)), 12, 8),
             (panel("bargauge", "GPU-hours lost per cause, last 24h",
                    "job_cause:gpufeed_gpu_waiting_hours:increase1d: where the fleet's GPU time goes to waste.",
                    [target("sum by (cause) (job_cause:gpufeed_gpu_waiting_hours:increase1d)", "{{cause}}",
@@ -219,7 +288,7 @@ def fleet() -> dict[str, Any]:
             (worst_now, 12, 9),
             (panel("timeseries", "Waiting share per host", "instance_state:gpufeed_gpu_time:ratio_rate5m.",
                    [target(f'instance_state:gpufeed_gpu_time:ratio_rate5m{{state="waiting", {H}}}',
-                           "{{instance}}")], unit="percentunit", minmax=(0, 1)), 24, 8),
+                           "{{instance}}")], unit="percentunit", minmax=(0, 1), steps=WAITING_SHARE), 24, 8),
         ]),
         ("By team / job", team_row(causes, states, table_opts)),
         ("Findings and alerts", [
@@ -228,8 +297,7 @@ def fleet() -> dict[str, Any]:
             (health, 24, 7),
         ]),
     ]
-    links = [{"title": "Host drill-down", "type": "link", "url": "/d/gpufeed-host/gpufeed-host?${__url_time_range}",
-              "icon": "dashboard"}]
+    links = [board_link("Host drill-down", "gpufeed-host")]
     return dashboard("gpufeed-fleet", "gpufeed / Fleet overview",
                      "Is the fleet's GPU time spent working, or waiting -- and on what?",
                      layout(rows), templating=variables(with_gpu=False), links=links)
@@ -245,6 +313,7 @@ def team_row(causes: tuple[str, ...], states: tuple[str, ...],
         [target(f"gpufeed_workload_info{{{H}}}", instant=True, fmt="table")], options=table_opts)
     owners["transformations"] = [{"id": "organize", "options": {
         "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+    host_data_link(owners)
     return [
         (panel("bargauge", "GPU-hours lost per namespace, last 24h",
                "namespace_cause:gpufeed_gpu_waiting_hours:increase1d, stacked by cause: which team's GPUs wait, "
@@ -255,13 +324,18 @@ def team_row(causes: tuple[str, ...], states: tuple[str, ...],
         (panel("timeseries", "GPU-seconds waiting per namespace, by cause",
                "namespace_cause:gpufeed_gpu_waiting_seconds:rate5m: GPUs' worth of waiting per namespace.",
                [target("sum by (namespace, cause) (namespace_cause:gpufeed_gpu_waiting_seconds:rate5m)",
-                       "{{namespace}} {{cause}}")], unit="short", stack=True), 12, 9),
+                       "{{namespace}} {{cause}}")], unit=GPUS, stack=True), 12, 9),
         (panel("bargauge", "GPU-hours per Slurm job by state, last 24h",
                "slurm_job_state:gpufeed_gpu_hours:increase1d: working, waiting and idle GPU-hours of each job.",
                [target("sort_desc(sum by (slurm_job_id, state) (slurm_job_state:gpufeed_gpu_hours:increase1d))",
                        "job {{slurm_job_id}} {{state}}", instant=True)], unit="h", color_names=states,
                options={"orientation": "horizontal", "displayMode": "gradient"}), 12, 9),
         (owners, 12, 9),
+        (panel("timeseries", "GPUs per namespace, by state",
+               "namespace_state:gpufeed_gpu_state_seconds:rate5m: how many GPUs' worth of each namespace's GPU time "
+               "is working, waiting and idle -- what a team holds and what it does with it.",
+               [target("sum by (namespace, state) (namespace_state:gpufeed_gpu_state_seconds:rate5m)",
+                       "{{namespace}} {{state}}")], unit=GPUS, stack=True), 24, 8),
     ]
 
 
@@ -280,12 +354,12 @@ def gpu_health_row(verdict_map: list[dict[str, Any]]) -> tuple[str, list[tuple[P
     """Xid errors, ECC and row remapping, and the MIG instances of GPUs in MIG mode."""
     flags = [{"type": "value", "options": {"0": {"text": "ok", "color": "green", "index": 0},
                                           "1": {"text": "yes", "color": "red", "index": 1}}}]
-    return ("GPU health and MIG instances", [
+    return ("GPU errors and MIG instances", [
         (panel("timeseries", "Xid errors",
                "Xid errors NVML reported per GPU and code (gpufeed_gpu_xid_errors_total): 48/63/64/94/95 memory, "
                "74 NVLink, 79 fell off the bus, 92 single-bit ECC rate, 119/120 GSP. See the runbook.",
                [target(f"sum by (gpu, xid) (increase(gpufeed_gpu_xid_errors_total{{{HG}}}[{RI}]))",
-                       "GPU {{gpu}} Xid {{xid}}")], custom={"drawStyle": "bars"}), 12, 7),
+                       "GPU {{gpu}} Xid {{xid}}")], custom={"drawStyle": "bars"}, steps=ANY_IS_BAD), 12, 7),
         (panel("timeseries", "ECC errors",
                "ECC errors since the driver loaded (volatile): uncorrected ones need a GPU reset, a rising "
                "corrected rate comes before them.",
@@ -303,10 +377,122 @@ def gpu_health_row(verdict_map: list[dict[str, Any]]) -> tuple[str, list[tuple[P
         (panel("timeseries", "MIG instance time waiting, by cause",
                "GPU-seconds per second each MIG instance spent waiting, per cause (its own processes' evidence).",
                [target(f'sum by (gpu, mig, cause) (rate(gpufeed_gpu_waiting_seconds_total{{mig!="", {HG}}}[{RI}]))',
-                       "GPU {{gpu}} MIG {{mig}} {{cause}}")], unit="percentunit", stack=True, minmax=(0, None)),
+                       "GPU {{gpu}} MIG {{mig}} {{cause}}")], unit=GPUS, stack=True, minmax=(0, None)),
          24, 7),
     ])
 
+
+
+def gpu_state_row() -> tuple[str, list[tuple[Panel, int, int]]]:
+    """The evidence gpu_throttled and gpu_clock_throttled rest on: temperature, power against its limit, memory,
+    clock-event (throttle) reasons and SM clocks -- from NVML's slow sampler (5 s)."""
+    flag = [{"type": "value", "options": {"0": {"text": "-", "color": "transparent", "index": 0},
+                                          "1": {"text": "active", "color": "orange", "index": 1}}}]
+    lost = [{"type": "value", "options": {"0": {"text": "ok", "color": "green", "index": 0},
+                                          "1": {"text": "lost", "color": "red", "index": 1}}}]
+    return ("GPU health", [
+        (panel("timeseries", "GPU temperature",
+               "Core temperature per GPU. Where the GPU slows down is model-specific; the clock-event reasons panel "
+               "shows when it does (sw_thermal_slowdown, hw_thermal_slowdown).",
+               [target(f"gpufeed_gpu_temperature_celsius{{{HG}}}", "GPU {{gpu}}")], unit="celsius"), 8, 7),
+        (panel("timeseries", "Power draw vs limit",
+               "Board power against the enforced limit: a GPU held at its limit with sw_power_cap active is "
+               "power-throttled (gpu_throttled).",
+               [target(f"gpufeed_gpu_power_watts{{{HG}}}", "GPU {{gpu}} draw"),
+                target(f"gpufeed_gpu_power_limit_watts{{{HG}}}", "GPU {{gpu}} limit")], unit="watt",
+               minmax=(0, None)), 8, 7),
+        (panel("timeseries", "GPU memory used share",
+               "Device memory used / total per GPU (and MIG instance); gpu_memory_full is raised at the orange "
+               "line while the GPU is partly idle.",
+               [target(f"gpufeed_gpu_memory_used_bytes{{{HG}}} / gpufeed_gpu_memory_total_bytes{{{HG}}}",
+                       "GPU {{gpu}} {{mig}}")], unit="percentunit", minmax=(0, 1), steps=GPU_MEMORY_FULL), 8, 7),
+        (panel("timeseries", "GPU memory used / total", "Device memory in use and its size, per GPU and MIG instance.",
+               [target(f"gpufeed_gpu_memory_used_bytes{{{HG}}}", "GPU {{gpu}} {{mig}} used"),
+                target(f"gpufeed_gpu_memory_total_bytes{{{HG}}}", "GPU {{gpu}} {{mig}} total")], unit="bytes",
+               minmax=(0, None)), 12, 7),
+        (panel("timeseries", "SM clock vs max",
+               "Current SM clock against the GPU's maximum: gpu_throttled needs it below 85% with power or thermal "
+               "reasons active (an idle GPU downclocks by design).",
+               [target(f"gpufeed_gpu_sm_clock_hertz{{{HG}}}", "GPU {{gpu}} SM clock"),
+                target(f"gpufeed_gpu_sm_clock_max_hertz{{{HG}}}", "GPU {{gpu}} max")], unit="hertz",
+               minmax=(0, None)), 12, 7),
+        (panel("state-timeline", "Clock-event (throttle) reasons",
+               "NVML's clock-event reasons per GPU over time (gpufeed_gpu_clock_event_reason): gpu_idle is normal on "
+               "an idle GPU; sw_power_cap, hw_slowdown and the thermal ones cost clock while work runs.",
+               [target(f"gpufeed_gpu_clock_event_reason{{{HG}}}", "GPU {{gpu}} {{reason}}")], mappings=flag,
+               options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8}), 12, 8),
+        (panel("timeseries", "Time throttled, by reason",
+               "Share of each second the driver held the GPU's clocks down, per reason "
+               "(gpufeed_gpu_throttle_seconds_total; reasons overlap, so they are not stacked).",
+               [target(f"sum by (gpu, reason) (rate(gpufeed_gpu_throttle_seconds_total{{{HG}}}[{RI}]))",
+                       "GPU {{gpu}} {{reason}}")], unit="percentunit", minmax=(0, 1)), 12, 8),
+        (panel("state-timeline", "GPU lost", "1 while NVML answers GPU_IS_LOST (fell off the bus): GpufeedGPULost.",
+               [target(f"gpufeed_gpu_lost{{{HG}}}", "GPU {{gpu}}")], mappings=lost, steps=ANY_IS_BAD,
+               options={"showValue": "auto", "mergeValues": True, "rowHeight": 0.8}), 24, 4),
+    ])
+
+
+def workload_row() -> tuple[str, list[tuple[Panel, int, int]]]:
+    """Who each GPU works for (DESIGN.md "Workloads"): the pod or Slurm job or unit, the CPU it may use, and the GPU
+    time it waits, by owner."""
+    owners = info_table(
+        "Who owns each GPU", "gpufeed_workload_info: namespace/pod/container (the kubelet's pod-resources "
+        "assignment), Slurm job and systemd unit (the cgroup path) and the container id of each GPU's workload.",
+        f"gpufeed_workload_info{{{HG}}}")
+    procs = panel(
+        "table", "GPU processes: device memory and SM share",
+        "Each compute process NVML lists on the GPU: its device memory and its share of SM time in the latest "
+        "driver sample.",
+        [target(f"gpufeed_gpu_process_memory_bytes{{{HG}}}", instant=True, fmt="table"),
+         target(f"gpufeed_gpu_process_sm_ratio{{{HG}}}", instant=True, fmt="table")],
+        unit="bytes", options={"showHeader": True}, field_overrides=[column("Value #B", "percentunit")])
+    procs["transformations"] = [{"id": "merge", "options": {}}, {"id": "organize", "options": {
+        "excludeByName": {"Time": True, "__name__": True, "job": True},
+        "renameByName": {"Value #A": "device memory", "Value #B": "SM share"}}}]
+    owner = "namespace, pod, container, slurm_job_id, unit"
+    return ("Workloads", [
+        (owners, 12, 7),
+        (procs, 12, 7),
+        (panel("timeseries", "GPU time waiting per owner, by cause",
+               "GPU-seconds per second each owner's GPUs spent waiting, per cause: the waiting counters joined "
+               "with gpufeed_workload_info (a GPU with no known owner is left out).",
+               [target(f"sum by ({owner}, cause) (rate(gpufeed_gpu_waiting_seconds_total{{{HG}}}[{RI}])"
+                       f" * on (job, instance, gpu) group_left ({owner}) gpufeed_workload_info{{{HG}}})",
+                       "{{namespace}}/{{pod}} {{slurm_job_id}} {{unit}} {{cause}}")], unit=GPUS, stack=True,
+               minmax=(0, None)), 12, 8),
+        (panel("timeseries", "Workload CPU vs capacity",
+               "CPU the GPU's workload uses against what it may use (the smaller of its cpuset and CFS quota): "
+               "at capacity, input_bound or launch_bound follow; cpu_quota_throttled says the quota did it.",
+               [target(f"gpufeed_workload_cpu_cores{{{HG}}}", "GPU {{gpu}} used"),
+                target(f"gpufeed_workload_cpu_capacity_cores{{{HG}}}", "GPU {{gpu}} capacity")], unit=CORES,
+               minmax=(0, None)), 12, 8),
+        (panel("timeseries", "Processes and cgroups inspected",
+               "How much of the host gpufeed follows as the GPUs' workloads: processes (GPU processes, descendants, "
+               "group members) and container / Slurm job / unit cgroups.",
+               [target(f"gpufeed_workload_processes{{{H}}}", "processes"),
+                target(f"sum by (kind) (gpufeed_workload_groups{{{H}}})", "{{kind}} cgroups")]), 24, 6),
+    ])
+
+
+def exporter_row() -> tuple[str, list[tuple[Panel, int, int]]]:
+    """gpufeed's own health: what GpufeedCollectorFailing, GpufeedSamplesStale and GpufeedSamplerOverruns page on."""
+    ok = [{"type": "value", "options": {"0": {"text": "failing", "color": "red", "index": 0},
+                                        "1": {"text": "ok", "color": "green", "index": 1}}}]
+    return ("Exporter", [
+        (panel("state-timeline", "Collector success",
+               "gpufeed_collector_success per collector (GpufeedCollectorFailing).",
+               [target(f"gpufeed_collector_success{{{H}}}", "{{collector}}")], mappings=ok, steps=COLLECTOR_OK,
+               options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8}), 24, 6),
+        (panel("timeseries", "Age of the newest sample, per sampler",
+               "time() - gpufeed_sampler_last_success_timestamp_seconds: keeps growing if the exporter stops "
+               "publishing (GpufeedSamplesStale at the red line).",
+               [target(f"time() - gpufeed_sampler_last_success_timestamp_seconds{{{H}}}", "{{sampler}}")],
+               unit="s", minmax=(0, None), steps=SAMPLE_AGE), 12, 7),
+        (panel("timeseries", "Sampler overruns", "Samples that started late because the previous one was still "
+               "running, per second (GpufeedSamplerOverruns at the orange line).",
+               [target(f"rate(gpufeed_sampler_overruns_total{{{H}}}[{RI}])", "{{sampler}}")], unit="ops",
+               minmax=(0, None), steps=OVERRUNS), 12, 7),
+    ])
 
 def host() -> dict[str, Any]:
     verdict_map = [{"type": "value", "options": {
@@ -328,7 +514,7 @@ def host() -> dict[str, Any]:
         "Share of each GPU process's allowed CPUs local to its GPU's NUMA node, and mismatches with their reason.",
         [target(f"gpufeed_process_numa_local_cpu_ratio{{{HG}}}", instant=True, fmt="table"),
          target(f"gpufeed_process_numa_mismatch{{{HG}}}", instant=True, fmt="table")],
-        options={"showHeader": True})
+        unit="short", options={"showHeader": True}, field_overrides=[query_unit("A", "percentunit")])
     placement["transformations"] = [{"id": "organize", "options": {
         "excludeByName": {"Time": True, "__name__": True, "job": True}}}]
     gpus = panel(
@@ -336,6 +522,10 @@ def host() -> dict[str, Any]:
         [target(f"gpufeed_gpu_info{{{HG}}}", instant=True, fmt="table")], options={"showHeader": True})
     gpus["transformations"] = [{"id": "organize", "options": {
         "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}}}]
+    hops = info_table(
+        "PCIe devices on the GPUs' paths",
+        "gpufeed_pcie_device_info: every hop from root port to GPU (role, driver, NUMA node, port type).",
+        f"gpufeed_pcie_device_info{{{H}}}")
     findings = panel(
         "table", "Findings on this host", "gpufeed_finding raised now (gpu empty = host-wide).",
         [target(f"gpufeed_finding{{{H}}} == 1", instant=True, fmt="table")], options={"showHeader": True})
@@ -346,10 +536,10 @@ def host() -> dict[str, Any]:
             (timeline, 24, 6),
             (panel("timeseries", "GPU time by state", "GPU-seconds per second working, waiting, idle.",
                    [target(f"sum by (gpu, state) (rate(gpufeed_gpu_state_seconds_total{{{HG}}}[{RI}]))",
-                           "GPU {{gpu}} {{state}}")], unit="percentunit", stack=True, minmax=(0, None)), 12, 8),
+                           "GPU {{gpu}} {{state}}")], unit=GPUS, stack=True, minmax=(0, None)), 12, 8),
             (panel("timeseries", "GPU time waiting, by cause", "GPU-seconds per second waiting on each cause.",
                    [target(f"sum by (gpu, cause) (rate(gpufeed_gpu_waiting_seconds_total{{{HG}}}[{RI}]))",
-                           "GPU {{gpu}} {{cause}}")], unit="percentunit", stack=True, minmax=(0, None)), 12, 8),
+                           "GPU {{gpu}} {{cause}}")], unit=GPUS, stack=True, minmax=(0, None)), 12, 8),
             (panel("stat", "Verdict confidence", "gpufeed_gpu_bottleneck_confidence.",
                    [target(f"gpufeed_gpu_bottleneck_confidence{{{HG}}}", "GPU {{gpu}}", instant=True)],
                    unit="percentunit", minmax=(0, 1)), 6, 5),
@@ -362,27 +552,28 @@ def host() -> dict[str, Any]:
                    "and whether idle gaps are periodic (batch boundaries).",
                    [target(f"gpufeed_gpu_burstiness_ratio{{{HG}}}", "GPU {{gpu}} burstiness"),
                     target(f"gpufeed_gpu_idle_ratio{{{HG}}}", "GPU {{gpu}} idle share"),
-                    target(f"gpufeed_gpu_idle_gaps_periodic{{{HG}}}", "GPU {{gpu}} periodic gaps")]), 12, 8),
+                    target(f"gpufeed_gpu_idle_gaps_periodic{{{HG}}}", "GPU {{gpu}} periodic gaps")],
+                   unit="none", field_overrides=[query_unit("B", "percentunit")]), 12, 8),
             (panel("timeseries", "GPU busy, SM active and clock",
                    "Share of time a kernel ran (busy), SM activity, and SM clock as a share of its maximum.",
                    [target(f"rate(gpufeed_gpu_busy_seconds_total{{{HG}}}[{RI}])", "GPU {{gpu}} busy"),
                     target(f"rate(gpufeed_gpu_sm_active_seconds_total{{{HG}}}[{RI}])", "GPU {{gpu}} SM active"),
                     target(f"gpufeed_gpu_sm_clock_hertz{{{HG}}} / gpufeed_gpu_sm_clock_max_hertz{{{HG}}}",
-                           "GPU {{gpu}} SM clock / max")], unit="percentunit", minmax=(0, None)), 24, 7),
+                           "GPU {{gpu}} SM clock / max")], unit="percentunit", minmax=(0, 1)), 24, 7),
         ]),
         ("CPU shape of the GPU processes", [
             (panel("timeseries", "CPU of the GPU processes",
                    "Cores used per GPU process, user vs system: one core near 1.0 with high system = launch-bound; "
                    "many cores in user = input-bound.",
                    [target(f"sum by (pid, comm, mode) (rate(gpufeed_process_cpu_seconds_total{{{H}}}[{RI}]))",
-                           "{{comm}}[{{pid}}] {{mode}}")], unit="short", stack=True), 12, 8),
+                           "{{comm}}[{{pid}}] {{mode}}")], unit=CORES, stack=True), 12, 8),
             (panel("timeseries", "Threads by state", "Threads of the GPU processes in R, S and D (D = waiting on IO).",
                    [target(f"sum by (pid, comm, state) (gpufeed_process_threads{{{H}}})",
                            "{{comm}}[{{pid}}] {{state}}")], stack=True), 12, 8),
             (panel("timeseries", "Host CPU busy per NUMA node", "Non-idle share of each node's CPUs, by mode.",
                    [target(f'sum by (node, mode) (rate(gpufeed_cpu_node_seconds_total{{mode!="idle", {H}}}[{RI}]))'
                            f" / on (node) group_left sum by (node) (gpufeed_cpu_node_cpus{{{H}}})",
-                           "node {{node}} {{mode}}")], unit="percentunit", stack=True), 12, 8),
+                           "node {{node}} {{mode}}")], unit="percentunit", minmax=(0, 1)), 12, 8),
             (panel("timeseries", "Average read size of the GPU processes",
                    "rchar / syscr from /proc/<pid>/io: a few KiB per read = small random reads.",
                    [target(f"sum by (pid, comm) (rate(gpufeed_process_read_bytes_total{{{H}}}[{RI}]))"
@@ -402,6 +593,13 @@ def host() -> dict[str, Any]:
                    [target(f"gpufeed_pcie_link_current_speed_transfers_per_second{{{H}}}", "{{role}} {{bdf}} current"),
                     target(f"gpufeed_pcie_link_max_speed_transfers_per_second{{{H}}}", "{{role}} {{bdf}} max")],
                    unit="short"), 12, 8),
+            (panel("timeseries", "PCIe link width per hop, current vs max",
+                   "Lanes of each hop's link now and at most; fewer lanes than max under load is a bad seat or "
+                   "riser (critical in GpufeedPCIeLinkDowngraded).",
+                   [target(f"gpufeed_pcie_link_current_width{{{H}}}", "{{role}} {{bdf}} current"),
+                    target(f"gpufeed_pcie_link_max_width{{{H}}}", "{{role}} {{bdf}} max")],
+                   unit="short"), 12, 8),
+            (hops, 12, 8),
             (panel("state-timeline", "Link downgraded under load", "gpufeed_pcie_link_downgraded per GPU and hop.",
                    [target(f"gpufeed_pcie_link_downgraded{{{HG}}}", "GPU {{gpu}} {{bdf}}")],
                    mappings=[{"type": "value", "options": {
@@ -415,21 +613,29 @@ def host() -> dict[str, Any]:
             (placement, 12, 7),
             (gpus, 12, 7),
         ]),
+        gpu_state_row(),
         gpu_health_row(verdict_map),
+        workload_row(),
         ("IO, memory and pressure", [
             (panel("timeseries", "Pressure stall (PSI some)", "Share of wall time tasks stalled on CPU, IO, memory.",
                    [target(f"rate(gpufeed_pressure_stalled_seconds_total{{{H}}}[{RI}])", "{{resource}}")],
-                   unit="percentunit", minmax=(0, None)), 8, 8),
-            (panel("timeseries", "Disk read latency and utilisation",
-                   "Mean time per completed read (await) and share of time the device was busy.",
+                   unit="percentunit", minmax=(0, 1), steps=MEMORY_STALL), 8, 8),
+            (panel("timeseries", "Disk read latency", "Mean time per completed read (await).",
                    [target(f"rate(gpufeed_disk_read_time_seconds_total{{{H}}}[{RI}])"
-                           f" / rate(gpufeed_disk_reads_completed_total{{{H}}}[{RI}])", "{{device}} read await"),
-                    target(f"rate(gpufeed_disk_io_time_seconds_total{{{H}}}[{RI}])", "{{device}} busy")],
-                   unit="s"), 8, 8),
-            (panel("timeseries", "Memory", "Available, dirty and writeback memory.",
-                   [target(f"gpufeed_memory_available_bytes{{{H}}}", "available"),
+                           f" / rate(gpufeed_disk_reads_completed_total{{{H}}}[{RI}])", "{{device}} read await")],
+                   unit="s", minmax=(0, None)), 8, 8),
+            (panel("timeseries", "Disk utilisation", "Share of time each device had IO in flight (io_ticks); "
+                   "io_bound counts a disk from 50% busy.",
+                   [target(f"rate(gpufeed_disk_io_time_seconds_total{{{H}}}[{RI}])", "{{device}} busy")],
+                   unit="percentunit", minmax=(0, 1), steps=DISK_BUSY), 8, 8),
+            (panel("timeseries", "Memory", "Total, available, dirty and writeback memory.",
+                   [target(f"gpufeed_memory_total_bytes{{{H}}}", "total"),
+                    target(f"gpufeed_memory_available_bytes{{{H}}}", "available"),
                     target(f"gpufeed_memory_dirty_bytes{{{H}}}", "dirty"),
-                    target(f"gpufeed_memory_writeback_bytes{{{H}}}", "writeback")], unit="bytes"), 8, 8),
+                    target(f"gpufeed_memory_writeback_bytes{{{H}}}", "writeback")], unit="bytes"), 12, 8),
+            (panel("timeseries", "OOM kills", "Processes the kernel's OOM killer ended (/proc/vmstat oom_kill).",
+                   [target(f"increase(gpufeed_oom_kills_total{{{H}}}[{RI}])", "OOM kills")],
+                   custom={"drawStyle": "bars"}, steps=ANY_IS_BAD), 12, 8),
             (panel("timeseries", "NFS client", "RPC calls, retransmissions and operations per second.",
                    [target(f"rate(gpufeed_nfs_rpc_calls_total{{{H}}}[{RI}])", "rpc calls"),
                     target(f"rate(gpufeed_nfs_rpc_retransmissions_total{{{H}}}[{RI}])", "retransmissions"),
@@ -438,9 +644,9 @@ def host() -> dict[str, Any]:
             (panel("timeseries", "CPU frequency governor", "CPUs per cpufreq governor (powersave starves bursty "
                    "threads).", [target(f"gpufeed_cpufreq_governor_cpus{{{H}}}", "{{governor}}")]), 12, 8),
         ]),
+        exporter_row(),
     ]
-    links = [{"title": "Fleet overview", "type": "link", "url": "/d/gpufeed-fleet/gpufeed-fleet?${__url_time_range}",
-              "icon": "dashboard"}]
+    links = [board_link("Fleet overview", "gpufeed-fleet")]
     return dashboard("gpufeed-host", "gpufeed / Host drill-down",
                      "Why is GPU N waiting? Verdicts, activity shape, CPU shape, PCIe, NUMA, IO and pressure.",
                      layout(rows), templating=variables(with_gpu=True), links=links)

@@ -367,7 +367,8 @@ def _dashboard_queries() -> Iterator[tuple[str, str, str]]:
     for f in sorted((GRAFANA / "dashboards").glob("*.json")):
         d = json.loads(f.read_text())
         for v in d["templating"]["list"]:
-            m = re.fullmatch(r"label_values\((.*),\s*\w+\)", v.get("definition", ""))
+            query = v.get("query")
+            m = re.fullmatch(r"label_values\((.*),\s*\w+\)", query["query"] if isinstance(query, dict) else "")
             if m:
                 yield f.name, f"variable {v['name']}", m.group(1)
         for a in d["annotations"]["list"]:
