@@ -17,6 +17,7 @@ from exporter import hotplug, log, pipeline
 from exporter.config import Settings
 from exporter.engine import Clock, VirtualClock
 from exporter.exposition import Renderer, unix_offset
+from exporter.pacing import RenderPacer
 from exporter.sampling import Stage
 from exporter.web import WebServer, WebSettings, parse_address
 from exporter.webconfig import WebConfigError, WebConfigManager
@@ -51,6 +52,11 @@ class Daemon:
         offset = None if isinstance(clock, VirtualClock) else (
             lambda: unix_offset() + time.monotonic() - clock.now())
         self.renderer = Renderer(self.pipeline.stages, offset=offset)
+        # About one render per scrape, shortly before it (exporter/pacing.py), in real time even when the engine
+        # runs on scenario time: scrapers keep wall-clock intervals.
+        self.pacer = RenderPacer(
+            lambda: self.renderer.render(self.engine.snapshot), interval=float(settings["web.render-interval"]),
+            version=lambda: self.engine.version, rendered=lambda: self.renderer.version)
         (host, port), *also = [parse_address(a) for a in listen_addresses(settings)]
         self.web = WebServer(
             self.renderer,
@@ -61,8 +67,8 @@ class Daemon:
             ),
             healthy=self.engine.alive,
             policy=self.webconfig,
+            on_scrape=self.pacer.scraped,
         )
-        self._changed = asyncio.Event()
         self._stop = asyncio.Event()
         self._render_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -70,20 +76,7 @@ class Daemon:
         self._hotplug: hotplug.HotplugWatcher | None = None
 
     def _published(self) -> None:
-        self._changed.set()
-
-    async def _render_loop(self) -> None:
-        """Re-render the payload when the snapshot changed, at most once per --web.render-interval."""
-        interval = float(self.settings["web.render-interval"])
-        last = 0.0
-        while True:
-            await self._changed.wait()
-            wait = last + interval - time.monotonic()
-            if wait > 0 and self.renderer.version > 1:
-                await asyncio.sleep(wait)
-            self._changed.clear()
-            self.renderer.render(self.engine.snapshot)
-            last = time.monotonic()
+        self.pacer.changed()
 
     async def start(self) -> None:
         """Bind the listener, then start sampling and rendering."""
@@ -95,7 +88,7 @@ class Daemon:
         # udev pci/block events re-enumerate PCI devices; without udev, periodic rescans (logged once).
         self._hotplug = hotplug.attach(self.collectors)
         self.renderer.render(self.engine.snapshot)
-        self._render_task = asyncio.get_running_loop().create_task(self._render_loop(), name="render")
+        self._render_task = asyncio.get_running_loop().create_task(self.pacer.run(), name="render")
         if self.webconfig is not None:
             self._watch_task = asyncio.get_running_loop().create_task(self.webconfig.watch(), name="webconfig")
 

@@ -366,6 +366,12 @@ class Engine:
             )
         return self._snapshot
 
+    @property
+    def version(self) -> int:
+        """The newest published version (what :attr:`snapshot` would have); cheap, and safe to read from any
+        thread (an int replaced at each publish)."""
+        return self._version
+
     def history(self, name: str) -> Sequence[Stamped[Any]]:
         """Every buffered sample of sampler ``name``, oldest first."""
         s = self.samplers.get(name)

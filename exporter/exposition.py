@@ -1,8 +1,8 @@
 """Exposition: metric families from the newest snapshot, rendered off the scrape path and cached.
 
-A scrape only writes bytes that were rendered before it arrived; rendering happens when the snapshot changed
-(at most once per ``--web.render-interval``), and only the stages whose samples changed are formatted again,
-so a slow collector never delays a scrape and a render costs what changed.
+A scrape only writes bytes that were rendered before it arrived; rendering happens shortly before a scrape
+is due (exporter/pacing.py; at most once per ``--web.render-interval``), and only the stages whose samples
+changed are formatted again, so a slow collector never delays a scrape and a render costs what changed.
 """
 
 from __future__ import annotations
