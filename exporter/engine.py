@@ -55,6 +55,9 @@ MAX_ABANDONED = 8
 # A tick this late (and far later than any call may take) means the process or the host did not run: a VM
 # pause, SIGSTOP. Its ticks are not "overruns" of a slow sampler; the gap is logged once instead.
 GAP_MIN = 30.0
+# A sleeping sampler looks at its due time again at least this often (seconds), so that an interval shortened
+# by set_interval takes effect within this long, not at the end of the old, longer interval.
+RESCHEDULE_CHECK = 1.0
 
 
 class DeadlineExceededError(CollectorError):
@@ -563,11 +566,21 @@ class Engine:
         self._latest.pop(s.spec.name, None)
         self._publish()
 
+    async def _sleep_until_due(self, s: Sampler) -> None:
+        """Until ``s.next_due``, looking again at least every ``RESCHEDULE_CHECK`` s: :meth:`set_interval` may
+        move it earlier (a host sampler slowed to 30 s while no GPU waits is wanted at 1 s again as soon as one
+        does), and a sleep for the old due time would keep the old pace until then."""
+        while not self._stopping:
+            now = self.clock.now()
+            if now >= s.next_due:
+                return
+            await self.clock.sleep_until(min(s.next_due, now + RESCHEDULE_CHECK))
+
     async def _loop(self, s: Sampler) -> None:
         """Run ``s`` at a fixed rate (no drift); skip and count the ticks a slow run overran."""
         s.next_due = self.clock.now()
         while not self._stopping:
-            await self.clock.sleep_until(s.next_due)
+            await self._sleep_until_due(s)
             if self._stopping:
                 return
             await self._run_async(s)

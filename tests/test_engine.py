@@ -139,3 +139,18 @@ async def test_sampler_that_never_ran_is_not_alive_when_the_clock_started_at_zer
         assert not eng.alive(now=31.0)
     finally:
         await eng.stop()
+
+
+async def test_an_interval_shortened_while_the_sampler_sleeps_takes_effect_within_a_second() -> None:
+    # A host sampler slowed to 30 s while no GPU waits must not keep the slow pace for up to 30 s more once one
+    # does: the sleeping sampler sees its new due time.
+    c = Counting(ctx(interval=30.0))
+    clock = VirtualClock()
+    eng = Engine([c], clock, inline=True)
+    eng.start()
+    await clock.advance(1.0)
+    assert c.calls == 1  # the first run, at start
+    eng.set_interval("counting", 0.25)
+    await clock.advance(2.0)
+    assert c.calls >= 1 + 4  # at 0.25 s again within RESCHEDULE_CHECK (1 s), not at t=30
+    await eng.stop()
