@@ -59,12 +59,14 @@ TRIP_ACTIVITY = 0.1
 # slower than this is kept. Counters and rate() stay exact: /proc/stat jiffies and PSI's total stall time are
 # cumulative, so a longer interval loses resolution, never time. What the verdict of a waiting GPU needs --
 # the CPU shape and PSI over the classifier's window -- comes at the configured rates again within one slow
-# interval of the onset (1 s); the 30 s passes (per-thread reads, cpufreq governors, the PCIe chain, NUMA
-# placement) feed findings of a working GPU, whose sources change rarely, and are read at their configured
-# rate as soon as the GPU waits.
+# interval of the onset (1 s); the 30 s passes (per-thread reads, cpufreq governors, NUMA placement) feed
+# findings of a working GPU from their newest sample, and are read at their configured rate as soon as the
+# GPU waits. The PCIe chain (5 s) is not slowed: pcie_link_downgraded judges the hops upstream of a GPU over
+# the classifier's window (15 s), which a 30 s pass would leave empty half of the time -- the series of those
+# hops would come and go.
 QUIET_INTERVALS = {
     names.CPU: 1.0, names.PRESSURE: 1.0,
-    names.PROC_THREADS: 30.0, names.CPUFREQ: 30.0, names.PCIE: 30.0, names.NUMA: 30.0,
+    names.PROC_THREADS: 30.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
 }
 
 
@@ -159,7 +161,7 @@ class Analyzer(Stage):
                "still checks its newest activity, and evaluates it at once when the activity moved; a waiting "
                "GPU, or one whose verdict changed within the window, is evaluated every run."),
         Option("quiet-host", "bool", True,
-               "While no GPU waits, read /proc/stat and PSI every 1 s and the per-thread, cpufreq, PCIe and NUMA "
+               "While no GPU waits, read /proc/stat and PSI every 1 s and the per-thread, cpufreq and NUMA "
                "passes every 30 s; their configured intervals again as soon as a GPU waits."),
     )
 

@@ -24,6 +24,7 @@ def test_while_every_gpu_works_host_sources_are_read_at_their_quiet_pace() -> No
     run(an, eng, [float(t) for t in range(1, 12)])
     assert {n: eng.intervals[n] for n in QUIET_INTERVALS} == QUIET_INTERVALS
     assert eng.intervals[names.MEMORY] == 1.0  # not a quiet-paced source
+    assert eng.intervals[names.PCIE] == 5.0  # pcie_link_downgraded reads its hops over the 15 s window
 
 
 def test_a_waiting_gpu_brings_every_host_source_back_to_its_configured_pace_and_recovery_slows_them_again() -> None:
