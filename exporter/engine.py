@@ -272,6 +272,7 @@ class Sampler:
     # The call abandoned at its deadline and still running, and when it started: no new call meanwhile.
     blocked: concurrent.futures.Future[Any] | None = None
     blocked_since: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time of the threads that ran it (time.thread_time), all runs
 
     def status(self) -> SamplerStatus:
         return SamplerStatus(
@@ -288,6 +289,7 @@ class Sampler:
             last_run=self.last_run,
             last_success=self.last_success,
             error=self.last_error,
+            cpu_seconds=self.cpu_seconds,
         )
 
 
@@ -481,11 +483,21 @@ class Engine:
         except Exception as e:
             return None, e, time.perf_counter() - t0
 
+    def _timed_call(self, s: Sampler) -> tuple[Any, BaseException | None, float]:
+        """:meth:`_call` of ``s``, charging the CPU time of the thread that ran it to ``s.cpu_seconds``
+        (gpufeed_collector_cpu_seconds_total). A call abandoned at its deadline is charged when it returns:
+        one sampler never has two calls running, so each sampler's total has one writer."""
+        c0 = time.thread_time()
+        try:
+            return self._call(s.spec.fn)
+        finally:
+            s.cpu_seconds += time.thread_time() - c0
+
     def run_once(self, name: str) -> None:
         """Run sampler ``name`` now, inline (tests and virtual-time drivers)."""
         s = self.samplers[name]
         started = self.clock.now()
-        value, err, took = self._call(s.spec.fn)
+        value, err, took = self._timed_call(s)
         self._record(s, started, value, err, took)
 
     def run_until(self, until: float) -> None:
@@ -513,7 +525,7 @@ class Engine:
     async def _run_async(self, s: Sampler) -> None:
         started = self.clock.now()
         if not (s.spec.blocking and self._workers is not None):
-            value, err, took = self._call(s.spec.fn)
+            value, err, took = self._timed_call(s)
             self._record(s, started, value, err, took)
             return
         if s.blocked is not None:
@@ -531,7 +543,7 @@ class Engine:
         behind busy workers is lateness, counted as overruns), and a call never started within one deadline
         fails too (every thread is stuck)."""
         assert self._workers is not None
-        job = self._workers.submit(lambda: self._call(s.spec.fn))
+        job = self._workers.submit(lambda: self._timed_call(s))
         wrapped = asyncio.wrap_future(job.future)
         deadline = self.deadline(s)
         wait = deadline
