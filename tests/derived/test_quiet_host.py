@@ -8,10 +8,9 @@ import pytest
 
 from exporter import names
 from exporter.derived.analyzer import QUIET_INTERVALS
-from exporter.sim.player import play
-from exporter.sim.scenario import load
 from tests.derived.test_analyzer import run
 from tests.derived.test_deep_focus import _two_gpus
+from tests.derived.test_scenarios import CONTRACT, assert_settled_within
 from tests.support.engine import analyzer
 
 CONFIGURED = {names.CPU: 0.25, names.PRESSURE: 0.25, names.PROC_THREADS: 5.0, names.CPUFREQ: 5.0,
@@ -57,21 +56,8 @@ def test_quiet_host_off_keeps_every_configured_interval() -> None:
     assert {n: eng.intervals[n] for n in CONFIGURED} == CONFIGURED
 
 
-CONTRACT = sorted((Path(__file__).parent.parent / "scenarios").glob("*.yaml"))
-
-
 @pytest.mark.parametrize("path", CONTRACT, ids=[p.stem for p in CONTRACT])
 def test_quiet_host_pace_keeps_every_contract_verdict_within_15_s_of_its_phase_onset(path: Path) -> None:
     # DESIGN.md "Budgets": a verdict within 15 s of a condition's onset -- with the host sources slowed while
     # nothing waits, the onset of waiting is when they must speed up again in time.
-    res = play(load(path), timeline=True)
-    start = 0.0
-    for ph in res.scenario.phases:
-        for exp in res.scenario.expect:
-            if exp.phase != ph.name:
-                continue
-            for gpu, want in exp.gpus.items():
-                seen = [(t, s.gpus[gpu].cause) for t, s in res.timeline if start < t <= ph.end_s and gpu in s.gpus]
-                late = [c for t, c in seen if t >= start + 15.0]
-                assert late and set(late) <= set(want), (path.name, ph.name, gpu, seen)
-        start = ph.end_s
+    assert_settled_within(path)
