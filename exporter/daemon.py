@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,31 @@ from exporter.web import WebServer, WebSettings, parse_address
 from exporter.webconfig import WebConfigError, WebConfigManager
 
 _log = log.get_logger(component="daemon")
+
+# The collector's thresholds once the daemon runs (CPython's default is 700, 10, 10). A young collection
+# every 700 allocations ran ~50 times a second here (every sample is a few containers), and each tenth
+# of a tenth of them was a full one, traversing every object alive.
+GC_THRESHOLDS = (20_000, 20, 10)
+
+
+@contextlib.contextmanager
+def tuned_gc() -> Iterator[None]:
+    """Move every object alive after start-up (modules, the pipeline, collectors, caches) to the permanent
+    generation (``gc.freeze``), which full collections do not traverse, and collect less often
+    (``GC_THRESHOLDS``). A full collection then traverses only what was allocated since -- mostly the samples
+    in the ring buffers: on the 8-GPU benchmark host its CPU cost fell from ~45 to ~30 ms, and none ran in a
+    40 s window where one ran before (bench/overhead.py reports the pauses). Frozen objects are still freed by
+    reference counting; only cycles among them would stay, and start-up builds long-lived objects only.
+    Undone on exit (tests run the daemon in-process)."""
+    old = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 def listen_addresses(settings: Settings) -> tuple[str, ...]:
@@ -151,7 +177,8 @@ async def _amain(settings: Settings, nvml: Any = None, stages: Mapping[str, type
             await daemon.engine.stop()
             return 1
         _log.info("started", collectors=",".join(c.name for c in daemon.pipeline.stages))
-        await daemon.wait()
+        with tuned_gc():
+            await daemon.wait()
         _log.info("stopping")
         await daemon.stop()
         _log.info("stopped")
