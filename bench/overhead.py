@@ -34,6 +34,7 @@ from bench.report import Section, fmt_mib, fmt_pct
 
 BUDGET_STEADY = 1.0  # % of one core, DESIGN.md "Budgets"
 BUDGET_WAITING = 3.0
+BUDGET_GC_MS = 10.0  # p99 gen-2 pause (#14): one longer can stall a 100 ms GPU tick or a scrape
 OVERRUNS = "gpufeed_sampler_overruns_total"
 # What the steady-state budget would take with today's code: the rates an adaptive daemon would use while
 # every GPU is working (GPU fast path and verdicts at 1 s, payload re-rendered every 5 s).
@@ -130,7 +131,21 @@ def breakdown(ctx: Context, opts: Options, scenario: Path, flags: list[str], war
     on_loop = dump["window"].get("loop_charged_s", 0.0)
     return {"wall_s": wall, "total_s": total, "parts": dict(shares), "rest_s": rest,
             "loop_overhead_s": None if loop is None else max(0.0, loop - on_loop),
-            "calls": {k: v["calls"] for k, v in dump["cpu"].items()}}
+            "calls": {k: v["calls"] for k, v in dump["cpu"].items()},
+            "gc": {gen: gc_pauses(p) for gen, p in dump.get("gc", {}).items()},
+            "gc_full_now": gc_pauses(dump.get("gc_full_now", []))}
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+
+
+def gc_pauses(pauses: list[list[float]]) -> dict[str, float]:
+    """Count, p99 and max (ms) of collection pauses ([wall, thread CPU] seconds each): wall and CPU time."""
+    wall, cpu = [p[0] for p in pauses], [p[1] for p in pauses]
+    return {"count": len(pauses), "p99_ms": 1000 * _p99(wall), "max_ms": 1000 * max(wall, default=0.0),
+            "cpu_p99_ms": 1000 * _p99(cpu)}
 
 
 def deep_off_flags() -> list[str]:
@@ -192,6 +207,13 @@ def run(ctx: Context, opts: Options) -> Section:
                          f"{100 * b['loop_overhead_s'] / w:.2f}%")
         sec.add(f"CPU breakdown, {label} (% of one core)",
                 f"total {100 * b['total_s'] / w:.2f}%: " + "; ".join(cells))
+        full, now = b["gc"].get("2"), b["gc_full_now"]
+        if full is not None and now["count"]:
+            worst = max(full["p99_ms"], now["p99_ms"])
+            sec.add(f"GC gen-2 pauses, {label}",
+                    f"p99 {full['p99_ms']:.1f} ms ({full['count']:.0f} in {w:.0f} s; CPU {full['cpu_p99_ms']:.1f} ms); "
+                    f"a full collection at the window's end {now['p99_ms']:.1f} ms (CPU {now['cpu_p99_ms']:.1f} ms)",
+                    f"p99 <= {BUDGET_GC_MS:g} ms", worst <= BUDGET_GC_MS)
     sec.note(f"Host: {host}. {ctx.simulate_detail}.")
     sec.note("CPU breakdown: a second run of the same configuration under bench/probe.py, which charges each "
              "sampler run and each payload render with the CPU time of the thread that ran it.")

@@ -10,10 +10,12 @@ taken -- can be written out. The sampling-fidelity benchmark computes jitter fro
 It also charges CPU to its parts: the calling thread's CPU time (``time.thread_time``, about a
 microsecond per call) around every sampler run and every payload render, so the overhead benchmark can
 say which sampler costs what; the rest of the process's CPU is the event loop, scheduling and serving.
+And it times every garbage collection (``gc.callbacks``), per generation.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 import sys
@@ -40,9 +42,25 @@ _cpu: dict[str, list[float]] = {}
 _reset_at = [0.0, time.monotonic(), 0.0]
 
 
+# Garbage-collector pauses in the window, per generation: gc.callbacks around every collection, wall time and
+# the collecting thread's CPU time (on a shared box the wall time includes the scheduler's preemptions).
+_gc_pauses: dict[int, list[tuple[float, float]]] = {0: [], 1: [], 2: []}
+_gc_started = [0.0, 0.0]
+
+
+def _gc_callback(phase: str, info: dict[str, Any]) -> None:
+    if phase == "start":
+        _gc_started[:] = [time.perf_counter(), time.thread_time()]
+    else:
+        _gc_pauses[int(info["generation"])].append(
+            (time.perf_counter() - _gc_started[0], time.thread_time() - _gc_started[1]))
+
+
 def _reset(signum: int, frame: FrameType | None) -> None:
     """SIGUSR1: start the CPU accounts afresh (the benchmark's window starts after warm-up)."""
     _cpu.clear()
+    for pauses in _gc_pauses.values():
+        pauses.clear()
     _on_loop[0] = 0.0
     _reset_at[:] = [time.process_time(), time.monotonic(), time.thread_time()]  # handlers run on the main thread
 
@@ -51,8 +69,12 @@ _frozen: list[dict[str, Any]] = []
 
 
 def _freeze(signum: int, frame: FrameType | None) -> None:
-    """SIGUSR2: end of the benchmark's window; the dump reports the accounts as they are now."""
+    """SIGUSR2: end of the benchmark's window; the dump reports the accounts as they are now, and one full
+    collection run then (its pause is what any gen-2 collection of the daemon costs at that heap size)."""
     _frozen[:] = [_accounts()]
+    _gc_pauses[2].clear()
+    gc.collect()
+    _frozen[0]["gc_full_now"] = [list(p) for p in _gc_pauses[2]]
 
 
 def _accounts() -> dict[str, Any]:
@@ -60,6 +82,7 @@ def _accounts() -> dict[str, Any]:
         "cpu": {part: {"calls": int(v[0]), "cpu_s": v[1]} for part, v in _cpu.items()},
         "window": {"process_cpu_s": time.process_time() - _reset_at[0], "wall_s": time.monotonic() - _reset_at[1],
                    "loop_thread_cpu_s": time.thread_time() - _reset_at[2], "loop_charged_s": _on_loop[0]},
+        "gc": {str(gen): [list(p) for p in pauses] for gen, pauses in _gc_pauses.items()},
     }
 
 
@@ -161,6 +184,7 @@ def run(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, _reset)
     signal.signal(signal.SIGUSR2, _freeze)
     _account_fake_nvml()
+    gc.callbacks.append(_gc_callback)
     try:
         return main(argv[1:])
     finally:

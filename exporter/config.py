@@ -73,7 +73,9 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("web.read-timeout", "duration", 10.0, "Time allowed to receive a request head."),
     Option("web.idle-timeout", "duration", 60.0, "Time a keep-alive connection may sit idle."),
     Option("web.config.file", "str", "", "Web configuration file (TLS, basic auth), exporter-toolkit format."),
-    Option("web.render-interval", "duration", 1.0, "How often the metrics payload is re-rendered from samples."),
+    Option("web.render-interval", "duration", 1.0,
+           "Least time between two renders of the metrics payload; it is rendered shortly before each "
+           "scraper's next scrape, and a scrape that finds it older than twice this renders it first."),
     Option("path.procfs", "str", "/proc", "procfs mountpoint."),
     Option("path.sysfs", "str", "/sys", "sysfs mountpoint."),
     Option("log.level", "str", "info", "Only log messages with the given severity or above: " + "|".join(LEVELS)),

@@ -55,6 +55,9 @@ MAX_ABANDONED = 8
 # A tick this late (and far later than any call may take) means the process or the host did not run: a VM
 # pause, SIGSTOP. Its ticks are not "overruns" of a slow sampler; the gap is logged once instead.
 GAP_MIN = 30.0
+# A sleeping sampler looks at its due time again at least this often (seconds), so that an interval shortened
+# by set_interval takes effect within this long, not at the end of the old, longer interval.
+RESCHEDULE_CHECK = 1.0
 
 
 class DeadlineExceededError(CollectorError):
@@ -269,6 +272,7 @@ class Sampler:
     # The call abandoned at its deadline and still running, and when it started: no new call meanwhile.
     blocked: concurrent.futures.Future[Any] | None = None
     blocked_since: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time of the threads that ran it (time.thread_time), all runs
 
     def status(self) -> SamplerStatus:
         return SamplerStatus(
@@ -285,6 +289,7 @@ class Sampler:
             last_run=self.last_run,
             last_success=self.last_success,
             error=self.last_error,
+            cpu_seconds=self.cpu_seconds,
         )
 
 
@@ -365,6 +370,12 @@ class Engine:
                 abandoned_threads=self.abandoned_threads,
             )
         return self._snapshot
+
+    @property
+    def version(self) -> int:
+        """The newest published version (what :attr:`snapshot` would have); cheap, and safe to read from any
+        thread (an int replaced at each publish)."""
+        return self._version
 
     def history(self, name: str) -> Sequence[Stamped[Any]]:
         """Every buffered sample of sampler ``name``, oldest first."""
@@ -472,11 +483,21 @@ class Engine:
         except Exception as e:
             return None, e, time.perf_counter() - t0
 
+    def _timed_call(self, s: Sampler) -> tuple[Any, BaseException | None, float]:
+        """:meth:`_call` of ``s``, charging the CPU time of the thread that ran it to ``s.cpu_seconds``
+        (gpufeed_collector_cpu_seconds_total). A call abandoned at its deadline is charged when it returns:
+        one sampler never has two calls running, so each sampler's total has one writer."""
+        c0 = time.thread_time()
+        try:
+            return self._call(s.spec.fn)
+        finally:
+            s.cpu_seconds += time.thread_time() - c0
+
     def run_once(self, name: str) -> None:
         """Run sampler ``name`` now, inline (tests and virtual-time drivers)."""
         s = self.samplers[name]
         started = self.clock.now()
-        value, err, took = self._call(s.spec.fn)
+        value, err, took = self._timed_call(s)
         self._record(s, started, value, err, took)
 
     def run_until(self, until: float) -> None:
@@ -504,7 +525,7 @@ class Engine:
     async def _run_async(self, s: Sampler) -> None:
         started = self.clock.now()
         if not (s.spec.blocking and self._workers is not None):
-            value, err, took = self._call(s.spec.fn)
+            value, err, took = self._timed_call(s)
             self._record(s, started, value, err, took)
             return
         if s.blocked is not None:
@@ -522,7 +543,7 @@ class Engine:
         behind busy workers is lateness, counted as overruns), and a call never started within one deadline
         fails too (every thread is stuck)."""
         assert self._workers is not None
-        job = self._workers.submit(lambda: self._call(s.spec.fn))
+        job = self._workers.submit(lambda: self._timed_call(s))
         wrapped = asyncio.wrap_future(job.future)
         deadline = self.deadline(s)
         wait = deadline
@@ -557,11 +578,21 @@ class Engine:
         self._latest.pop(s.spec.name, None)
         self._publish()
 
+    async def _sleep_until_due(self, s: Sampler) -> None:
+        """Until ``s.next_due``, looking again at least every ``RESCHEDULE_CHECK`` s: :meth:`set_interval` may
+        move it earlier (a host sampler slowed to 30 s while no GPU waits is wanted at 1 s again as soon as one
+        does), and a sleep for the old due time would keep the old pace until then."""
+        while not self._stopping:
+            now = self.clock.now()
+            if now >= s.next_due:
+                return
+            await self.clock.sleep_until(min(s.next_due, now + RESCHEDULE_CHECK))
+
     async def _loop(self, s: Sampler) -> None:
         """Run ``s`` at a fixed rate (no drift); skip and count the ticks a slow run overran."""
         s.next_due = self.clock.now()
         while not self._stopping:
-            await self.clock.sleep_until(s.next_due)
+            await self._sleep_until_due(s)
             if self._stopping:
                 return
             await self._run_async(s)

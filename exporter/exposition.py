@@ -1,8 +1,8 @@
 """Exposition: metric families from the newest snapshot, rendered off the scrape path and cached.
 
-A scrape only writes bytes that were rendered before it arrived; rendering happens when the snapshot changed
-(at most once per ``--web.render-interval``), and only the stages whose samples changed are formatted again,
-so a slow collector never delays a scrape and a render costs what changed.
+A scrape only writes bytes that were rendered before it arrived; rendering happens shortly before a scrape
+is due (exporter/pacing.py; at most once per ``--web.render-interval``), and only the stages whose samples
+changed are formatted again, so a slow collector never delays a scrape and a render costs what changed.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def unix_offset() -> float:
 
 
 def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -> Iterator[Metric]:
-    """gpufeed's own health: per-collector success/availability/duration, per-sampler overruns, restarts and
+    """gpufeed's own health: per-collector success/availability/duration/CPU, per-sampler overruns, restarts and
     sample age, stuck worker threads, dropped log lines, withheld counter regressions, build info.
 
     ``offset`` turns engine-clock times into Unix times (:func:`unix_offset` for the daemon's monotonic clock;
@@ -81,9 +81,17 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
         "even if the exporter stopped publishing.",
         labels=["sampler"],
     )
+    cpu = CounterMetricFamily(
+        "gpufeed_collector_cpu_seconds",
+        "CPU time gpufeed spent in the collector's sampler runs (the running thread's CPU clock, so waits for "
+        "I/O or the GIL are not counted): what each collector costs.",
+        labels=["collector"],
+    )
     by_collector: dict[str, list[tuple[bool, bool, float, int]]] = {}
+    cpu_of: dict[str, float] = {}
     for st in snap.status.values():
         by_collector.setdefault(st.collector, []).append((st.success, st.available, st.duration, st.runs))
+        cpu_of[st.collector] = cpu_of.get(st.collector, 0.0) + st.cpu_seconds
         overruns.add_metric([st.name], float(st.overruns))
         restarts.add_metric([st.name], float(st.restarts))
         if st.last_success is not None and st.available:  # a source gone by design is not a stale one
@@ -98,6 +106,7 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
         if avail:
             success.add_metric([name], 1.0 if all(r[0] for r in rows if r[1]) else 0.0)
         duration.add_metric([name], max(r[2] for r in rows))
+        cpu.add_metric([name], cpu_of[name])
     abandoned = GaugeMetricFamily(
         "gpufeed_sampler_abandoned_threads",
         "Worker threads stuck in a sampler call that passed its deadline (each was replaced; bounded).",
@@ -119,7 +128,7 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
         "runs with.", labels=list(info),
     )
     build.add_metric(list(info.values()), 1.0)
-    yield from (success, available, duration, overruns, restarts, age, last_ok, abandoned, dropped, withheld,
+    yield from (success, available, duration, cpu, overruns, restarts, age, last_ok, abandoned, dropped, withheld,
                 build)
 
 

@@ -35,6 +35,7 @@ class SamplerStatus:
     last_run: float | None
     last_success: float | None = None  # engine-clock time of the newest successful sample
     error: str | None = None
+    cpu_seconds: float = 0.0  # CPU time its runs took, all runs (the thread's clock: waits are not counted)
 
 
 def _empty() -> Mapping[str, Any]:

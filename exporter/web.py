@@ -3,8 +3,8 @@
 Bounded like node_exporter's web server, and tighter where an attack found it lacking:
 
 - ``--web.max-requests`` requests served at once (excess: 503). A slot covers the serving work only: a
-  request waiting for bcrypt (basic auth) or a response waiting for a slow reader to drain holds none, so
-  neither can lock valid scrapers out.
+  request waiting for bcrypt (basic auth) or for a render (a stale payload, exporter/pacing.py) or a
+  response waiting for a slow reader to drain holds none, so none of them can lock valid scrapers out.
 - ``--web.max-connections`` open connections, counted from ``accept()`` until the socket is really closed
   (not until the handler returns: a closed transport holding unsent data keeps its socket), and never more
   than the file-descriptor limit allows (the soft ``RLIMIT_NOFILE`` is raised to the hard one at start, as Go
@@ -18,7 +18,8 @@ Bounded like node_exporter's web server, and tighter where an attack found it la
   once; a graceful close would keep it open as long as the peer keeps not reading.
 - On stop, requests being answered get ``DRAIN_GRACE`` seconds to finish; idle connections close at once.
 
-Scrapes only copy pre-rendered bytes.
+Scrapes only copy pre-rendered bytes (a scrape that finds the payload stale first waits, at most
+``RENDER_WAIT`` s, for the render it asked for: exporter/pacing.py).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ ACCEPT_BATCH = 64  # connections accepted per wake-up of the listener, so one fl
 ACCEPT_PAUSE = 1.0  # seconds accepting stops after EMFILE/ENFILE/ENOBUFS/ENOMEM (the backlog keeps the rest)
 FD_RESERVE = 64  # descriptors kept for collectors, NVML device files, logs and the listener itself
 DRAIN_GRACE = 1.0  # seconds in-flight responses get at stop
+RENDER_WAIT = 1.0  # seconds a scrape that found the payload stale waits for its render (then: what there is)
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -289,8 +291,12 @@ class WebServer:
         healthy: Callable[[], bool],
         *,
         policy: AccessPolicy | None = None,
+        on_scrape: Callable[[str], concurrent.futures.Future[None] | None] | None = None,
     ) -> None:
         self.renderer = renderer
+        # Told of every scrape of the telemetry path (the scraper: its address and User-Agent); may return a
+        # future to wait on -- the payload was stale and a render was asked for (exporter/pacing.py).
+        self.on_scrape = on_scrape
         self.settings = settings
         self.healthy = healthy
         self.policy = policy
@@ -583,12 +589,26 @@ class WebServer:
             self.requests_rejected += 1
             self._write(writer, 503, b"too many concurrent requests\n", text, close=True)
             return False
+        if self.on_scrape is not None and req.path == self.settings.telemetry_path:
+            # Before a slot is taken: a scrape waiting for a render holds none (200 of them at once must not
+            # lock the next scraper out).
+            await self._fresh(req, writer)
         self._active += 1
         try:
             self._respond(req, writer, keep_alive)
         finally:
             self._active -= 1
         return keep_alive
+
+    async def _fresh(self, req: Request, writer: asyncio.StreamWriter) -> None:
+        """Tell the pacer of this scrape; when it found the payload stale, wait (bounded) for the render."""
+        assert self.on_scrape is not None
+        peer = writer.get_extra_info("peername")
+        host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
+        fut = self.on_scrape(f"{host} {req.headers.get('user-agent', '')}")
+        if fut is not None:
+            with contextlib.suppress(asyncio.TimeoutError, concurrent.futures.CancelledError):
+                await asyncio.wait_for(asyncio.wrap_future(fut), RENDER_WAIT)
 
     def _respond(self, req: Request, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
         head_only = req.method == "HEAD"

@@ -4,6 +4,7 @@ remote-pinned process as a NUMA mismatch with its reason (the issue's "done when
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import linkmath
 from exporter.cli import build_parser, settings_from_args
 from exporter.collectors import load_all
-from exporter.daemon import Daemon
+from exporter.daemon import GC_THRESHOLDS, Daemon, tuned_gc
 from tests.support.hosts import box
 
 
@@ -135,3 +136,13 @@ async def test_a_listener_that_cannot_bind_stops_the_start_and_releases_the_othe
     finally:
         blocker.close()
         await blocker.wait_closed()
+
+
+def test_the_garbage_collector_is_tuned_while_the_daemon_serves_and_restored_after() -> None:
+    thresholds, frozen = gc.get_threshold(), gc.get_freeze_count()
+    with tuned_gc():
+        # What was alive at start-up is out of every full collection's way, and collections are rarer.
+        assert gc.get_freeze_count() > frozen
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert GC_THRESHOLDS[0] > thresholds[0]
+    assert gc.get_threshold() == thresholds and gc.get_freeze_count() == frozen

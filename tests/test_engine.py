@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 from prometheus_client.core import Metric
 
-from exporter.engine import Engine, VirtualClock
+from exporter.engine import Engine, RealClock, VirtualClock
+from exporter.exposition import self_metrics
 from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError, SamplerSpec
 from exporter.snapshot import Snapshot
 
@@ -139,3 +141,59 @@ async def test_sampler_that_never_ran_is_not_alive_when_the_clock_started_at_zer
         assert not eng.alive(now=31.0)
     finally:
         await eng.stop()
+
+
+async def test_an_interval_shortened_while_the_sampler_sleeps_takes_effect_within_a_second() -> None:
+    # A host sampler slowed to 30 s while no GPU waits must not keep the slow pace for up to 30 s more once one
+    # does: the sleeping sampler sees its new due time.
+    c = Counting(ctx(interval=30.0))
+    clock = VirtualClock()
+    eng = Engine([c], clock, inline=True)
+    eng.start()
+    await clock.advance(1.0)
+    assert c.calls == 1  # the first run, at start
+    eng.set_interval("counting", 0.25)
+    await clock.advance(2.0)
+    assert c.calls >= 1 + 4  # at 0.25 s again within RESCHEDULE_CHECK (1 s), not at t=30
+    await eng.stop()
+
+
+class Burning(Collector):
+    """Two samplers that each burn a known minimum of this thread's CPU per run."""
+
+    name = "burning"
+    help = "test"
+    default_interval = 1.0
+
+    def update(self) -> int:
+        return self._burn()
+
+    def _burn(self) -> int:
+        c0 = time.thread_time()
+        while time.thread_time() - c0 < 0.005:
+            pass
+        return 1
+
+    def samplers(self) -> list[SamplerSpec]:
+        return [SamplerSpec("burn_a", 1.0, self._burn), SamplerSpec("burn_b", 1.0, self._burn, blocking=False)]
+
+    def metrics(self, snap: Snapshot) -> Iterable[Metric]:
+        return ()
+
+
+def test_each_collectors_own_cpu_seconds_are_counted_over_all_its_samplers() -> None:
+    eng = Engine([Burning(ctx())], VirtualClock(), inline=True)
+    eng.run_until(2.0)  # three runs of each sampler: t = 0, 1, 2
+    status = eng.snapshot.status
+    assert all(status[n].cpu_seconds >= 3 * 0.005 for n in ("burn_a", "burn_b"))
+    (fam,) = [f for f in self_metrics(eng.snapshot) if f.name == "gpufeed_collector_cpu_seconds"]
+    (sample,) = fam.samples
+    assert sample.name == "gpufeed_collector_cpu_seconds_total" and sample.labels == {"collector": "burning"}
+    assert sample.value == status["burn_a"].cpu_seconds + status["burn_b"].cpu_seconds
+
+
+async def test_a_sampler_run_on_a_worker_thread_is_charged_that_threads_cpu() -> None:
+    eng = Engine([Burning(ctx())], RealClock())
+    await eng._run_async(eng.samplers["burn_a"])  # blocking: runs on a worker, not this thread
+    assert eng.snapshot.status["burn_a"].cpu_seconds >= 0.005
+    await eng.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gzip
 from collections.abc import AsyncIterator
 
@@ -155,3 +156,33 @@ async def test_malformed_request_line_is_400(server: tuple[WebServer, Health]) -
     web, _ = server
     status, _, _ = await request(web, "NONSENSE\r\n\r\n")
     assert status == 400
+
+
+async def test_a_scrape_is_told_to_the_pacer_with_its_scraper_and_waits_for_the_render_it_asked_for() -> None:
+    eng = run_engine(make("memory", LARGE))
+    renderer = Renderer(eng.stages)
+    renderer.render(eng.snapshot)
+    seen: list[str] = []
+    asked: list[concurrent.futures.Future[None]] = []
+
+    def on_scrape(peer: str) -> concurrent.futures.Future[None]:
+        seen.append(peer)
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        asked.append(fut)
+        return fut
+
+    web = WebServer(renderer, WebSettings(host="127.0.0.1", port=0), Health(), on_scrape=on_scrape)
+    await web.start()
+    try:
+        pending = asyncio.ensure_future(request(web, get("/metrics", "User-Agent: Prometheus/2.53.0")))
+        while not asked:
+            await asyncio.sleep(0.01)
+        assert not pending.done()  # the response waits for the render
+        asked[0].set_result(None)
+        status, _, _ = await pending
+        assert status == 200
+        assert seen == ["127.0.0.1 Prometheus/2.53.0"]
+        await request(web, get("/healthz"))
+        assert len(seen) == 1  # only scrapes of the telemetry path count
+    finally:
+        await web.stop()

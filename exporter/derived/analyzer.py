@@ -54,6 +54,20 @@ from exporter.snapshot import Snapshot, Stamped
 # evaluates the GPU at once instead of at its next --stable-interval. A tenth of the GPU's time: well above
 # the jitter of a steady GPU's readings, well below the drop of a GPU that starts to wait.
 TRIP_ACTIVITY = 0.1
+# Host samplers slowed while no GPU waits (DESIGN.md "Sampling that pays only for what it learns"), and their
+# slow interval; back to the configured one as soon as an evaluation sees a GPU waiting. A configured interval
+# slower than this is kept. Counters and rate() stay exact: /proc/stat jiffies and PSI's total stall time are
+# cumulative, so a longer interval loses resolution, never time. What the verdict of a waiting GPU needs --
+# the CPU shape and PSI over the classifier's window -- comes at the configured rates again within one slow
+# interval of the onset (1 s); the 30 s passes (per-thread reads, cpufreq governors, NUMA placement) feed
+# findings of a working GPU from their newest sample, and are read at their configured rate as soon as the
+# GPU waits. The PCIe chain (5 s) is not slowed: pcie_link_downgraded judges the hops upstream of a GPU over
+# the classifier's window (15 s), which a 30 s pass would leave empty half of the time -- the series of those
+# hops would come and go.
+QUIET_INTERVALS = {
+    names.CPU: 1.0, names.PRESSURE: 1.0,
+    names.PROC_THREADS: 30.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
+}
 
 
 class EngineReader(Protocol):
@@ -146,6 +160,9 @@ class Analyzer(Stage):
                "How often a GPU whose verdict holds is evaluated again. Each run (--collector.derived.interval) "
                "still checks its newest activity, and evaluates it at once when the activity moved; a waiting "
                "GPU, or one whose verdict changed within the window, is evaluated every run."),
+        Option("quiet-host", "bool", True,
+               "While no GPU waits, read /proc/stat and PSI every 1 s and the per-thread, cpufreq and NUMA "
+               "passes every 30 s; their configured intervals again as soon as a GPU waits."),
     )
 
     def __init__(self, options: Mapping[str, Any], targets: Targets) -> None:
@@ -158,6 +175,8 @@ class Analyzer(Stage):
         self.hold_s = float(options.get("hold", 3.0))
         self.deep_fast = float(options.get("deep-interval", 0.5))
         self.stable_s = max(self.interval, float(options.get("stable-interval", 5.0)))
+        self.quiet_host = bool(options.get("quiet-host", True))
+        self._configured: dict[str, float] = {}  # host sampler -> its configured interval, learnt at first sight
         self._engine: EngineReader | None = None
         self._deep_slow: float | None = None
         self._focus: frozenset[int] | None = None
@@ -322,6 +341,7 @@ class Analyzer(Stage):
         found.extend(host_findings(w, snap.value(names.NUMA), snap.value(names.CPUFREQ), gpu_key, busy))
         self._host_t = now
         self._adapt_depth(any_waiting, frozenset(waiting_pids), now)
+        self._adapt_host(any_waiting)
         self._log_findings(found)
         # A GPU missing from this evaluation (its sampler failed once, or it was unplugged) keeps its state:
         # its counters continue where they were if it comes back, instead of resetting. Bounded by the
@@ -452,10 +472,30 @@ class Analyzer(Stage):
             self._full_t = now
         if current is None or self._deep_slow is None:
             return
-        want = min(self.deep_fast, self._deep_slow) if waiting else self._deep_slow
+        want = min(self.deep_fast, self._deep_slow) if waiting else self._quiet(names.PROC_THREADS, self._deep_slow)
         if current != want:
             self._engine.set_interval(names.PROC_THREADS, want)
             self.log.debug("deep_sampling_changed", sampler=names.PROC_THREADS, interval=want, waiting=waiting)
+
+    def _quiet(self, name: str, configured: float) -> float:
+        """Sampler ``name``'s interval while no GPU waits."""
+        return max(configured, QUIET_INTERVALS[name]) if self.quiet_host else configured
+
+    def _adapt_host(self, waiting: bool) -> None:
+        """Host samplers at their quiet intervals while no GPU waits; configured again once one does (the
+        per-thread sampler is steered by :meth:`_adapt_depth`)."""
+        assert self._engine is not None
+        for name in QUIET_INTERVALS:
+            if name == names.PROC_THREADS:
+                continue
+            current = self._engine.interval(name)
+            if current is None:
+                continue  # that collector is off
+            configured = self._configured.setdefault(name, current)
+            want = configured if waiting else self._quiet(name, configured)
+            if current != want:
+                self._engine.set_interval(name, want)
+                self.log.debug("host_sampling_changed", sampler=name, interval=want, waiting=waiting)
 
     # ---- exposition ---------------------------------------------------------------------------------------
 

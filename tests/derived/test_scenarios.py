@@ -46,19 +46,24 @@ def test_contract_scenario_expectations_hold(path: Path) -> None:
     assert check(res) == []
 
 
+def assert_settled_within(path: Path, seconds: float = 15.0) -> None:
+    """Every expected verdict of ``path`` holds at every evaluation from ``seconds`` after its phase's onset."""
+    res = play(load(path), timeline=True)
+    start = 0.0
+    for ph in res.scenario.phases:
+        for exp in res.scenario.expect:
+            if exp.phase != ph.name:
+                continue
+            for gpu, want in exp.gpus.items():
+                seen = [(t, s.gpus[gpu].cause) for t, s in res.timeline if start < t <= ph.end_s and gpu in s.gpus]
+                late = [c for t, c in seen if t > start + seconds]
+                assert late and set(late) <= set(want), (path.name, ph.name, gpu, seen)
+        start = ph.end_s
+
+
 def test_every_verdict_settles_within_15_s_of_its_phase_onset_and_does_not_flap() -> None:
     for path in (HERE / "multi_gpu_mixed.yaml", HERE / "single_core_host.yaml"):
-        res = play(load(path), timeline=True)
-        start = 0.0
-        for ph in res.scenario.phases:
-            for exp in res.scenario.expect:
-                if exp.phase != ph.name:
-                    continue
-                for gpu, want in exp.gpus.items():
-                    seen = [(t, s.gpus[gpu].cause) for t, s in res.timeline if start < t <= ph.end_s and gpu in s.gpus]
-                    late = [c for t, c in seen if t > start + 15.0]
-                    assert late and set(late) <= set(want), (path.name, ph.name, gpu, seen)
-            start = ph.end_s
+        assert_settled_within(path)
 
 
 def test_flapping_idle_link_never_raises_a_downgrade_at_any_evaluation() -> None:

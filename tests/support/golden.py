@@ -23,7 +23,7 @@ from tests.support.hosts import HOSTS
 # Values of the machine or of the test process, not of the host: log_messages_dropped_total counts the whole
 # process's drops (earlier tests in the same pytest run write to closed streams on purpose).
 MACHINE_DEPENDENT = re.compile(
-    r"^gpufeed_(collector_duration_seconds|sampler_overruns_total|build_info|log_messages_dropped_total|self_\w+)"
+    r"^gpufeed_(collector_duration_seconds|collector_cpu_seconds_total|sampler_overruns_total|build_info|log_messages_dropped_total|self_\w+)"
     r"(\{| )")
 STEP = 0.05  # the fake's counters advance in steps of at most this (the fast sampler runs every 0.1 s)
 
