@@ -399,8 +399,9 @@ def host() -> dict[str, Any]:
                            "capacity {{role}} {{bdf}} (GPU {{gpu_bdf}})")], unit="Bps"), 12, 8),
             (panel("timeseries", "PCIe link speed per hop, current vs max",
                    "Idle GPUs drop to Gen1 by design; a hop below max while the GPU is busy is a downgrade.",
-                   [target(f"gpufeed_pcie_link_current_speed_transfers_per_second{{{H}}}", "{{role}} {{bdf}} current"),
-                    target(f"gpufeed_pcie_link_max_speed_transfers_per_second{{{H}}}", "{{role}} {{bdf}} max")],
+                   [target(f"gpufeed_pcie_link_current_speed_transfers_per_second{{{H}}} * on (job, instance, bdf) "
+                           f"group_left (max_speed, limit_speed) gpufeed_pcie_device_info{{{H}}}",
+                           "{{role}} {{bdf}} current (max {{max_speed}}, limit {{limit_speed}})")],
                    unit="short"), 12, 8),
             (panel("state-timeline", "Link downgraded under load", "gpufeed_pcie_link_downgraded per GPU and hop.",
                    [target(f"gpufeed_pcie_link_downgraded{{{HG}}}", "GPU {{gpu}} {{bdf}}")],
