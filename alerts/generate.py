@@ -250,18 +250,18 @@ and on ({by(cfg, "instance", "gpu")})
         aer_desc + " Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
         severity=e["uncorrectable_severity"], labels={"signal": "aer_uncorrectable"},
     )
-    # By default the bridges of a GPU's chain report one total per severity (gpufeed_pcie_chain_aer_errors_total);
-    # with --collector.pcie.chain they report per bridge in the family above instead, never in both.
+    # By default a GPU's chain (root port .. GPU) reports one total per severity (gpufeed_pcie_chain_aer_errors_total);
+    # with --collector.pcie.chain each of its devices reports in the family above instead, never in both.
     chain_fmt = aer_fmt.replace("gpufeed_pcie_aer_errors_total", "gpufeed_pcie_chain_aer_errors_total")
     chain_desc = (
-        "The bridges on the PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port and switch "
-        "ports above it) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last "
+        "The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the "
+        "GPU) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last "
         + e["window"] + " (run gpufeed with --collector.pcie.chain to see which hop)."
     )
     chain_correctable = alert(
         cfg, "GpufeedPCIeErrorsRising", "pcie_errors",
         chain_fmt.format(op="=", sev="correctable", w=e["window"], thr=_num(e["min_correctable_increase"])),
-        "PCIe errors rising above GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
+        "PCIe errors rising on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
         chain_desc + f" More than {_num(e['min_correctable_increase'])} correctable errors per window point at "
         "a marginal link (riser, slot, cable) that retrains and slows transfers.",
         labels={"signal": "aer_correctable"},
@@ -269,7 +269,7 @@ and on ({by(cfg, "instance", "gpu")})
     chain_uncorrectable = alert(
         cfg, "GpufeedPCIeErrorsRising", "pcie_errors",
         chain_fmt.format(op="=~", sev="nonfatal|fatal", w=e["window"], thr="0"),
-        "Uncorrectable PCIe errors above GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
+        "Uncorrectable PCIe errors on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
         chain_desc + " Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
         severity=e["uncorrectable_severity"], labels={"signal": "aer_uncorrectable"},
     )

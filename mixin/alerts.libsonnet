@@ -55,8 +55,8 @@
               "signal": "aer_correctable",
             },
             "annotations": {
-              "summary": "PCIe errors rising above GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
-              "description": "The bridges on the PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port and switch ports above it) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m (run gpufeed with --collector.pcie.chain to see which hop). More than 10 correctable errors per window point at a marginal link (riser, slot, cable) that retrains and slows transfers.",
+              "summary": "PCIe errors rising on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
+              "description": "The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the GPU) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m (run gpufeed with --collector.pcie.chain to see which hop). More than 10 correctable errors per window point at a marginal link (riser, slot, cable) that retrains and slows transfers.",
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
             },
           },
@@ -69,8 +69,8 @@
               "signal": "aer_uncorrectable",
             },
             "annotations": {
-              "summary": "Uncorrectable PCIe errors above GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
-              "description": "The bridges on the PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port and switch ports above it) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m (run gpufeed with --collector.pcie.chain to see which hop). Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
+              "summary": "Uncorrectable PCIe errors on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
+              "description": "The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the GPU) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m (run gpufeed with --collector.pcie.chain to see which hop). Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
             },
           },

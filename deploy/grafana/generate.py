@@ -411,6 +411,8 @@ def host() -> dict[str, Any]:
             (panel("timeseries", "PCIe errors", "AER errors per device and NVML replays per GPU.",
                    [target(f"sum by (bdf, severity) (increase(gpufeed_pcie_aer_errors_total{{{H}}}[{RI}]))",
                            "AER {{severity}} {{bdf}}"),
+                    target(f"sum by (gpu_bdf, severity) (increase(gpufeed_pcie_chain_aer_errors_total{{{H}}}[{RI}]))",
+                           "AER {{severity}} path of GPU {{gpu_bdf}}"),
                     target(f"increase(gpufeed_gpu_pcie_replays_total{{{HG}}}[{RI}])", "GPU {{gpu}} replays")]),
              12, 6),
             (placement, 12, 7),

@@ -7,12 +7,14 @@ port) costs far more than reading a few link files, so it runs only at start, wh
 link and AER files are re-read every cycle.
 
 The collector records evidence only -- current vs maximum vs system-limited maximum per hop, and how
-often each link renegotiated. The derived layer sees every hop; the exposition, by default, only the
-narrowest hop of each GPU's chain (the one that caps its transfers, where a downgrade under load shows)
-and the chain's bridges' AER totals summed; ``--collector.pcie.chain`` exports every hop. The static
-maxima (max and system-limited speed/width) are labels of ``gpufeed_pcie_device_info``, not gauges. Idle NVIDIA GPUs drop to Gen1 by design and some links flap while idle:
+often each link renegotiated. Idle NVIDIA GPUs drop to Gen1 by design and some links flap while idle:
 "current below max" is not a fault by itself. Judging "downgraded while busy, sustained" is the derived
-layer's job (see docs/topology.md).
+layer's job (see docs/topology.md), over every hop of the sample.
+
+The exposition, by default, carries every GPU, NVMe and NIC and only the narrowest hop of each GPU's chain
+of bridges (the one that caps its transfers, where a downgrade under load shows), and the chain's AER totals
+summed (root port to GPU); ``--collector.pcie.chain`` exports every hop. The static maxima (max and
+system-limited speed and width) are labels of ``gpufeed_pcie_device_info``, not gauges.
 """
 
 from __future__ import annotations
@@ -493,14 +495,14 @@ class PcieCollector(Collector):
         )
         aer = CounterMetricFamily(
             "gpufeed_pcie_aer_errors",
-            "PCIe Advanced Error Reporting totals (sysfs aer_dev_*, TOTAL_ERR_* lines) by severity, per device "
-            "(bridges only with --collector.pcie.chain).",
+            "PCIe Advanced Error Reporting totals (sysfs aer_dev_*, TOTAL_ERR_* lines) by severity, per NVMe and "
+            "NIC (per GPU and bridge too with --collector.pcie.chain).",
             labels=["bdf", "role", "severity"],
         )
         chain_aer = CounterMetricFamily(
             "gpufeed_pcie_chain_aer_errors",
-            "AER totals summed over the bridges of a GPU's PCIe chain (root port and switch ports above the GPU) "
-            "by severity; per bridge with --collector.pcie.chain.",
+            "AER totals (sysfs aer_dev_*) summed over a GPU's PCIe chain -- root port, switch ports and the GPU "
+            "itself -- by severity; per device instead with --collector.pcie.chain.",
             labels=["gpu_bdf", "severity"],
         )
         shown = set(sample.devices) if whole_chain else exported_hops(sample)
@@ -527,15 +529,14 @@ class PcieCollector(Collector):
                     capacity.add_metric(lv, cap)
                 changes.add_metric(lv, float(d.link_changes))
         for d in sample.devices.values():
-            if d.aer is not None and (whole_chain or d.role != "bridge"):
+            if d.aer is not None and (whole_chain or d.gpu_bdf is None):
                 for sev, n in _severities(d.aer):
                     aer.add_metric([d.bdf, d.role, sev], float(n))
         if not whole_chain:
             for gpu_bdf, chain in sorted(sample.chains.items()):
-                # Bridges without AER capability (no aer_dev_* files) add nothing; a total that drops because a
+                # Devices without AER capability (no aer_dev_* files) add nothing; a total that drops because a
                 # file turned unreadable is withheld by the exposition's counter guard, never exported lower.
-                known = [a for b in chain if sample.devices[b].role == "bridge"
-                         for a in (sample.devices[b].aer,) if a is not None]
+                known = [a for b in chain for a in (sample.devices[b].aer,) if a is not None]
                 if not known:
                     continue
                 total = AerCounts(correctable=sum(a.correctable for a in known),

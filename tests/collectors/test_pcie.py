@@ -84,15 +84,16 @@ def test_riser_aer_totals_are_counters_per_severity() -> None:
     aer = s.devices["0000:41:00.0"].aer
     assert aer is not None and (aer.correctable, aer.nonfatal, aer.fatal) == (12, 0, 0)
     fams = metrics_of(c, s)
-    assert value(fams, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0", severity="correctable") == 12
-    assert value(fams, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0", severity="fatal") == 0
-    # The slot's errors are not lost by default: they are in the chain's bridge total, above the GPU.
+    # By default one total per severity for the GPU's whole path: the GPU's 12 and the slot's 3.
+    assert value(fams, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0") is None
     assert value(fams, "gpufeed_pcie_aer_errors_total", bdf="0000:40:01.1") is None
-    assert value(fams, "gpufeed_pcie_chain_aer_errors_total", gpu_bdf="0000:41:00.0", severity="correctable") == 3
+    assert value(fams, "gpufeed_pcie_chain_aer_errors_total", gpu_bdf="0000:41:00.0", severity="correctable") == 15
     assert value(fams, "gpufeed_pcie_chain_aer_errors_total", gpu_bdf="0000:41:00.0", severity="fatal") == 0
     whole = metrics_of(PcieCollector(context("riser", options={"chain": True})), s)
+    assert value(whole, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0", severity="correctable") == 12
+    assert value(whole, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0", severity="fatal") == 0
     assert value(whole, "gpufeed_pcie_aer_errors_total", bdf="0000:40:01.1", severity="correctable") == 3
-    assert series(whole, "gpufeed_pcie_chain_aer_errors_total") == {}  # per bridge instead: never counted twice
+    assert series(whole, "gpufeed_pcie_chain_aer_errors_total") == {}  # per device instead: never counted twice
 
 
 def test_feeders_are_reported_without_their_bridges() -> None:
@@ -155,7 +156,7 @@ def test_degraded_switch_uplink_is_found_above_a_healthy_gpu_link() -> None:
 
 
 def test_bridge_shared_by_two_gpus_appears_once_named_after_the_first_gpu() -> None:
-    c, s = sample_of("switch_riser")
+    _c, s = sample_of("switch_riser")
     assert s.chains["0000:04:00.0"][:2] == s.chains["0000:03:00.0"][:2]
     assert s.devices["0000:01:00.0"].gpu_bdf == "0000:03:00.0"
     assert s.devices["0000:02:01.0"].gpu_bdf == "0000:04:00.0"
@@ -198,11 +199,11 @@ def test_dgx_exports_one_hop_per_gpu_chain_by_default_and_every_hop_with_the_cha
     c, s = sample_of("dgx")
     samples = [smp for f in metrics_of(c, s) for smp in f.samples]
     chain = set(s.chains["0000:18:00.0"])
-    assert sum(1 for smp in samples if smp.labels.get("bdf") in chain) == 8  # info, 4 link series, 3 AER
+    assert sum(1 for smp in samples if smp.labels.get("bdf") in chain) == 5  # info, 4 link series
     assert sum(1 for smp in samples if smp.labels.get("gpu_bdf") == "0000:18:00.0"
                and smp.name == "gpufeed_pcie_chain_aer_errors_total") == 3
-    # 16 GPUs and feeders x (info, 4 link series, 3 AER) + 8 chains x 3 bridge AER totals
-    assert len(samples) == 16 * 8 + 8 * 3
+    # 16 GPUs and feeders x (info, 4 link series) + 8 feeders x 3 AER + 8 chains x 3 AER totals
+    assert len(samples) == 16 * 5 + 8 * 3 + 8 * 3
     whole = [smp for f in metrics_of(PcieCollector(context("dgx", options={"chain": True})), s) for smp in f.samples]
     assert sum(1 for smp in whole if smp.labels.get("bdf") in chain) == 4 * 8
     assert len(whole) == 32 * 8  # 8 GPUs, 16 bridges, 8 feeders x (info, 4 link series, 3 AER)
