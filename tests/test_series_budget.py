@@ -34,13 +34,14 @@ from tests.support.golden import run as run_fixture_host
 REPO = Path(__file__).resolve().parent.parent
 BENCH_HOST = REPO / "bench" / "scenarios" / "host8x192_waiting.yaml"
 SECONDS = 16.0  # past the derived layer's first verdicts and the slow samplers' first runs (5 s)
-STEP = 0.5
+STEP = 0.1
+TREE_STEP = 0.5
 
 
 @cache
 def bench_payload(*flags: tuple[str, Any]) -> str:
-    """``/metrics`` of the benchmark host after SECONDS of scenario time (the simulated tree re-rendered and
-    the fake NVML advanced every STEP), with extra settings ``flags``."""
+    """``/metrics`` of the benchmark host after SECONDS of scenario time (the fake NVML advanced every STEP, the
+    simulated tree re-rendered every TREE_STEP), with extra settings ``flags``."""
     sc = scenario.load(BENCH_HOST)
     with tempfile.TemporaryDirectory(prefix="gpufeed-budget-") as tmp:
         root = Path(tmp)
@@ -58,7 +59,10 @@ def bench_payload(*flags: tuple[str, Any]) -> str:
             pipe.engine.run_until(0.0)
             while t < SECONDS - 1e-9:
                 t += STEP
-                tree.render(t)
+                # The fake's state every 100 ms, as the GPU's fast path sees it (GPM pairs need moving counters);
+                # the tree of 8 x 150 threads every 0.5 s.
+                if round(t / TREE_STEP, 6).is_integer():
+                    tree.render(t)
                 fake.set_state(nvml_state(model, t))
                 pipe.engine.run_until(t)
             out = Renderer(pipe.stages)
@@ -80,6 +84,11 @@ def _where(fams: dict[str, Counter[str]], gpu: str) -> str:
 def test_the_8_gpu_benchmark_host_stays_within_60_series_per_gpu_and_200_host_level() -> None:
     per, host, _total, fams = attribute_families(bench_payload())
     assert sorted(per) == [str(i) for i in range(8)], "every GPU must be described"
+    # The run is long and fine enough for every kind of series to be there (a short run would undercount).
+    for fam in ("gpufeed_gpu_sm_occupancy_ratio", "gpufeed_gpu_process_memory_bytes", "gpufeed_workload_cpu_cores",
+                "gpufeed_gpu_bottleneck", "gpufeed_pcie_link_capacity_bytes_per_second", "gpufeed_gpu_idle_ratio"):
+        assert all(fams[g][fam] for g in per), fam
+    assert fams[""]["gpufeed_process_threads"] and fams[""]["gpufeed_disk_io_time_seconds_total"]
     gpu, most = _worst(per)
     assert most <= BUDGET_PER_GPU, f"GPU {gpu}: {most} series > {BUDGET_PER_GPU}: {_where(fams, gpu)}"
     assert host <= BUDGET_PER_HOST, f"{host} host-level series > {BUDGET_PER_HOST}: {_where(fams, '')}"

@@ -293,8 +293,12 @@ def gpu_health_row(verdict_map: list[dict[str, Any]]) -> tuple[str, list[tuple[P
                        "GPU {{gpu}} {{error}}")]), 12, 7),
         (panel("state-timeline", "Row remapping pending / failed",
                "A pending remap takes effect at the next GPU reset; a failed one means the memory cannot be repaired.",
-               [target(f"gpufeed_gpu_row_remap_pending{{{HG}}}", "GPU {{gpu}} remap pending"),
-                target(f"gpufeed_gpu_row_remap_failure{{{HG}}}", "GPU {{gpu}} remap failed")], mappings=flags),
+               # The flags are 1 or absent: 0 ("ok") for the GPUs whose remapping counters answer at all.
+               [target(f"max by (instance, gpu) (gpufeed_gpu_row_remap_pending{{{HG}}}) or "
+                       f"max by (instance, gpu) (0 * gpufeed_gpu_remapped_rows{{{HG}}})", "GPU {{gpu}} remap pending"),
+                target(f"max by (instance, gpu) (gpufeed_gpu_row_remap_failure{{{HG}}}) or "
+                       f"max by (instance, gpu) (0 * gpufeed_gpu_remapped_rows{{{HG}}})", "GPU {{gpu}} remap failed")],
+               mappings=flags),
          12, 6),
         (panel("state-timeline", "MIG instance verdicts",
                "GPUs in MIG mode are judged per MIG instance (gpu, mig): each instance's verdict over time.",
@@ -409,10 +413,11 @@ def host() -> dict[str, Any]:
                        "0": {"text": "ok", "color": "green", "index": 0},
                        "1": {"text": "downgraded", "color": "red", "index": 1}}}]), 12, 6),
             (panel("timeseries", "PCIe errors", "AER errors per device and NVML replays per GPU.",
-                   [target(f"sum by (bdf, severity) (increase(gpufeed_pcie_aer_errors_total{{{H}}}[{RI}]))",
-                           "AER {{severity}} {{bdf}}"),
-                    target(f"sum by (gpu_bdf, severity) (increase(gpufeed_pcie_chain_aer_errors_total{{{H}}}[{RI}]))",
-                           "AER {{severity}} path of GPU {{gpu_bdf}}"),
+                   # Per device (NVMe, NICs; every hop with --collector.pcie.chain) and per GPU chain (the default
+                   # for GPUs and their bridges), one legend: a chain total is named after its GPU.
+                   [target(f"sum by (bdf, severity) (increase(gpufeed_pcie_aer_errors_total{{{H}}}[{RI}]) or "
+                           f"label_replace(increase(gpufeed_pcie_chain_aer_errors_total{{{H}}}[{RI}]), \"bdf\", "
+                           f"\"path of GPU $1\", \"gpu_bdf\", \"(.*)\"))", "AER {{severity}} {{bdf}}"),
                     target(f"increase(gpufeed_gpu_pcie_replays_total{{{HG}}}[{RI}])", "GPU {{gpu}} replays")]),
              12, 6),
             (placement, 12, 7),

@@ -226,10 +226,10 @@ def _identity_families(
         "when unknown.", labels=INFO_LABELS)
     lost_f = GaugeMetricFamily(
         "gpufeed_gpu_lost", "1 while the GPU answers NVML with GPU_IS_LOST (fell off the bus); gpufeed retries "
-        "with backoff.", labels=["gpu"])
+        "with backoff. Absent while it answers.", labels=["gpu"])
     mig_mode = GaugeMetricFamily(
-        "gpufeed_gpu_mig_mode", "1 while the GPU runs in MIG mode: it is judged per MIG instance (the mig label).",
-        labels=["gpu"])
+        "gpufeed_gpu_mig_mode", "1 while the GPU runs in MIG mode: it is judged per MIG instance (the mig label). "
+        "Absent for a GPU not in MIG mode.", labels=["gpu"])
     mig_info = GaugeMetricFamily(
         "gpufeed_gpu_mig_info", "A MIG device of a GPU in MIG mode (value 1): mig is its GPU instance id.",
         labels=["gpu", "mig", "compute_instance", "uuid", "name"])
@@ -237,9 +237,11 @@ def _identity_families(
         numa = "" if ident.numa_node is None else str(ident.numa_node)
         bus_id = pci.to_nvml(ident.pci_bus_id) if pci.normalize(ident.pci_bus_id) else ident.pci_bus_id
         info.add_metric([str(idx), ident.uuid, ident.name, bus_id, ident.pci_bus_id, numa, ident.uuid, hostname], 1.0)
-        lost_f.add_metric([str(idx)], 1.0 if idx in lost else 0.0)
-        if idx not in lost:
-            mig_mode.add_metric([str(idx)], 1.0 if ident.mig_mode else 0.0)
+        # Flags as 1 or absent (the series budget, DESIGN.md): the alerts and queries read `== 1`.
+        if idx in lost:
+            lost_f.add_metric([str(idx)], 1.0)
+        elif ident.mig_mode:
+            mig_mode.add_metric([str(idx)], 1.0)
         for m in ident.mig:
             mig_info.add_metric([str(idx), str(m.gi), str(m.ci), m.uuid, m.name], 1.0)
     yield from (info, lost_f, mig_mode, mig_info)
@@ -284,14 +286,19 @@ def _field_families(path: str) -> dict[str, GaugeMetricFamily | CounterMetricFam
 def sparse(f: fields.Field) -> bool:
     """Whether the field's series is exported only once its value is non-zero (the series budget, DESIGN.md).
 
-    Throttle time per reason (5 counters, 0 on almost every GPU for its whole life) and the lifetime ECC totals
-    (``counter="aggregate"``, read as a level: the errors a GPU ever had; the volatile totals carry the rates the
-    alerts use). A throttle counter that starts moving appears with the time of its first sample: ``rate()``
-    misses that first increment once per GPU, reason and exporter life, while ``gpufeed_gpu_clock_event_reason``
+    Throttle time per reason (5 counters, 0 on almost every GPU for its whole life), the lifetime ECC totals
+    (``counter="aggregate"``, read as a level: the errors a GPU ever had; the volatile totals carry the rates
+    the alerts use) and the row-remap flags (pending, failure: 1 or absent, as the alerts' ``== 1`` reads
+    them). A throttle counter that starts moving appears with the time of its first sample: ``rate()`` misses
+    that first increment once per GPU, reason and exporter life, while ``gpufeed_gpu_clock_event_reason``
     shows the reason active from its first slow-path sample.
     """
-    return f.metric == "gpufeed_gpu_throttle_seconds" or (
+    return f.metric in SPARSE_METRICS or (
         f.metric == "gpufeed_gpu_ecc_errors" and f.labels.get("counter") == "aggregate")
+
+
+SPARSE_METRICS = frozenset({"gpufeed_gpu_throttle_seconds", "gpufeed_gpu_row_remap_pending",
+                            "gpufeed_gpu_row_remap_failure"})
 
 
 def _add_fields(families: Mapping[str, GaugeMetricFamily | CounterMetricFamily], gpu: str, path: str,

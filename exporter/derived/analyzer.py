@@ -489,7 +489,8 @@ class Analyzer(Stage):
             "gpufeed_gpu_idle_ratio", f"Share of the last {w} the GPU was idle (activity below 5%).", labels=["gpu"])
         periodic = GaugeMetricFamily(
             "gpufeed_gpu_idle_gaps_periodic",
-            f"1 when the GPU's idle gaps over the last {w} recur at a regular period (batch boundaries).",
+            f"1 when the GPU's idle gaps over the last {w} recur at a regular period (batch boundaries); absent "
+            "otherwise.",
             labels=["gpu"])
         down = GaugeMetricFamily(
             "gpufeed_pcie_link_downgraded",
@@ -517,7 +518,8 @@ class Analyzer(Stage):
                 _sample(burst, "", lab, a.burstiness)
             if a.idle_ratio is not None:
                 _sample(idle, "", lab, a.idle_ratio)
-                _sample(periodic, "", lab, 1.0 if a.periodic_gaps else 0.0)
+                if a.periodic_gaps:  # a flag: 1 or absent (the series budget)
+                    _sample(periodic, "", lab, 1.0)
             if key.gpu not in links_done:  # the PCIe chain is the physical GPU's: once per GPU
                 links_done.add(key.gpu)
                 # Downgraded hops only (the series budget): every hop of the chain is judged, and `== 1`, the

@@ -90,7 +90,7 @@ def test_hopper_with_gpm_sm_active_counter_rate_equals_average_over_any_range(ri
     assert r.fake.gpm_short_pairs == 0
     assert r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0") == pytest.approx(last.sm_active_seconds)
     assert r.value("gpufeed_gpu_info", **info_labels("GPU-test-0", "NVIDIA H100 80GB HBM3", "0000:82:00.0")) == 1.0
-    assert r.value("gpufeed_gpu_lost", gpu="0") == 0.0
+    assert r.value("gpufeed_gpu_lost", gpu="0") is None
 
 
 def test_busy_seconds_from_driver_samples_rate_equals_average_utilisation(rig: MakeRig) -> None:
@@ -245,14 +245,14 @@ def test_gpu_lost_mid_run_is_reported_others_keep_sampling_and_it_recovers(rig: 
         r.run_until(20.0)
     assert r.failures() == {}
     assert r.value("gpufeed_gpu_lost", gpu="1") == 1.0
-    assert r.value("gpufeed_gpu_lost", gpu="0") == 0.0
+    assert r.value("gpufeed_gpu_lost", gpu="0") is None
     assert r.value("gpufeed_gpu_sm_active_seconds_total", gpu="1") is None  # no made-up values
     assert r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0") == pytest.approx(0.5 * 19.9, abs=0.1)
     assert len([e for e in logs if e["event"] == "gpu_lost"]) == 1
     rx_before = max(g.pcie_rx_bytes_total or 0 for _, g in fast_at(r, 1))
     with capture_logs() as logs:
         r.run_until(80.0)
-    assert r.value("gpufeed_gpu_lost", gpu="1") == 0.0
+    assert r.value("gpufeed_gpu_lost", gpu="1") is None
     assert [e for e in logs if e["event"] == "gpu_recovered"]
     pts = fast_at(r, 1)
     after = [g.pcie_rx_bytes_total for t, g in pts if t > 30.0 and g.pcie_rx_bytes_total is not None]
@@ -353,7 +353,7 @@ def test_gpu_answering_unknown_repeatedly_is_treated_as_lost(rig: MakeRig) -> No
         r.run_until(1.0)
     assert r.failures() == {}
     assert r.value("gpufeed_gpu_lost", gpu="1") == 1.0
-    assert r.value("gpufeed_gpu_lost", gpu="0") == 0.0
+    assert r.value("gpufeed_gpu_lost", gpu="0") is None
     assert [e["gpu"] for e in logs if e["event"] == "gpu_lost"] == [1]
 
 
