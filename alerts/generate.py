@@ -203,12 +203,9 @@ def pcie_alerts(cfg: dict[str, Any]) -> list[Rule]:
         + " x"
         + evidence("gpufeed_pcie_link_current_width{instance=%q,bdf=%q}", "$labels.instance $labels.bdf")
     )
-    link_max = (
-        evidence("gpufeed_pcie_link_max_speed_transfers_per_second{instance=%q,bdf=%q}",
-                 "$labels.instance $labels.bdf", "{{ . | first | value | humanize }}T/s")
-        + " x"
-        + evidence("gpufeed_pcie_link_max_width{instance=%q,bdf=%q}", "$labels.instance $labels.bdf")
-    )
+    # The static maxima are labels of the hop's info series: the system-limited one is what the link should run.
+    link_max = evidence("gpufeed_pcie_device_info{instance=%q,bdf=%q}", "$labels.instance $labels.bdf",
+                        "{{ with . | first }}{{ .Labels.limit_speed }} x{{ .Labels.limit_width }}{{ end }}")
     hop_role = evidence("gpufeed_pcie_device_info{instance=%q,bdf=%q}", "$labels.instance $labels.bdf",
                         " ({{ . | first | label `role` }})")
     downgraded = alert(
@@ -238,21 +235,38 @@ and on ({by(cfg, "instance", "gpu")})
         "PCIe device {{ $labels.bdf }}" + gpu_of_bdf + " on {{ $labels.instance }} logged "
         "{{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last " + e["window"] + "."
     )
-    correctable = alert(
-        cfg, "GpufeedPCIeErrorsRising", "pcie_errors",
-        aer_fmt.format(op="=", sev="correctable", w=e["window"], thr=_num(e["min_correctable_increase"])),
-        "PCIe errors rising at {{ $labels.bdf }} on {{ $labels.instance }}",
-        aer_desc + f" More than {_num(e['min_correctable_increase'])} correctable errors per window point at "
-        "a marginal link (riser, slot, cable) that retrains and slows transfers.",
-        labels={"signal": "aer_correctable"},
+    # By default a GPU's chain (root port .. GPU) reports one total per severity (gpufeed_pcie_chain_aer_errors_total);
+    # with --collector.pcie.chain each of its devices reports in the per-device family instead, never in both.
+    chain_desc = (
+        "The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the "
+        "GPU) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last "
+        + e["window"] + " (run gpufeed with --collector.pcie.chain to see which hop)."
     )
-    uncorrectable = alert(
-        cfg, "GpufeedPCIeErrorsRising", "pcie_errors",
-        aer_fmt.format(op="=~", sev="nonfatal|fatal", w=e["window"], thr="0"),
-        "Uncorrectable PCIe errors at {{ $labels.bdf }} on {{ $labels.instance }}",
-        aer_desc + " Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
-        severity=e["uncorrectable_severity"], labels={"signal": "aer_uncorrectable"},
-    )
+    aer_rules = [
+        rule
+        for fmt, where, desc in (
+            (aer_fmt, "at {{ $labels.bdf }}", aer_desc),
+            (aer_fmt.replace("gpufeed_pcie_aer_errors_total", "gpufeed_pcie_chain_aer_errors_total"),
+             "on the path of GPU {{ $labels.gpu_bdf }}", chain_desc),
+        )
+        for rule in (
+            alert(
+                cfg, "GpufeedPCIeErrorsRising", "pcie_errors",
+                fmt.format(op="=", sev="correctable", w=e["window"], thr=_num(e["min_correctable_increase"])),
+                f"PCIe errors rising {where} on {{{{ $labels.instance }}}}",
+                desc + f" More than {_num(e['min_correctable_increase'])} correctable errors per window point at "
+                "a marginal link (riser, slot, cable) that retrains and slows transfers.",
+                labels={"signal": "aer_correctable"},
+            ),
+            alert(
+                cfg, "GpufeedPCIeErrorsRising", "pcie_errors",
+                fmt.format(op="=~", sev="nonfatal|fatal", w=e["window"], thr="0"),
+                f"Uncorrectable PCIe errors {where} on {{{{ $labels.instance }}}}",
+                desc + " Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
+                severity=e["uncorrectable_severity"], labels={"signal": "aer_uncorrectable"},
+            ),
+        )
+    ]
     replays = alert(
         cfg, "GpufeedPCIeErrorsRising", "pcie_errors",
         f"increase(gpufeed_gpu_pcie_replays_total[{e['window']}]) > {_num(e['min_replay_increase'])}",
@@ -262,7 +276,7 @@ and on ({by(cfg, "instance", "gpu")})
         "that the link recovered from, at the cost of bandwidth.",
         labels={"signal": "replays"},
     )
-    return [downgraded, correctable, uncorrectable, replays]
+    return [downgraded, *aer_rules, replays]
 
 
 def numa_alerts(cfg: dict[str, Any]) -> list[Rule]:

@@ -4,11 +4,12 @@ Blocking samplers run in a small pool of worker threads (:class:`Workers`) so a 
 behind /proc, a wedged driver call) never stalls the other samplers or the HTTP server. A sampler never
 blocks forever: each call has a deadline (``DEADLINE_INTERVALS`` x its interval, at least ``DEADLINE_MIN``).
 Past it the engine stops waiting, records the sampler as failed (``gpufeed_collector_success`` 0, its
-samples dropped from exposition, ``gpufeed_sample_age_seconds`` growing), and the worker -- a Python thread
-cannot be killed -- is abandoned to finish the call on its own while a fresh thread takes its place in the
-pool. A sampler whose abandoned call is still blocked is not called again until that call returns (a second
-call would block on the same hung source and pile up threads); never more than the pool's size plus
-``MAX_ABANDONED`` sampler threads exist (``gpufeed_sampler_abandoned_threads`` counts the stuck ones).
+samples dropped from exposition, ``gpufeed_sampler_last_success_timestamp_seconds`` frozen), and the
+worker -- a Python thread cannot be killed -- is abandoned to finish the call on its own while a fresh
+thread takes its place in the pool. A sampler whose abandoned call is still blocked is not called again
+until that call returns (a second call would block on the same hung source and pile up threads); never more
+than the pool's size plus ``MAX_ABANDONED`` sampler threads exist (``gpufeed_sampler_abandoned_threads``
+counts the stuck ones).
 ``alive()`` (``/healthz``) keeps reporting the engine, not the sources: a sampler whose ticks keep being
 handled is alive even while its source is blocked -- that is ``gpufeed_collector_success 0`` and
 ``GpufeedSamplesStale``, not a restart (a process with a thread in uninterruptible sleep cannot even exit

@@ -36,8 +36,12 @@ def unix_offset() -> float:
 
 
 def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -> Iterator[Metric]:
-    """gpufeed's own health: per-collector success/availability/duration/CPU, per-sampler overruns, restarts and
-    sample age, stuck worker threads, dropped log lines, withheld counter regressions, build info.
+    """gpufeed's own health: per-collector success/availability/CPU, per-sampler overruns and last
+    success, sampler restarts, stuck worker threads, dropped log lines, withheld counter regressions, build info.
+
+    Per sampler only what an alert reads per sampler (overruns, last success); the age of a sampler's newest
+    sample is ``time()`` minus its last success, and restarts (a crash, logged with the sampler's name) are one
+    total -- the host-level series budget (DESIGN.md).
 
     ``offset`` turns engine-clock times into Unix times (:func:`unix_offset` for the daemon's monotonic clock;
     0 under a virtual clock, whose timestamps are then virtual seconds).
@@ -50,12 +54,8 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
     )
     available = GaugeMetricFamily(
         "gpufeed_collector_available",
-        "Whether the collector's source exists on this host (0: e.g. PSI disabled, no NFS client, no GPU driver).",
-        labels=["collector"],
-    )
-    duration = GaugeMetricFamily(
-        "gpufeed_collector_duration_seconds",
-        "Duration of the collector's last run (the slowest of its samplers).",
+        "0 for a collector whose source does not exist on this host (e.g. PSI disabled, no NFS client, no GPU "
+        "driver); absent for the available ones, which have a gpufeed_collector_success series instead.",
         labels=["collector"],
     )
     overruns = CounterMetricFamily(
@@ -66,14 +66,8 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
     )
     restarts = CounterMetricFamily(
         "gpufeed_sampler_restarts",
-        "Times a crashed sampler task was restarted.",
-        labels=["sampler"],
-    )
-    age = GaugeMetricFamily(
-        "gpufeed_sample_age_seconds",
-        "Age of the sampler's newest successful sample when this payload was published; grows while the "
-        "sampler fails or is blocked. Absent until its first success and while its source does not exist.",
-        labels=["sampler"],
+        "Times a crashed sampler task was restarted, all samplers together (the log's sampler_crashed events "
+        "name it).",
     )
     last_ok = GaugeMetricFamily(
         "gpufeed_sampler_last_success_timestamp_seconds",
@@ -93,19 +87,19 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
         by_collector.setdefault(st.collector, []).append((st.success, st.available, st.duration, st.runs))
         cpu_of[st.collector] = cpu_of.get(st.collector, 0.0) + st.cpu_seconds
         overruns.add_metric([st.name], float(st.overruns))
-        restarts.add_metric([st.name], float(st.restarts))
         if st.last_success is not None and st.available:  # a source gone by design is not a stale one
-            age.add_metric([st.name], max(0.0, snap.t - st.last_success))
             last_ok.add_metric([st.name], st.last_success + offset)
+    restarts.add_metric([], float(sum(st.restarts for st in snap.status.values())))
     for name in sorted(by_collector):
         rows = [r for r in by_collector[name] if r[3] > 0]
         if not rows:
             continue
         avail = any(r[1] for r in rows)
-        available.add_metric([name], 1.0 if avail else 0.0)
-        if avail:
+        # The 1s would only repeat that a success series exists (the host-level series budget): 0s only.
+        if not avail:
+            available.add_metric([name], 0.0)
+        else:
             success.add_metric([name], 1.0 if all(r[0] for r in rows if r[1]) else 0.0)
-        duration.add_metric([name], max(r[2] for r in rows))
         cpu.add_metric([name], cpu_of[name])
     abandoned = GaugeMetricFamily(
         "gpufeed_sampler_abandoned_threads",
@@ -128,8 +122,7 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
         "runs with.", labels=list(info),
     )
     build.add_metric(list(info.values()), 1.0)
-    yield from (success, available, duration, cpu, overruns, restarts, age, last_ok, abandoned, dropped, withheld,
-                build)
+    yield from (success, available, cpu, overruns, restarts, last_ok, abandoned, dropped, withheld, build)
 
 
 class MonotonicGuard:

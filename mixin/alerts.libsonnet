@@ -14,7 +14,7 @@
             },
             "annotations": {
               "summary": "PCIe link of GPU {{ $labels.gpu }} on {{ $labels.instance }} downgraded under load",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is in use, but the PCIe link at {{ $labels.bdf }}{{ with printf `gpufeed_pcie_device_info{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }} ({{ . | first | label `role` }}){{ end }} runs at {{ with printf `gpufeed_pcie_link_current_speed_transfers_per_second{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}T/s{{ end }} x{{ with printf `gpufeed_pcie_link_current_width{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}{{ end }} instead of {{ with printf `gpufeed_pcie_link_max_speed_transfers_per_second{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}T/s{{ end }} x{{ with printf `gpufeed_pcie_link_max_width{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}{{ end }} (sustained for 15m; idle GPUs are excluded). Host-device copies are capped by the slower link: check the slot, riser and BIOS before tuning the job.",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is in use, but the PCIe link at {{ $labels.bdf }}{{ with printf `gpufeed_pcie_device_info{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }} ({{ . | first | label `role` }}){{ end }} runs at {{ with printf `gpufeed_pcie_link_current_speed_transfers_per_second{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}T/s{{ end }} x{{ with printf `gpufeed_pcie_link_current_width{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}{{ end }} instead of {{ with printf `gpufeed_pcie_device_info{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ with . | first }}{{ .Labels.limit_speed }} x{{ .Labels.limit_width }}{{ end }}{{ end }} (sustained for 15m; idle GPUs are excluded). Host-device copies are capped by the slower link: check the slot, riser and BIOS before tuning the job.",
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcielinkdowngraded" % $._config),
             },
           },
@@ -43,6 +43,34 @@
             "annotations": {
               "summary": "Uncorrectable PCIe errors at {{ $labels.bdf }} on {{ $labels.instance }}",
               "description": "PCIe device {{ $labels.bdf }}{{ with printf `gpufeed_pcie_device_info{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }} ({{ . | first | label `role` }} of GPU {{ . | first | label `gpu_bdf` }}){{ end }} on {{ $labels.instance }} logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m. Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedPCIeErrorsRising",
+            "expr": "sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{severity=\"correctable\"}[10m]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 10",
+            "for": "5m",
+            "labels": {
+              "severity": "warning",
+              "signal": "aer_correctable",
+            },
+            "annotations": {
+              "summary": "PCIe errors rising on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
+              "description": "The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the GPU) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m (run gpufeed with --collector.pcie.chain to see which hop). More than 10 correctable errors per window point at a marginal link (riser, slot, cable) that retrains and slows transfers.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedPCIeErrorsRising",
+            "expr": "sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{severity=~\"nonfatal|fatal\"}[10m]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 0",
+            "for": "5m",
+            "labels": {
+              "severity": "critical",
+              "signal": "aer_uncorrectable",
+            },
+            "annotations": {
+              "summary": "Uncorrectable PCIe errors on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
+              "description": "The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the GPU) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m (run gpufeed with --collector.pcie.chain to see which hop). Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
             },
           },

@@ -367,8 +367,12 @@ def gpu_health_row(verdict_map: list[dict[str, Any]]) -> tuple[str, list[tuple[P
                        "GPU {{gpu}} {{error}}")]), 12, 7),
         (panel("state-timeline", "Row remapping pending / failed",
                "A pending remap takes effect at the next GPU reset; a failed one means the memory cannot be repaired.",
-               [target(f"gpufeed_gpu_row_remap_pending{{{HG}}}", "GPU {{gpu}} remap pending"),
-                target(f"gpufeed_gpu_row_remap_failure{{{HG}}}", "GPU {{gpu}} remap failed")], mappings=flags),
+               # The flags are 1 or absent: 0 ("ok") for the GPUs whose remapping counters answer at all.
+               [target(f"max by (instance, gpu) (gpufeed_gpu_row_remap_pending{{{HG}}}) or "
+                       f"max by (instance, gpu) (0 * gpufeed_gpu_remapped_rows{{{HG}}})", "GPU {{gpu}} remap pending"),
+                target(f"max by (instance, gpu) (gpufeed_gpu_row_remap_failure{{{HG}}}) or "
+                       f"max by (instance, gpu) (0 * gpufeed_gpu_remapped_rows{{{HG}}})", "GPU {{gpu}} remap failed")],
+               mappings=flags),
          12, 6),
         (panel("state-timeline", "MIG instance verdicts",
                "GPUs in MIG mode are judged per MIG instance (gpu, mig): each instance's verdict over time.",
@@ -590,8 +594,9 @@ def host() -> dict[str, Any]:
                            "capacity {{role}} {{bdf}} (GPU {{gpu_bdf}})")], unit="Bps"), 12, 8),
             (panel("timeseries", "PCIe link speed per hop, current vs max",
                    "Idle GPUs drop to Gen1 by design; a hop below max while the GPU is busy is a downgrade.",
-                   [target(f"gpufeed_pcie_link_current_speed_transfers_per_second{{{H}}}", "{{role}} {{bdf}} current"),
-                    target(f"gpufeed_pcie_link_max_speed_transfers_per_second{{{H}}}", "{{role}} {{bdf}} max")],
+                   [target(f"gpufeed_pcie_link_current_speed_transfers_per_second{{{H}}} * on (job, instance, bdf) "
+                           f"group_left (max_speed, limit_speed) gpufeed_pcie_device_info{{{H}}}",
+                           "{{role}} {{bdf}} current (max {{max_speed}}, limit {{limit_speed}})")],
                    unit="short"), 12, 8),
             (panel("timeseries", "PCIe link width per hop, current vs max",
                    "Lanes of each hop's link now and at most; fewer lanes than max under load is a bad seat or "
@@ -606,8 +611,11 @@ def host() -> dict[str, Any]:
                        "0": {"text": "ok", "color": "green", "index": 0},
                        "1": {"text": "downgraded", "color": "red", "index": 1}}}]), 12, 6),
             (panel("timeseries", "PCIe errors", "AER errors per device and NVML replays per GPU.",
-                   [target(f"sum by (bdf, severity) (increase(gpufeed_pcie_aer_errors_total{{{H}}}[{RI}]))",
-                           "AER {{severity}} {{bdf}}"),
+                   # Per device (NVMe, NICs; every hop with --collector.pcie.chain) and per GPU chain (the default
+                   # for GPUs and their bridges), one legend: a chain total is named after its GPU.
+                   [target(f"sum by (bdf, severity) (increase(gpufeed_pcie_aer_errors_total{{{H}}}[{RI}]) or "
+                           f"label_replace(increase(gpufeed_pcie_chain_aer_errors_total{{{H}}}[{RI}]), \"bdf\", "
+                           f"\"path of GPU $1\", \"gpu_bdf\", \"(.*)\"))", "AER {{severity}} {{bdf}}"),
                     target(f"increase(gpufeed_gpu_pcie_replays_total{{{HG}}}[{RI}])", "GPU {{gpu}} replays")]),
              12, 6),
             (placement, 12, 7),

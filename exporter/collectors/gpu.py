@@ -226,10 +226,10 @@ def _identity_families(
         "when unknown.", labels=INFO_LABELS)
     lost_f = GaugeMetricFamily(
         "gpufeed_gpu_lost", "1 while the GPU answers NVML with GPU_IS_LOST (fell off the bus); gpufeed retries "
-        "with backoff.", labels=["gpu"])
+        "with backoff. Absent while it answers.", labels=["gpu"])
     mig_mode = GaugeMetricFamily(
-        "gpufeed_gpu_mig_mode", "1 while the GPU runs in MIG mode: it is judged per MIG instance (the mig label).",
-        labels=["gpu"])
+        "gpufeed_gpu_mig_mode", "1 while the GPU runs in MIG mode: it is judged per MIG instance (the mig label). "
+        "Absent for a GPU not in MIG mode.", labels=["gpu"])
     mig_info = GaugeMetricFamily(
         "gpufeed_gpu_mig_info", "A MIG device of a GPU in MIG mode (value 1): mig is its GPU instance id.",
         labels=["gpu", "mig", "compute_instance", "uuid", "name"])
@@ -237,9 +237,11 @@ def _identity_families(
         numa = "" if ident.numa_node is None else str(ident.numa_node)
         bus_id = pci.to_nvml(ident.pci_bus_id) if pci.normalize(ident.pci_bus_id) else ident.pci_bus_id
         info.add_metric([str(idx), ident.uuid, ident.name, bus_id, ident.pci_bus_id, numa, ident.uuid, hostname], 1.0)
-        lost_f.add_metric([str(idx)], 1.0 if idx in lost else 0.0)
-        if idx not in lost:
-            mig_mode.add_metric([str(idx)], 1.0 if ident.mig_mode else 0.0)
+        # Flags as 1 or absent (the series budget, DESIGN.md): the alerts and queries read `== 1`.
+        if idx in lost:
+            lost_f.add_metric([str(idx)], 1.0)
+        elif ident.mig_mode:
+            mig_mode.add_metric([str(idx)], 1.0)
         for m in ident.mig:
             mig_info.add_metric([str(idx), str(m.gi), str(m.ci), m.uuid, m.name], 1.0)
     yield from (info, lost_f, mig_mode, mig_info)
@@ -281,10 +283,31 @@ def _field_families(path: str) -> dict[str, GaugeMetricFamily | CounterMetricFam
     return families
 
 
+def sparse(f: fields.Field) -> bool:
+    """Whether the field's series is exported only once its value is non-zero (the series budget, DESIGN.md).
+
+    Throttle time per reason (5 counters, 0 on almost every GPU for its whole life), the lifetime ECC totals
+    (``counter="aggregate"``, read as a level: the errors a GPU ever had; the volatile totals carry the rates
+    the alerts use) and the row-remap flags (pending, failure: 1 or absent, as the alerts' ``== 1`` reads
+    them). A throttle counter that starts moving appears with the time of its first sample: ``rate()`` misses
+    that first increment once per GPU, reason and exporter life, while ``gpufeed_gpu_clock_event_reason``
+    shows the reason active from its first slow-path sample.
+    """
+    return f.metric in SPARSE_METRICS or (
+        f.metric == "gpufeed_gpu_ecc_errors" and f.labels.get("counter") == "aggregate")
+
+
+SPARSE_METRICS = frozenset({"gpufeed_gpu_throttle_seconds", "gpufeed_gpu_row_remap_pending",
+                            "gpufeed_gpu_row_remap_failure"})
+
+
 def _add_fields(families: Mapping[str, GaugeMetricFamily | CounterMetricFamily], gpu: str, path: str,
                 values: Mapping[str, float]) -> None:
     for f in fields.ON_PATH[path]:
-        _add(families[f.metric], [gpu, *f.labels.values()], values.get(f.key))
+        v = values.get(f.key)
+        if v is not None and v == 0 and sparse(f):
+            continue
+        _add(families[f.metric], [gpu, *f.labels.values()], v)
 
 
 def _buffered_families(sample: GpuSample) -> Iterator[Metric]:
@@ -302,15 +325,22 @@ def _slow_families(sample: GpuSample) -> Iterator[Metric]:
     limit = GaugeMetricFamily("gpufeed_gpu_power_limit_watts", "Enforced power limit.", labels=["gpu"])
     temp = GaugeMetricFamily("gpufeed_gpu_temperature_celsius", "GPU core temperature.", labels=["gpu"])
     reason = GaugeMetricFamily(
-        "gpufeed_gpu_clock_event_reason", "1 while NVML reports the clock-event (throttle) reason; gpu_idle is "
-        "normal on an idle GPU.", labels=["gpu", "reason"])
+        "gpufeed_gpu_clock_event_reason", "1 for each clock-event (throttle) reason NVML reports now, absent for "
+        "the others; gpu_idle is normal on an idle GPU. Time per reason: gpufeed_gpu_throttle_seconds_total.",
+        labels=["gpu", "reason"])
     used = GaugeMetricFamily("gpufeed_gpu_memory_used_bytes", "Device memory in use.", labels=["gpu"])
     total = GaugeMetricFamily("gpufeed_gpu_memory_total_bytes", "Device memory size.", labels=["gpu"])
     gen = GaugeMetricFamily(
-        "gpufeed_gpu_pcie_link_generation", "PCIe link generation as NVML sees it: current (drops at idle by "
-        "design), max (limited by GPU and slot), gpu_max (the GPU's own).", labels=["gpu", "kind"])
-    width = GaugeMetricFamily("gpufeed_gpu_pcie_link_width", "PCIe link width as NVML sees it: current, max "
-                              "(GPU and slot), gpu_max (the GPU's own).", labels=["gpu", "kind"])
+        "gpufeed_gpu_pcie_link_generation", "Current PCIe link generation as NVML sees it (kind=\"current\"; drops "
+        "at idle by design); the maxima are labels of gpufeed_gpu_pcie_link_info.", labels=["gpu", "kind"])
+    width = GaugeMetricFamily("gpufeed_gpu_pcie_link_width", "Current PCIe link width as NVML sees it "
+                              "(kind=\"current\"); the maximum is a label of gpufeed_gpu_pcie_link_info.",
+                              labels=["gpu", "kind"])
+    # The static maxima as labels of one info series, not three gauges (the series budget, DESIGN.md).
+    link_info = GaugeMetricFamily(
+        "gpufeed_gpu_pcie_link_info", "The GPU's PCIe link maxima as NVML sees them (value 1): max_generation and "
+        "max_width what the GPU and slot allow together, gpu_max_generation the GPU's own; '' when unknown.",
+        labels=["gpu", "max_generation", "gpu_max_generation", "max_width"])
     pmem = GaugeMetricFamily("gpufeed_gpu_process_memory_bytes", "Device memory used by a compute process "
                              "(mig: the MIG instance it runs on).", labels=["gpu", "pid", "comm"])
     psm = GaugeMetricFamily("gpufeed_gpu_process_sm_ratio", "Share of the GPU's SM time used by the process in "
@@ -324,18 +354,21 @@ def _slow_families(sample: GpuSample) -> Iterator[Metric]:
         _add(limit, [gpu], g.power_limit_w)
         _add(temp, [gpu], g.temperature_c)
         if g.clock_event_reasons_supported:
+            # Active reasons only (DESIGN.md series budget): `== 1` and the alert's reason list read them as before.
             for r in CLOCK_EVENT_REASONS:
-                reason.add_metric([gpu, r], 1.0 if r in g.clock_event_reasons else 0.0)
+                if r in g.clock_event_reasons:
+                    reason.add_metric([gpu, r], 1.0)
         _add(used, [gpu], g.memory_used_bytes)
         _add(total, [gpu], g.memory_total_bytes)
         for gi, m in sorted(g.mig.items()):
             labels = GpuKey(int(gpu), gi).labels()
             _put(used, labels, m.memory_used_bytes)
             _put(total, labels, m.memory_total_bytes)
-        for kind, gv, wv in (("current", g.link_gen, g.link_width), ("max", g.max_link_gen, g.max_link_width),
-                             ("gpu_max", g.gpu_max_link_gen, None)):
-            _add(gen, [gpu, kind], gv)
-            _add(width, [gpu, kind], wv)
+        _add(gen, [gpu, "current"], g.link_gen)
+        _add(width, [gpu, "current"], g.link_width)
+        maxima = (g.max_link_gen, g.gpu_max_link_gen, g.max_link_width)
+        if any(v is not None for v in maxima):
+            link_info.add_metric([gpu, *("" if v is None else str(int(v)) for v in maxima)], 1.0)
         for p in g.processes:
             labels = {**GpuKey(int(gpu), p.mig).labels(), "pid": str(p.pid), "comm": p.comm}
             _put(pmem, labels, p.used_memory_bytes)
@@ -343,7 +376,8 @@ def _slow_families(sample: GpuSample) -> Iterator[Metric]:
         for code, n in sorted(g.xid_errors.items()):
             xid.add_metric([gpu, "other" if code == XID_OTHER else str(code)], float(n))
         _add_fields(families, gpu, fields.SLOW, g.fields)
-    yield from (max_clock, limit, temp, reason, used, total, gen, width, pmem, psm, xid, *families.values())
+    yield from (max_clock, limit, temp, reason, used, total, gen, width, link_info, pmem, psm, xid,
+                *families.values())
 
 
 def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:

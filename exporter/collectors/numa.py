@@ -228,14 +228,18 @@ class NumaCollector(Collector):
         )
         mismatch = GaugeMetricFamily(
             "gpufeed_process_numa_mismatch",
-            "1 when the GPU process is placed away from its GPU's NUMA node: cpus_remote (no allowed CPU is "
-            "local), memory_remote (memory bound to other nodes). Never 1 on single-node hosts.",
+            "1 for each way the GPU process is placed away from its GPU's NUMA node: cpus_remote (no allowed CPU is "
+            "local), memory_remote (memory bound to other nodes); absent for a well-placed process. Never present "
+            "on single-node hosts.",
             labels=["gpu", "pid", "comm", "reason"],
         )
         for p in sample.placements:
             pid = str(p.pid)
             if p.local_cpu_ratio is not None:
                 ratio.add_metric([p.gpu, pid, p.comm], p.local_cpu_ratio)
+            # Active reasons only (DESIGN.md series budget): `== 1`, the alert's process list and the dashboard's
+            # table read them as before; a well-placed process costs no series here.
             for reason in REASONS:
-                mismatch.add_metric([p.gpu, pid, p.comm, reason], 1.0 if reason in p.reasons else 0.0)
+                if reason in p.reasons:
+                    mismatch.add_metric([p.gpu, pid, p.comm, reason], 1.0)
         yield from (cpus, ratio, mismatch)

@@ -9,7 +9,12 @@ link and AER files are re-read every cycle.
 The collector records evidence only -- current vs maximum vs system-limited maximum per hop, and how
 often each link renegotiated. Idle NVIDIA GPUs drop to Gen1 by design and some links flap while idle:
 "current below max" is not a fault by itself. Judging "downgraded while busy, sustained" is the derived
-layer's job (see docs/topology.md).
+layer's job (see docs/topology.md), over every hop of the sample.
+
+The exposition, by default, carries every GPU, NVMe and NIC and only the narrowest hop of each GPU's chain
+of bridges (the one that caps its transfers, where a downgrade under load shows), and the chain's AER totals
+summed (root port to GPU); ``--collector.pcie.chain`` exports every hop. The static maxima (max and
+system-limited speed and width) are labels of ``gpufeed_pcie_device_info``, not gauges.
 """
 
 from __future__ import annotations
@@ -108,6 +113,9 @@ class PcieCollector(Collector):
         Option("rescan-interval", "duration", 60.0,
                "Re-enumerate PCI devices this often when udev hotplug events are unavailable."),
         Option("feeders", "bool", True, "Also report NVMe and network devices (not only GPUs and their bridges)."),
+        Option("chain", "bool", False,
+               "Export every hop of each GPU's PCIe chain (root port, switch ports) with its link state and AER "
+               "counters; by default only the narrowest hop of each chain and the chain's AER totals."),
     )
 
     def __init__(self, ctx: CollectorContext) -> None:
@@ -455,38 +463,24 @@ class PcieCollector(Collector):
         sample: PcieSample | None = snap.value(self.name)
         if sample is None:
             return
+        whole_chain = bool(self.ctx.options.get("chain", False))
         link_labels = ["bdf", "role", "gpu_bdf"]
         info = GaugeMetricFamily(
             "gpufeed_pcie_device_info",
             "PCI device identity, value 1: role (gpu, nvme, nic, bridge on a GPU's path), ids, driver, the GPU "
-            "below a bridge (gpu_bdf), its NUMA node and port type.",
-            labels=["bdf", "role", "vendor", "device", "class", "driver", "gpu_bdf", "numa_node", "port"],
+            "below a bridge (gpu_bdf), its NUMA node, port type, and the link's static maxima: max_speed/max_width "
+            "(the device's own capability, sysfs max_link_*), limit_speed/limit_width (system-limited: the lower "
+            "capability of the link's two ends); '' when unknown.",
+            labels=["bdf", "role", "vendor", "device", "class", "driver", "gpu_bdf", "numa_node", "port",
+                    "max_speed", "max_width", "limit_speed", "limit_width"],
         )
         cur_speed = GaugeMetricFamily(
             "gpufeed_pcie_link_current_speed_transfers_per_second",
             "Negotiated PCIe link speed (sysfs current_link_speed). Idle GPUs drop to Gen1 by design.",
             labels=link_labels,
         )
-        max_speed = GaugeMetricFamily(
-            "gpufeed_pcie_link_max_speed_transfers_per_second",
-            "Maximum PCIe link speed the device supports (sysfs max_link_speed).", labels=link_labels,
-        )
-        lim_speed = GaugeMetricFamily(
-            "gpufeed_pcie_link_limit_speed_transfers_per_second",
-            "System-limited maximum speed of the link: the lower max_link_speed of its two ends.",
-            labels=link_labels,
-        )
         cur_width = GaugeMetricFamily(
             "gpufeed_pcie_link_current_width", "Negotiated PCIe link width in lanes (sysfs current_link_width).",
-            labels=link_labels,
-        )
-        max_width = GaugeMetricFamily(
-            "gpufeed_pcie_link_max_width", "Maximum PCIe link width of the device (sysfs max_link_width).",
-            labels=link_labels,
-        )
-        lim_width = GaugeMetricFamily(
-            "gpufeed_pcie_link_limit_width",
-            "System-limited maximum width of the link: the lower max_link_width of its two ends.",
             labels=link_labels,
         )
         capacity = GaugeMetricFamily(
@@ -501,34 +495,93 @@ class PcieCollector(Collector):
         )
         aer = CounterMetricFamily(
             "gpufeed_pcie_aer_errors",
-            "PCIe Advanced Error Reporting totals (sysfs aer_dev_*, TOTAL_ERR_* lines) by severity.",
+            "PCIe Advanced Error Reporting totals (sysfs aer_dev_*, TOTAL_ERR_* lines) by severity, per NVMe and "
+            "NIC (per GPU and bridge too with --collector.pcie.chain).",
             labels=["bdf", "role", "severity"],
         )
+        chain_aer = CounterMetricFamily(
+            "gpufeed_pcie_chain_aer_errors",
+            "AER totals (sysfs aer_dev_*) summed over a GPU's PCIe chain -- root port, switch ports and the GPU "
+            "itself -- by severity; per device instead with --collector.pcie.chain.",
+            labels=["gpu_bdf", "severity"],
+        )
+        shown = set(sample.devices) if whole_chain else exported_hops(sample)
         for d in sample.devices.values():
+            if d.bdf not in shown:
+                continue
             gpu = d.gpu_bdf or ""
             lv = [d.bdf, d.role, gpu]
+            ln = d.link
+            maxima = ["", "", "", ""] if ln is None else [
+                _speed_label(ln.max_speed_gts), _width_label(ln.max_width),
+                _speed_label(ln.limit_speed_gts), _width_label(ln.limit_width)]
             info.add_metric(
                 [d.bdf, d.role, d.vendor, d.device, d.class_code, d.driver, gpu,
-                 "" if d.numa_node is None else str(d.numa_node), d.port], 1.0,
+                 "" if d.numa_node is None else str(d.numa_node), d.port, *maxima], 1.0,
             )
-            if d.link is not None:
-                ln = d.link
-                for fam, v in ((cur_speed, ln.current_speed_gts), (max_speed, ln.max_speed_gts),
-                               (lim_speed, ln.limit_speed_gts)):
-                    if v is not None:
-                        fam.add_metric(lv, v * GTS)
-                for fam, w in ((cur_width, ln.current_width), (max_width, ln.max_width), (lim_width, ln.limit_width)):
-                    if w is not None:
-                        fam.add_metric(lv, float(w))
+            if ln is not None:
+                if ln.current_speed_gts is not None:
+                    cur_speed.add_metric(lv, ln.current_speed_gts * GTS)
+                if ln.current_width is not None:
+                    cur_width.add_metric(lv, float(ln.current_width))
                 cap = linkmath.capacity_from_speed(ln.current_speed_gts, ln.current_width)
                 if cap is not None:
                     capacity.add_metric(lv, cap)
                 changes.add_metric(lv, float(d.link_changes))
-            if d.aer is not None:
-                for sev, n in (("correctable", d.aer.correctable), ("nonfatal", d.aer.nonfatal),
-                               ("fatal", d.aer.fatal)):
+        for d in sample.devices.values():
+            if d.aer is not None and (whole_chain or d.gpu_bdf is None):
+                for sev, n in _severities(d.aer):
                     aer.add_metric([d.bdf, d.role, sev], float(n))
-        yield from (info, cur_speed, max_speed, lim_speed, cur_width, max_width, lim_width, capacity, changes, aer)
+        if not whole_chain:
+            for gpu_bdf, chain in sorted(sample.chains.items()):
+                # Devices without AER capability (no aer_dev_* files) add nothing; a total that drops because a
+                # file turned unreadable is withheld by the exposition's counter guard, never exported lower.
+                known = [a for b in chain for a in (sample.devices[b].aer,) if a is not None]
+                if not known:
+                    continue
+                total = AerCounts(correctable=sum(a.correctable for a in known),
+                                  nonfatal=sum(a.nonfatal for a in known), fatal=sum(a.fatal for a in known))
+                for sev, n in _severities(total):
+                    chain_aer.add_metric([gpu_bdf, sev], float(n))
+        yield from (info, cur_speed, cur_width, capacity, changes, aer, chain_aer)
+
+
+def exported_hops(sample: PcieSample) -> set[str]:
+    """The devices exported by default: every GPU and feeder, and of each GPU's bridges only the narrowest hop.
+
+    The narrowest hop is the one whose current link has the lowest achievable capacity -- the one that caps the
+    GPU's transfers, and the one a downgrade under load shows up at. Ties go to the hop nearest the GPU, so a
+    healthy chain exports only the GPU's own link, and a bridge appears only while its link is really slower
+    than every hop below it. A hop without a known capacity is never chosen over one with.
+    """
+    keep = {b for b, d in sample.devices.items() if d.role != "bridge"}
+    for chain in sample.chains.values():
+        best: tuple[float, int] | None = None
+        pick: str | None = None
+        for pos, b in enumerate(chain):
+            ln = sample.devices[b].link
+            cap = None if ln is None else linkmath.capacity_from_speed(ln.current_speed_gts, ln.current_width)
+            if cap is None:
+                continue
+            key = (cap, -pos)
+            if best is None or key < best:
+                best, pick = key, b
+        if pick is not None:
+            keep.add(pick)
+    return keep
+
+
+def _severities(a: AerCounts) -> tuple[tuple[str, int], ...]:
+    return (("correctable", a.correctable), ("nonfatal", a.nonfatal), ("fatal", a.fatal))
+
+
+def _speed_label(gts: float | None) -> str:
+    """A speed label in the kernel's own wording ("16.0 GT/s", as sysfs writes it without the " PCIe")."""
+    return "" if gts is None else f"{gts:.1f} GT/s"
+
+
+def _width_label(width: int | None) -> str:
+    return "" if width is None else str(width)
 
 
 def _err(e: BaseException) -> str:

@@ -42,7 +42,6 @@ STATE_NAMES = {
     "R": "running", "S": "sleeping", "D": "disk_sleep", "T": "stopped", "t": "tracing_stop",
     "X": "dead", "Z": "zombie", "P": "parked", "I": "idle",
 }
-ALWAYS_STATES = ("running", "sleeping", "disk_sleep")
 
 
 class PidListOption(Option):
@@ -391,6 +390,7 @@ class ProcCollector(Collector):
             if pid in deep.workload:
                 continue
             counts = Counter(STATE_NAMES.get(t.state, t.state) for t in p.threads)
-            for state in sorted(set(ALWAYS_STATES) | set(counts)):
-                threads.add_metric([str(pid), p.comm, state], float(counts.get(state, 0)))
+            # States with threads only (the host-level series budget): a state absent is 0 to sum/or.
+            for state in sorted(counts):
+                threads.add_metric([str(pid), p.comm, state], float(counts[state]))
         return threads

@@ -513,8 +513,8 @@ class Analyzer(Stage):
             "Seconds each GPU spent waiting, attributed to the cause the classifier saw at the time.",
             labels=["gpu", "cause"])
         bottleneck = GaugeMetricFamily(
-            "gpufeed_gpu_bottleneck", f"Current verdict per GPU, one-hot over causes (window {w}, hysteresis).",
-            labels=["gpu", "cause"])
+            "gpufeed_gpu_bottleneck", f"Current verdict per GPU (window {w}, hysteresis): one series, value 1, "
+            "labelled with the current cause; the other causes are absent (not 0).", labels=["gpu", "cause"])
         confidence = GaugeMetricFamily(
             "gpufeed_gpu_bottleneck_confidence", "Confidence 0..1 in the current verdict.", labels=["gpu"])
         gaps = HistogramMetricFamily(
@@ -529,11 +529,13 @@ class Analyzer(Stage):
             "gpufeed_gpu_idle_ratio", f"Share of the last {w} the GPU was idle (activity below 5%).", labels=["gpu"])
         periodic = GaugeMetricFamily(
             "gpufeed_gpu_idle_gaps_periodic",
-            f"1 when the GPU's idle gaps over the last {w} recur at a regular period (batch boundaries).",
+            f"1 when the GPU's idle gaps over the last {w} recur at a regular period (batch boundaries); absent "
+            "otherwise.",
             labels=["gpu"])
         down = GaugeMetricFamily(
             "gpufeed_pcie_link_downgraded",
-            f"1 when this hop of the GPU's PCIe chain ran below its maximum while the GPU was busy (last {w}).",
+            f"1 while this hop of the GPU's PCIe chain runs below its maximum while the GPU is busy (last {w}); "
+            "absent for the hops that do not.",
             labels=["gpu", "bdf"])
         finding = GaugeMetricFamily(
             "gpufeed_finding", "1 for each platform finding currently raised; gpu=\"\" for host-wide ones.",
@@ -556,14 +558,20 @@ class Analyzer(Stage):
                 _sample(burst, "", lab, a.burstiness)
             if a.idle_ratio is not None:
                 _sample(idle, "", lab, a.idle_ratio)
-                _sample(periodic, "", lab, 1.0 if a.periodic_gaps else 0.0)
+                if a.periodic_gaps:  # a flag: 1 or absent (the series budget)
+                    _sample(periodic, "", lab, 1.0)
             if key.gpu not in links_done:  # the PCIe chain is the physical GPU's: once per GPU
                 links_done.add(key.gpu)
+                # Downgraded hops only (the series budget): every hop of the chain is judged, and `== 1`, the
+                # alert and the fleet report read the ones that hold.
                 for bdf, flag in sorted(a.links.items()):
-                    down.add_metric([str(key.gpu), bdf], 1.0 if flag else 0.0)
+                    if flag:
+                        down.add_metric([str(key.gpu), bdf], 1.0)
         for key, v in d.verdicts().items():
-            for c in VERDICTS:
-                _sample(bottleneck, "", {**key.labels(), "cause": c}, 1.0 if v.cause == c else 0.0)
+            # The active value only (DESIGN.md series budget): 1 series instead of one per verdict; a change of
+            # verdict ends one series and starts another, which `== 1`, `count by (cause)` and `or` read alike.
+            assert v.cause in VERDICTS, v.cause
+            _sample(bottleneck, "", {**key.labels(), "cause": v.cause}, 1.0)
             _sample(confidence, "", key.labels(), v.confidence)
         for check_gpu in sorted({(f.check, "" if f.gpu is None else str(f.gpu)) for f in d.findings}):
             finding.add_metric(list(check_gpu), 1.0)

@@ -169,6 +169,10 @@ def base_queries(window: Window, by: str) -> list[Query]:
         # The best link seen while the finding was raised (idle GPUs drop to Gen1 by design: take the max).
         qs.append(Query(q, f"max by (job, instance, gpu, kind) (max_over_time(({metric} and on (job, instance, gpu) "
                            f'gpufeed_finding{{check="pcie_link_downgraded"}})[{rng}:1m]))', False, "link states"))
+    # What the GPU and slot allow: labels of the link's info series.
+    qs.append(Query("link_max", "max by (job, instance, gpu, max_generation, max_width) (last_over_time(("
+                                "gpufeed_gpu_pcie_link_info and on (job, instance, gpu) "
+                                f'gpufeed_finding{{check="pcie_link_downgraded"}})[{rng}:1m]))', False, "link maxima"))
     if by != "host":
         label = BY_LABEL[by]
         qs.append(Query("workloads", f"count(max by (job, instance, gpu) "
@@ -405,6 +409,10 @@ def _links(res: Mapping[str, list[Series] | list[Sample]], gpus: set[GpuId]) -> 
         for smp in _samples(res, key):
             if math.isfinite(smp.value):
                 vals[(_gpu(smp.labels), key, smp.labels.get("kind", ""))] = round(smp.value)
+    for smp in _samples(res, "link_max"):
+        for key, label in (("link_gen", "max_generation"), ("link_width", "max_width")):
+            if smp.labels.get(label, "").isdigit():
+                vals[(_gpu(smp.labels), key, "max")] = int(smp.labels[label])
     out = {}
     for g in sorted(gpus | set(hops)):
         out[g] = LinkState(gpu=g, bdfs=tuple(sorted(hops.get(g, []))),

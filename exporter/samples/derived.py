@@ -65,8 +65,10 @@ class GpuActivity:
     links: Mapping[str, bool]
 
 
-# Buckets of gpufeed_gpu_idle_gap_seconds: 100 ms (the GPM/profiling hardware floor) to 60 s.
-GAP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Buckets of gpufeed_gpu_idle_gap_seconds, one per kind of stall the playbook tells apart (5 series per GPU
+# with +Inf, plus _sum and _count: the series budget): <= 250 ms launch/sync gaps (the sampler's floor is
+# 100 ms), <= 1 s gaps at batch boundaries, <= 2.5 s data-loader stalls, <= 10 s IO stalls; longer is a pause.
+GAP_BUCKETS = (0.25, 1.0, 2.5, 10.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,7 +89,7 @@ def test_riser_static_pids_give_each_placement_its_reason() -> None:
     assert by_pid[4245].local_cpu_ratio == 0.5 and by_pid[4245].reasons == ()
     fams = list(c.metrics(snapshot_of("numa", s)))
     assert value(fams, "gpufeed_process_numa_mismatch", pid="4242", reason="cpus_remote") == 1
-    assert value(fams, "gpufeed_process_numa_mismatch", pid="4244", reason="cpus_remote") == 0
+    assert value(fams, "gpufeed_process_numa_mismatch", pid="4244", reason="cpus_remote") is None  # its CPUs are local
     assert value(fams, "gpufeed_process_numa_mismatch", pid="4244", reason="memory_remote") == 1
     assert value(fams, "gpufeed_process_numa_local_cpu_ratio", pid="4245", gpu="0000:01:00.0", comm="python3") == 0.5
     assert series(fams, "gpufeed_numa_node_cpus") == {(("node", "0"),): 16.0, (("node", "1"),): 16.0}

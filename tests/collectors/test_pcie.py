@@ -29,6 +29,11 @@ def metrics_of(c: PcieCollector, s: PcieSample) -> list[Any]:
     return list(c.metrics(snapshot_of("pcie", s)))
 
 
+def info_of(fams: list[Any], bdf: str) -> dict[str, str]:
+    """The labels of a device's gpufeed_pcie_device_info series."""
+    return dict(next(k for k in series(fams, "gpufeed_pcie_device_info") if ("bdf", bdf) in k))
+
+
 def below_limit(link: PcieLink) -> tuple[bool, bool]:
     """(speed below the system limit, width below the system limit) -- what the derived layer checks."""
     assert link.limit_speed_gts is not None and link.limit_width is not None
@@ -52,13 +57,18 @@ def test_riser_gpu_chain_shows_the_degraded_hop_at_the_slot_with_gen3_x8_capacit
         assert (d.link.limit_speed_gts, d.link.limit_width) == (16.0, 16)
         assert below_limit(d.link) == (True, True)
     fams = metrics_of(c, s)
-    cap = value(fams, "gpufeed_pcie_link_capacity_bytes_per_second", bdf="0000:40:01.1")
+    # Both ends of the one link are at Gen3 x8: the narrowest hop is a tie, exported at the GPU's end.
+    cap = value(fams, "gpufeed_pcie_link_capacity_bytes_per_second", bdf="0000:41:00.0")
     assert cap == pytest.approx(linkmath.capacity_bytes_per_second(3, 8))
     assert value(fams, "gpufeed_pcie_link_current_speed_transfers_per_second", bdf="0000:41:00.0") == 8 * GTS
-    assert value(fams, "gpufeed_pcie_link_max_speed_transfers_per_second", bdf="0000:41:00.0") == 16 * GTS
-    assert value(fams, "gpufeed_pcie_link_limit_width", bdf="0000:41:00.0", gpu_bdf="0000:41:00.0") == 16
-    assert value(fams, "gpufeed_pcie_link_current_width", bdf="0000:40:01.1", role="bridge",
+    assert value(fams, "gpufeed_pcie_link_current_speed_transfers_per_second", bdf="0000:40:01.1") is None
+    gpu_info = info_of(fams, "0000:41:00.0")
+    assert (gpu_info["max_speed"], gpu_info["max_width"]) == ("16.0 GT/s", "16")
+    assert (gpu_info["limit_speed"], gpu_info["limit_width"]) == ("16.0 GT/s", "16")
+    whole = metrics_of(PcieCollector(context("riser", options={"chain": True})), s)
+    assert value(whole, "gpufeed_pcie_link_current_width", bdf="0000:40:01.1", role="bridge",
                  gpu_bdf="0000:41:00.0") == 8
+    assert value(whole, "gpufeed_pcie_link_capacity_bytes_per_second", bdf="0000:40:01.1") == pytest.approx(cap)
 
 
 def test_riser_healthy_gpu_on_the_other_socket_is_at_its_limit() -> None:
@@ -74,9 +84,16 @@ def test_riser_aer_totals_are_counters_per_severity() -> None:
     aer = s.devices["0000:41:00.0"].aer
     assert aer is not None and (aer.correctable, aer.nonfatal, aer.fatal) == (12, 0, 0)
     fams = metrics_of(c, s)
-    assert value(fams, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0", severity="correctable") == 12
-    assert value(fams, "gpufeed_pcie_aer_errors_total", bdf="0000:40:01.1", severity="correctable") == 3
-    assert value(fams, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0", severity="fatal") == 0
+    # By default one total per severity for the GPU's whole path: the GPU's 12 and the slot's 3.
+    assert value(fams, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0") is None
+    assert value(fams, "gpufeed_pcie_aer_errors_total", bdf="0000:40:01.1") is None
+    assert value(fams, "gpufeed_pcie_chain_aer_errors_total", gpu_bdf="0000:41:00.0", severity="correctable") == 15
+    assert value(fams, "gpufeed_pcie_chain_aer_errors_total", gpu_bdf="0000:41:00.0", severity="fatal") == 0
+    whole = metrics_of(PcieCollector(context("riser", options={"chain": True})), s)
+    assert value(whole, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0", severity="correctable") == 12
+    assert value(whole, "gpufeed_pcie_aer_errors_total", bdf="0000:41:00.0", severity="fatal") == 0
+    assert value(whole, "gpufeed_pcie_aer_errors_total", bdf="0000:40:01.1", severity="correctable") == 3
+    assert series(whole, "gpufeed_pcie_chain_aer_errors_total") == {}  # per device instead: never counted twice
 
 
 def test_feeders_are_reported_without_their_bridges() -> None:
@@ -94,12 +111,16 @@ def test_feeders_are_reported_without_their_bridges() -> None:
 
 def test_info_series_carry_vendor_device_class_driver_and_node() -> None:
     c, s = sample_of("riser")
-    info = series(metrics_of(c, s), "gpufeed_pcie_device_info")
-    labels = dict(next(k for k in info if ("bdf", "0000:41:00.0") in k))
-    assert labels == {"bdf": "0000:41:00.0", "role": "gpu", "vendor": "0x10de", "device": "0x2230",
-                      "class": "0x030000", "driver": "nvidia", "gpu_bdf": "0000:41:00.0", "numa_node": "1",
-                      "port": "endpoint"}
-    assert len(info) == len(s.devices) and set(info.values()) == {1.0}
+    fams = metrics_of(c, s)
+    info = series(fams, "gpufeed_pcie_device_info")
+    assert info_of(fams, "0000:41:00.0") == {
+        "bdf": "0000:41:00.0", "role": "gpu", "vendor": "0x10de", "device": "0x2230", "class": "0x030000",
+        "driver": "nvidia", "gpu_bdf": "0000:41:00.0", "numa_node": "1", "port": "endpoint",
+        "max_speed": "16.0 GT/s", "max_width": "16", "limit_speed": "16.0 GT/s", "limit_width": "16"}
+    # Every GPU and feeder, and no bridge: each chain's narrowest hop is its GPU's own link here.
+    assert len(info) == sum(d.role != "bridge" for d in s.devices.values()) and set(info.values()) == {1.0}
+    whole = series(metrics_of(PcieCollector(context("riser", options={"chain": True})), s), "gpufeed_pcie_device_info")
+    assert len(whole) == len(s.devices)
 
 
 # ---- switch_riser: the GPU's own link is fine, the switch's uplink is not -------------------------------------
@@ -121,16 +142,26 @@ def test_degraded_switch_uplink_is_found_above_a_healthy_gpu_link() -> None:
     assert s.devices["0000:01:00.0"].link_peer == "0000:00:01.0"
     assert s.devices["0000:00:01.0"].link_peer == "0000:01:00.0"
     assert s.devices["0000:02:00.0"].link_peer == "0000:03:00.0"
-    cap = value(metrics_of(c, s), "gpufeed_pcie_link_capacity_bytes_per_second", bdf="0000:01:00.0")
+    fams = metrics_of(c, s)
+    # The narrowest hop of the chain is the uplink, at the end nearest the GPU (the switch's upstream port):
+    # it is exported by default beside the GPU's own link, with the identity that names it; the healthy hops
+    # between them are not.
+    cap = value(fams, "gpufeed_pcie_link_capacity_bytes_per_second", bdf="0000:01:00.0", gpu_bdf="0000:03:00.0")
     assert cap == pytest.approx(linkmath.capacity_bytes_per_second(3, 4))
+    assert info_of(fams, "0000:01:00.0")["port"] == "upstream_port"
+    assert value(fams, "gpufeed_pcie_link_capacity_bytes_per_second", bdf="0000:03:00.0") == pytest.approx(
+        linkmath.capacity_bytes_per_second(4, 16))
+    for healthy in ("0000:00:01.0", "0000:02:00.0"):
+        assert value(fams, "gpufeed_pcie_link_capacity_bytes_per_second", bdf=healthy) is None
 
 
 def test_bridge_shared_by_two_gpus_appears_once_named_after_the_first_gpu() -> None:
-    c, s = sample_of("switch_riser")
+    _c, s = sample_of("switch_riser")
     assert s.chains["0000:04:00.0"][:2] == s.chains["0000:03:00.0"][:2]
     assert s.devices["0000:01:00.0"].gpu_bdf == "0000:03:00.0"
     assert s.devices["0000:02:01.0"].gpu_bdf == "0000:04:00.0"
-    cur = series(metrics_of(c, s), "gpufeed_pcie_link_current_width")
+    cur = series(metrics_of(PcieCollector(context("switch_riser", options={"chain": True})), s),
+                 "gpufeed_pcie_link_current_width")
     assert sum(1 for k in cur if ("bdf", "0000:01:00.0") in k) == 1
 
 
@@ -160,17 +191,22 @@ def test_idle_gpu_at_gen1_exposes_current_and_max_but_no_downgrade_flag() -> Non
     assert link.current_width == link.limit_width == 16  # width is the stable signal: not below its limit
     fams = metrics_of(c, s)
     assert value(fams, "gpufeed_pcie_link_current_speed_transfers_per_second", bdf="0000:19:00.0") == 2.5 * GTS
-    assert value(fams, "gpufeed_pcie_link_limit_speed_transfers_per_second", bdf="0000:19:00.0") == 32 * GTS
+    assert info_of(fams, "0000:19:00.0")["limit_speed"] == "32.0 GT/s"
     assert not [f for f in fams if "downgrade" in f.name]
 
 
-def test_dgx_series_count_stays_bounded() -> None:
+def test_dgx_exports_one_hop_per_gpu_chain_by_default_and_every_hop_with_the_chain_flag() -> None:
     c, s = sample_of("dgx")
     samples = [smp for f in metrics_of(c, s) for smp in f.samples]
     chain = set(s.chains["0000:18:00.0"])
-    per_gpu_chain = sum(1 for smp in samples if smp.labels.get("bdf") in chain)
-    assert per_gpu_chain <= 60  # the budget per GPU in DESIGN.md
-    assert len(samples) == 32 * 12  # 8 GPUs, 16 bridges, 8 feeders x (info, 8 link gauges, changes, 3 AER)
+    assert sum(1 for smp in samples if smp.labels.get("bdf") in chain) == 5  # info, 4 link series
+    assert sum(1 for smp in samples if smp.labels.get("gpu_bdf") == "0000:18:00.0"
+               and smp.name == "gpufeed_pcie_chain_aer_errors_total") == 3
+    # 16 GPUs and feeders x (info, 4 link series) + 8 feeders x 3 AER + 8 chains x 3 AER totals
+    assert len(samples) == 16 * 5 + 8 * 3 + 8 * 3
+    whole = [smp for f in metrics_of(PcieCollector(context("dgx", options={"chain": True})), s) for smp in f.samples]
+    assert sum(1 for smp in whole if smp.labels.get("bdf") in chain) == 4 * 8
+    assert len(whole) == 32 * 8  # 8 GPUs, 16 bridges, 8 feeders x (info, 4 link series, 3 AER)
 
 
 def test_nvidia_gpus_are_listed_before_other_vendors() -> None:
@@ -237,7 +273,8 @@ def test_garbage_values_are_omitted_never_guessed() -> None:
     fams = metrics_of(c, s)
     assert value(fams, "gpufeed_pcie_link_current_speed_transfers_per_second", bdf="0000:01:00.0") is None
     assert value(fams, "gpufeed_pcie_link_capacity_bytes_per_second", bdf="0000:01:00.0") is None
-    assert value(fams, "gpufeed_pcie_link_max_width", bdf="0000:01:00.0") == 16
+    assert info_of(fams, "0000:01:00.0")["max_width"] == "16"
+    assert info_of(fams, "0000:01:00.0")["max_speed"] == "16.0 GT/s"
 
 
 def test_permission_denied_attribute_is_skipped_and_the_rest_is_read(monkeypatch: pytest.MonkeyPatch) -> None:

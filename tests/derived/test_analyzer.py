@@ -60,7 +60,7 @@ def test_each_idle_gap_is_counted_once_across_overlapping_windows() -> None:
                    [ThreadSpec(8, 0.05, 0.06, "D")], 30.0)
     a = run(an, eng, [float(t) for t in range(1, 31)]).activity[0]
     assert sum(a.gap_buckets) == 9
-    assert a.gap_buckets[4] == 9  # all in the (1 s, 2.5 s] bucket
+    assert a.gap_buckets[2] == 9  # all in the (1 s, 2.5 s] bucket
     assert a.gap_seconds_sum == pytest.approx(9 * 2.46, abs=9 * 0.1)  # one 100 ms sample of quantisation per gap
     assert a.periodic_gaps
 
@@ -80,10 +80,12 @@ def test_exposition_is_one_hot_with_cumulative_gap_buckets() -> None:
     st = run(an, eng, [float(t) for t in range(1, 31)])
     snap = Snapshot(version=1, t=30.0, latest=MappingProxyType({"derived": Stamped(30.0, st)}))
     fams = {m.name: m for m in an.metrics(snap)}
-    one_hot = [s for s in fams["gpufeed_gpu_bottleneck"].samples if s.labels["gpu"] == "0"]
-    assert sum(s.value for s in one_hot) == 1.0 and len(one_hot) == 9
-    buckets = [s.value for s in fams["gpufeed_gpu_idle_gap_seconds"].samples if s.name.endswith("_bucket")]
-    assert buckets == sorted(buckets) and buckets[-1] == 9
+    # Only the current verdict is exported (value 1): `== 1` and `count by (cause)` read it as before.
+    verdict = [s for s in fams["gpufeed_gpu_bottleneck"].samples if s.labels["gpu"] == "0"]
+    assert [(s.labels["cause"], s.value) for s in verdict] == [(st.gpus[0].cause, 1.0)]
+    buckets = [s for s in fams["gpufeed_gpu_idle_gap_seconds"].samples if s.name.endswith("_bucket")]
+    assert [s.labels["le"] for s in buckets] == ["0.25", "1.0", "2.5", "10.0", "+Inf"]
+    assert [s.value for s in buckets] == sorted(s.value for s in buckets) and buckets[-1].value == 9
     states = {s.labels["state"]: s.value for s in fams["gpufeed_gpu_state_seconds"].samples}
     assert sum(states.values()) == pytest.approx(29.0)
 

@@ -314,12 +314,18 @@ class Fleet:
         for metric in ("generation", "width"):
             out.write(f"# TYPE gpufeed_gpu_pcie_link_{metric} gauge\n")
             for g in self.gpus:
-                for kind in ("current", "max"):
-                    ls = lab(g, kind=kind)
-                    for m, t, _ in self._scrapes(g):
-                        v = self._link(g, m, kind)[0 if metric == "generation" else 1]
-                        out.write(f"gpufeed_gpu_pcie_link_{metric}{{{ls}}} {v} {t}\n")
-                        n += 1
+                ls = lab(g, kind="current")
+                for m, t, _ in self._scrapes(g):
+                    v = self._link(g, m, "current")[0 if metric == "generation" else 1]
+                    out.write(f"gpufeed_gpu_pcie_link_{metric}{{{ls}}} {v} {t}\n")
+                    n += 1
+        out.write("# TYPE gpufeed_gpu_pcie_link_info gauge\n")
+        for g in self.gpus:
+            max_gen, max_width = self._link(g, 0, "max")
+            ls = lab(g, max_generation=str(max_gen), gpu_max_generation=str(max_gen), max_width=str(max_width))
+            for _m, t, _ in self._scrapes(g):
+                out.write(f"gpufeed_gpu_pcie_link_info{{{ls}}} 1 {t}\n")
+                n += 1
         out.write("# TYPE gpufeed_pcie_link_downgraded gauge\n")
         for g in self.gpus:
             ls = lab(g, bdf=self.bdf(g))

@@ -161,7 +161,7 @@ def test_the_json_validates_against_the_schema_in_the_repository() -> None:
     schema = json.loads((REPO / "docs" / "report.schema.json").read_text())
     track = FindingTrack(B0, "pcie_link_downgraded", (H, H, 0.0))
     data = fleet(by="namespace", findings=[track], groups={"x": {"working": H}}, group_causes={},
-                 gaps={A0: GapHistogram(A0, GAP_BUCKETS, (1.0,) * 10, 0.05)})
+                 gaps={A0: GapHistogram(A0, GAP_BUCKETS, (1.0,) * (len(GAP_BUCKETS) + 1), 0.05)})
     doc = json.loads(json.dumps(to_json(build_report(data, prometheus="p", generated_at=1.7e9))))
     jsonschema.validate(doc, schema)
     assert doc["schema_version"] == 1 and doc["generated_at"] == "2023-11-14T22:13:20Z"

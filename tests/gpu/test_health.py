@@ -63,7 +63,7 @@ def test_the_event_set_is_rearmed_after_a_lost_gpu_comes_back(rig: MakeRig) -> N
     # While GPU 1 is lost the set is rebuilt without it: GPU 0 keeps reporting.
     assert r.value("gpufeed_gpu_xid_errors_total", gpu="0", xid="13") == 1.0
     r.run_until(60.0)
-    assert r.value("gpufeed_gpu_lost", gpu="1") == 0.0
+    assert r.value("gpufeed_gpu_lost", gpu="1") is None
     assert r.value("gpufeed_gpu_xid_errors_total", gpu="1", xid="79") == 1.0
     assert r.fake.event_sets == 1, "old sets are freed when a new one replaces them"
 
@@ -100,7 +100,7 @@ def test_ecc_and_row_remapping_counters_are_exported_from_the_slow_path(rig: Mak
     r = rig([device(0, ecc={"corrected_volatile": 12, "uncorrected_volatile": 1, "corrected_aggregate": 40,
                             "uncorrected_aggregate": 2},
                     remapped_rows={"correctable": 3, "uncorrectable": 1, "pending": 1, "failure": 0}),
-             device(1, unsupported=["field:3", "field:4", "field:5", "field:6"])])
+             device(1, unsupported=["field:3", "field:4", "field:5", "field:6"]), device(2)])
     r.at(7.0, lambda st: st["devices"][0]["ecc"].update(uncorrected_volatile=4))
     r.run_until(12.0)
     ecc = "gpufeed_gpu_ecc_errors_total"
@@ -111,7 +111,11 @@ def test_ecc_and_row_remapping_counters_are_exported_from_the_slow_path(rig: Mak
     assert r.value("gpufeed_gpu_remapped_rows", gpu="0", cause="correctable") == 3.0
     assert r.value("gpufeed_gpu_remapped_rows", gpu="0", cause="uncorrectable") == 1.0
     assert r.value("gpufeed_gpu_row_remap_pending", gpu="0") == 1.0
-    assert r.value("gpufeed_gpu_row_remap_failure", gpu="0") == 0.0
+    assert r.value("gpufeed_gpu_row_remap_failure", gpu="0") is None  # a flag: 1 or absent
+    # A GPU that never had an error: the volatile totals (the alerts' rates) are 0, the lifetime ones absent
+    # until they count something (a level, exported once non-zero: the series budget).
+    assert r.value(ecc, gpu="2", error="uncorrected", counter="volatile") == 0.0
+    assert r.value(ecc, gpu="2", error="uncorrected", counter="aggregate") is None
     # A board without ECC: its series are absent (unknown), not zero; its remap counters still answer.
     assert r.value(ecc, gpu="1", error="uncorrected", counter="volatile") is None
     assert r.value("gpufeed_gpu_remapped_rows", gpu="1", cause="correctable") == 0.0

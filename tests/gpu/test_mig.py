@@ -30,7 +30,7 @@ def test_a_mig_gpu_is_enumerated_with_its_instances_and_described_per_instance(r
     r.rates(0, {"mig": {1: {"graphics_active": 0.95, "sm_active": 0.8}, 2: {}}})
     r.run_until(10.0)
     assert r.failures() == {}
-    assert r.value("gpufeed_gpu_mig_mode", gpu="0") == 1.0 and r.value("gpufeed_gpu_mig_mode", gpu="1") == 0.0
+    assert r.value("gpufeed_gpu_mig_mode", gpu="0") == 1.0 and r.value("gpufeed_gpu_mig_mode", gpu="1") is None
     assert r.value("gpufeed_gpu_mig_info", gpu="0", mig="1", compute_instance="0",
                    uuid="MIG-test-0-1", name="NVIDIA H100 80GB HBM3 MIG 1") == 1.0
     active = r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0", mig="1")
@@ -77,7 +77,7 @@ def test_mig_mode_switched_off_returns_to_whole_gpu_sampling(rig: MakeRig) -> No
     r.rates(0, lambda t: {"sm_active": 0.7} if t >= 10.0 else {})
     r.at(10.0, lambda st: st["devices"][0].update(mig=None))
     r.run_until(25.0)
-    assert r.value("gpufeed_gpu_mig_mode", gpu="0") == 0.0
+    assert r.value("gpufeed_gpu_mig_mode", gpu="0") is None
     sample = r.engine.snapshot.value("gpu_slow")
     assert isinstance(sample, GpuSample) and sample.identities[0].mig == ()
     active = r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0")

@@ -286,8 +286,8 @@ def test_riser_scenario_pages_pcie_link_downgraded_through_alertmanager(stack: S
     assert alert["instance"] == stack.instances["riser"]
     # The riser (0000:81:00.0) or the GPU's own link below it (0000:82:00.0): both run at Gen3 x8.
     assert alert["bdf"] in ("0000:81:00.0", "0000:82:00.0")
-    # The evidence templates found the exporter's link series: Gen3 x8 (8 GT/s) under a Gen4 x16 maximum.
-    assert "runs at 8GT/s x8 instead of 16GT/s x16" in alert["annotations:description"]
+    # The evidence templates found the link series and the info labels: Gen3 x8 (8 GT/s) under a Gen4 x16 limit.
+    assert "runs at 8GT/s x8 instead of 16.0 GT/s x16" in alert["annotations:description"]
     assert alert["annotations:runbook_url"].endswith("#gpufeedpcielinkdowngraded")
 
 

@@ -64,7 +64,8 @@ def test_serve_simulate_serves_idle_gen1_then_the_degraded_riser_hop(tmp_path: P
     launched = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "serve", "--simulate", str(RISER), "--simulate-speed", "5",
-         "--web.listen-address", "127.0.0.1:0", "--log.level", "info", "--collector.pcie.interval", "0.5s"],
+         "--web.listen-address", "127.0.0.1:0", "--log.level", "info", "--collector.pcie.interval", "0.5s",
+         "--collector.pcie.chain"],  # every hop: this test follows the riser and the root port too
         stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True,
     )
     kids: list[int] = []
@@ -97,7 +98,8 @@ def test_serve_simulate_serves_idle_gen1_then_the_degraded_riser_hop(tmp_path: P
         riser = {"bdf": "0000:81:00.0", "role": "bridge"}
         root = {"bdf": "0000:80:03.1", "role": "bridge"}
         assert _value(text, "gpufeed_pcie_link_current_width", **gpu) == 8
-        assert _value(text, "gpufeed_pcie_link_max_width", **gpu) == 16
+        assert 'max_width="16"' in next(ln for ln in text.splitlines()
+                                        if ln.startswith("gpufeed_pcie_device_info{") and 'bdf="0000:82:00.0"' in ln)
         assert _value(text, "gpufeed_pcie_link_current_speed_transfers_per_second", **riser) == 8e9
         assert _value(text, "gpufeed_pcie_link_current_width", **riser) == 8
         assert _value(text, "gpufeed_pcie_link_current_speed_transfers_per_second", **root) == 16e9
