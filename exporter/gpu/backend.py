@@ -119,6 +119,14 @@ MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 # Compute-process calls, newest struct first (pynvml's unversioned name raises outside NVMLError when the
 # driver lacks the newest one: see the module docstring).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+# Process enumeration (the compute-process list and per-process utilisation) holds the driver's global lock for
+# milliseconds and can stall the workload's own submission threads (MangoHud #2104): at most once per this many
+# seconds per GPU whatever the slow path's interval, except on the first slow cycle after the GPU's activity
+# started or stopped (a new workload is found at once). A slow cycle up to PROCESS_EARLY_S early (scheduling
+# jitter of a 5 s sampler) counts as on time.
+PROCESS_INTERVAL_S = 5.0
+PROCESS_EARLY_S = 0.25
+ACTIVE_LEVEL = 0.05  # a driver sample above this is work: the derived layer's idle level (derived/series.py)
 _NO_FIELDS: Mapping[Any, Any] = MappingProxyType({})
 
 
@@ -169,6 +177,8 @@ class _Mig:
     identity: MigIdentity
     handle: Any
     gpm: _Gpm = field(default_factory=_Gpm)
+    processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration
+    processes_seen: bool = False  # enumerated at least once (a new instance is enumerated on its first cycle)
 
 
 @dataclass
@@ -201,6 +211,9 @@ class _Gpu:
     # slow path
     proc_last_seen: int = 0
     link_capacity: float | None = None
+    processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration (at most every PROCESS_INTERVAL_S)
+    processes_t: float | None = None  # when; None: enumerate on the next slow cycle
+    active: bool | None = None  # the driver's newest samples showed work (None: not known yet)
 
 
 class NvmlBackend:
@@ -219,6 +232,7 @@ class NvmlBackend:
         lost_backoff_s: tuple[float, float] = (5.0, 300.0),
         profile: bool = False,
         event_thread: bool = False,
+        process_interval: float = PROCESS_INTERVAL_S,
     ) -> None:
         self._provider = provider
         self._clock = clock
@@ -239,6 +253,7 @@ class NvmlBackend:
         self._backoff = self._backoff_min
         self._next_reinit: float | None = None
         self._profile = profile
+        self._process_s = process_interval
         self.stats: dict[str, CallStats] = {}
         self.driver_version: str | None = None
         self._tag = f"{id(self):x}"
@@ -499,6 +514,7 @@ class NvmlBackend:
         integrals, so a re-enumeration never makes a counter jump."""
         nvml, h = self._nvml, g.handle
         g.mig_stale = False
+        g.processes_t = None  # the instances changed: enumerate their processes on this slow cycle
         n = self._opt(g, "nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
         found: dict[int, _Mig] = {}
         for i in range(int(n)):
@@ -540,6 +556,7 @@ class NvmlBackend:
         for m in g.mig.values():
             self._free_samples(m.gpm, g.index)
         g.mig, g.mig_stale = {}, False
+        g.processes_t = None
         g.identity = dataclasses.replace(g.identity, mig_mode=False, mig=())
         if g.gpm_ok and not g.gpm.samples:
             self._alloc_gpm(g.gpm)
@@ -822,6 +839,13 @@ class NvmlBackend:
     def _buffered_one(self, g: _Gpu, now: float) -> GpuBuffered:
         util = self._samples(g, C.GPU_UTILIZATION_SAMPLES, g.util, now)
         mem = self._samples(g, C.MEMORY_UTILIZATION_SAMPLES, g.mem, now)
+        if util is not None:
+            # Activity started or stopped (an empty buffer is an idle GPU): a workload came or went, so the next
+            # slow cycle enumerates the processes whenever the last enumeration was.
+            active = any(p.value > ACTIVE_LEVEL for p in util)
+            if g.active is not None and active != g.active:
+                g.processes_t = None
+            g.active = active
         # An empty buffer (NOT_FOUND) is an idle GPU: busy time stays where it was (0 at start).
         busy = g.util.seconds if util is not None else None
         return GpuBuffered(gpu_util=util or (), memory_util=mem or (), busy_seconds=busy)
@@ -885,7 +909,13 @@ class NvmlBackend:
         mem = get("nvmlDeviceGetMemoryInfo")
         limit_mw = get("nvmlDeviceGetEnforcedPowerLimit")
         max_clock = get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
-        processes, mig = self._mig_slow(g) if g.identity.mig_mode else (self._processes(g), {})
+        enumerate_now = g.processes_t is None or now - g.processes_t >= self._process_s - PROCESS_EARLY_S
+        if g.identity.mig_mode:
+            processes, mig = self._mig_slow(g, enumerate_now)
+        else:
+            processes, mig = (self._processes(g) if enumerate_now else g.processes), {}
+        if enumerate_now:
+            g.processes, g.processes_t = processes, now
         xids, xid_seen = self.events.counts(g.index)
         return GpuSlow(
             link_gen=_int(link["gen"]), link_width=_int(link["width"]),
@@ -917,16 +947,20 @@ class NvmlBackend:
         elif not mode and g.identity.mig_mode and "nvmlDeviceGetMigMode" not in g.disabled:
             self._leave_mig(g)
 
-    def _mig_slow(self, g: _Gpu) -> tuple[tuple[GpuProcess, ...], dict[int, MigSlow]]:
+    def _mig_slow(self, g: _Gpu, enumerate_now: bool) -> tuple[tuple[GpuProcess, ...], dict[int, MigSlow]]:
         """Per MIG instance: memory, and its compute processes through its own handle (the whole GPU's list
-        needs privileges in MIG mode). The GPU's processes are the union, each tagged with its instance."""
+        needs privileges in MIG mode; enumerated only when ``enumerate_now``, else as last enumerated). The
+        GPU's processes are the union, each tagged with its instance."""
         nvml = self._nvml
         procs: list[GpuProcess] = []
         out: dict[int, MigSlow] = {}
         for gi, m in sorted(g.mig.items()):
             try:
                 mem = self._opt(g, "nvmlDeviceGetMemoryInfo:mig", nvml.nvmlDeviceGetMemoryInfo, m.handle, raising=True)
-                found = self._processes(g, m.handle, raising=True)
+                if enumerate_now or not m.processes_seen:
+                    m.processes = self._processes(g, m.handle, raising=True)
+                    m.processes_seen = True
+                found = m.processes
             except nvml.NVMLError as e:
                 if not self._mig_gone(g, e):
                     self._failed(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)
