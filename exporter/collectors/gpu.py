@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 
 from exporter import names, pci
 from exporter.collectors import register
-from exporter.gpu import fields
+from exporter.gpu import calls, fields
 from exporter.gpu.backend import PID_MAX_LIMIT, GpuInitError, GpuUnavailableError, NvmlBackend
 from exporter.gpu.constants import CLOCK_EVENT_REASONS
 from exporter.gpu.events import OTHER as XID_OTHER
@@ -104,7 +104,8 @@ class GpuCollector(Collector):
             else:
                 gpus[idx] = g
         self.ctx.targets.publish(pids, {str(i): ident.pci_bus_id for i, ident in sorted(sample.identities.items())})
-        return GpuSample(identities=sample.identities, gpus=MappingProxyType(gpus), lost=sample.lost)
+        return GpuSample(identities=sample.identities, gpus=MappingProxyType(gpus), lost=sample.lost,
+                         calls=sample.calls)
 
     def _sample(self, path: Callable[[NvmlBackend], GpuSample]) -> GpuSample:
         try:
@@ -195,6 +196,7 @@ class GpuCollector(Collector):
             yield from _buffered_families(buffered)
         if slow is not None:
             yield from _slow_families(slow)
+        yield from _call_families(max(samples, key=lambda s: sum(h.counts[-1] for h in s.calls.values())))
 
 
 def _per_gpu(sample: GpuSample, kind: type[Any]) -> Iterator[tuple[str, Any]]:
@@ -344,6 +346,25 @@ def _slow_families(sample: GpuSample) -> Iterator[Metric]:
             xid.add_metric([gpu, "other" if code == XID_OTHER else str(code)], float(n))
         _add_fields(families, gpu, fields.SLOW, g.fields)
     yield from (max_clock, limit, temp, reason, used, total, gen, width, pmem, psm, xid, *families.values())
+
+
+def _call_families(sample: GpuSample) -> Iterator[Metric]:
+    """gpufeed_nvml_call_duration_seconds from the sample that has seen the most calls (one accumulator behind
+    all three samplers' samples, so the newest); the kinds are exporter/gpu/calls.py's fixed set."""
+    if not sample.calls:
+        return
+    fam = HistogramMetricFamily(
+        "gpufeed_nvml_call_duration_seconds", "Wall-clock duration of gpufeed's NVML calls by kind of call "
+        "(fields, gpm, samples, processes, device); NVML serialises calls on the driver's global lock, so this is "
+        "also time the workload's own driver calls may have waited.", labels=["call"])
+    for kind in calls.KINDS:
+        h = sample.calls.get(kind)
+        if h is None:
+            continue
+        buckets = [(f"{le:g}", float(n)) for le, n in zip(calls.BUCKETS, h.counts, strict=False)]
+        buckets.append(("+Inf", float(h.counts[-1])))
+        fam.add_metric([kind], buckets, h.sum_s)
+    yield fam
 
 
 def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:

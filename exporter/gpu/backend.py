@@ -74,6 +74,7 @@ from exporter.gpu.binding import (
     read_gpm_metrics,
     sample_value,
 )
+from exporter.gpu.calls import CallTimes
 from exporter.gpu.counters import SampleIntegrator, WrappingCounter
 from exporter.gpu.events import XidWatcher
 from exporter.samples.gpu import (
@@ -254,12 +255,13 @@ class NvmlBackend:
         self._next_reinit: float | None = None
         self._profile = profile
         self._process_s = process_interval
+        self.calls = CallTimes()
         self.stats: dict[str, CallStats] = {}
         self.driver_version: str | None = None
         self._tag = f"{id(self):x}"
         self._log = log.get_logger(component="gpu_backend")
         # Xid events: a thread of their own in the daemon, drained by the slow path under an inline engine.
-        self.events = XidWatcher(clock, threaded=event_thread, tag=self._tag)
+        self.events = XidWatcher(clock, threaded=event_thread, tag=self._tag, timed=self.calls.call)
 
     # ---- public sampling paths -----------------------------------------------------------------------------
 
@@ -311,6 +313,7 @@ class NvmlBackend:
                 identities=MappingProxyType({i: g.identity for i, g in self._gpus.items()}),
                 gpus=MappingProxyType(out),
                 lost=frozenset(i for i, g in self._gpus.items() if g.lost),
+                calls=self.calls.snapshot(),
             )
 
     def _ensure_init(self) -> None:
@@ -611,20 +614,25 @@ class NvmlBackend:
     # ---- calling NVML ---------------------------------------------------------------------------------------
 
     def _timed(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        if not self._profile:
-            return fn(*args)
-        st = self.stats.setdefault(name, CallStats())
+        """Call NVML, timing the call for gpufeed_nvml_call_duration_seconds (and, profiling, CallStats)."""
         t0 = time.perf_counter()
+        if not self._profile:
+            try:
+                return fn(*args)
+            finally:
+                self.calls.observe(name, time.perf_counter() - t0)
+        st = self.stats.setdefault(name, CallStats())
         try:
             out = fn(*args)
         except Exception as e:
             st.errors[errname(e)] = st.errors.get(errname(e), 0) + 1
             raise
         finally:
-            us = (time.perf_counter() - t0) * 1e6
+            took = time.perf_counter() - t0
+            self.calls.observe(name, took)
             st.calls += 1
-            st.total_us += us
-            st.max_us = max(st.max_us, us)
+            st.total_us += took * 1e6
+            st.max_us = max(st.max_us, took * 1e6)
         st.last = describe(out)
         return out
 

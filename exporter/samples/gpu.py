@@ -194,10 +194,22 @@ class GpuBuffered:
 
 
 @dataclass(frozen=True, slots=True)
+class CallHistogram:
+    """Durations of one kind of NVML call since the backend started: ``counts`` per bucket (cumulative, one per
+    upper bound of ``exporter.gpu.calls.BUCKETS`` then +Inf, the last being the number of calls), their sum."""
+
+    counts: tuple[int, ...]
+    sum_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """One sampler's view of every GPU: ``gpus`` maps NVML index -> that sampler's per-GPU value
-    (GpuFast, GpuSlow or GpuBuffered); ``identities`` and ``lost`` are shared by all three samplers."""
+    (GpuFast, GpuSlow or GpuBuffered); ``identities`` and ``lost`` are shared by all three samplers.
+    ``calls`` is the NVML call-duration histogram per call kind (exporter/gpu/calls.py) when the sample was
+    taken: one accumulator behind every sampler's sample, so the newest sample has the most calls."""
 
     identities: Mapping[int, GpuIdentity]
     gpus: Mapping[int, object]
     lost: frozenset[int]
+    calls: Mapping[str, CallHistogram] = field(default_factory=_empty)
