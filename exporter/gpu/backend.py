@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -77,6 +78,7 @@ from exporter.gpu.binding import (
 from exporter.gpu.calls import CallTimes
 from exporter.gpu.counters import SampleIntegrator, WrappingCounter
 from exporter.gpu.events import XidWatcher
+from exporter.gpu.pace import IDLE, Pace, classify
 from exporter.samples.gpu import (
     GpuBuffered,
     GpuFast,
@@ -84,6 +86,7 @@ from exporter.samples.gpu import (
     GpuProcess,
     GpuSample,
     GpuSlow,
+    HeldFast,
     MigIdentity,
     MigSlow,
     UtilPoint,
@@ -215,6 +218,14 @@ class _Gpu:
     processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration (at most every PROCESS_INTERVAL_S)
     processes_t: float | None = None  # when; None: enumerate on the next slow cycle
     active: bool | None = None  # the driver's newest samples showed work (None: not known yet)
+    # adaptive fast rate (exporter/gpu/pace.py): its state, the newest fast read (shown while it is not read
+    # again), and per PCIe byte counter the (time, total) a rate is measured from and that rate, with the
+    # narrowest counter's width
+    pace: Pace = field(default_factory=Pace)
+    held: HeldFast | None = None
+    pcie_ref: dict[int, tuple[float, int]] = field(default_factory=dict)
+    pcie_rates: dict[int, float] = field(default_factory=dict)
+    pcie_modulus: int = M64
 
 
 class NvmlBackend:
@@ -234,6 +245,8 @@ class NvmlBackend:
         profile: bool = False,
         event_thread: bool = False,
         process_interval: float = PROCESS_INTERVAL_S,
+        fast_interval: float = 0.1,
+        steady_interval: float | None = None,
     ) -> None:
         self._provider = provider
         self._clock = clock
@@ -255,6 +268,10 @@ class NvmlBackend:
         self._next_reinit: float | None = None
         self._profile = profile
         self._process_s = process_interval
+        # The fast path's two rates: ``fast_interval`` (its sampler's) and, when longer, the steady rate of a GPU
+        # whose activity shows no dip (None or not longer: every GPU at the fast rate, every tick).
+        self._fast_s = fast_interval
+        self._steady_s = steady_interval if steady_interval is not None and steady_interval > fast_interval else None
         self.calls = CallTimes()
         self.stats: dict[str, CallStats] = {}
         self.driver_version: str | None = None
@@ -266,8 +283,10 @@ class NvmlBackend:
     # ---- public sampling paths -----------------------------------------------------------------------------
 
     def fast(self) -> GpuSample:
-        """GPM, field values (PCIe bytes, replays, power, throttle time) and SM clock of every GPU."""
-        return self._run(self._fast_one)
+        """GPM, field values (PCIe bytes, replays, power, throttle time) and SM clock of every GPU due now: all
+        of them, except a steady GPU between its steady-rate reads, which appears as its newest read (HeldFast).
+        ``steady`` names the GPUs at the steady rate."""
+        return self._run(self._fast_tick)
 
     def buffered(self) -> GpuSample:
         """The driver's buffered utilisation samples since the previous call, integrated."""
@@ -314,6 +333,7 @@ class NvmlBackend:
                 gpus=MappingProxyType(out),
                 lost=frozenset(i for i, g in self._gpus.items() if g.lost),
                 calls=self.calls.snapshot(),
+                steady=frozenset(i for i, g in self._gpus.items() if not g.lost and g.pace.steady_now),
             )
 
     def _ensure_init(self) -> None:
@@ -574,6 +594,10 @@ class NvmlBackend:
 
     def _mark_lost(self, g: _Gpu, now: float) -> None:
         g.lost = True
+        g.pace.reset()
+        g.held = None
+        g.pcie_ref.clear()
+        g.pcie_rates.clear()
         g.gpm.prev = None
         for m in g.mig.values():
             m.gpm.prev = None
@@ -672,6 +696,25 @@ class NvmlBackend:
 
     # ---- fast path ---------------------------------------------------------------------------------------------
 
+    def _fast_tick(self, g: _Gpu, now: float) -> GpuFast | HeldFast:
+        """Read GPU ``g``'s fast path if it is due (exporter/gpu/pace.py), else show its newest read."""
+        pace = g.pace
+        if self._steady_s is not None and g.held is not None and not pace.due(now, self._steady_s, self._fast_s):
+            return g.held
+        value = self._fast_one(g, now)
+        pace.last_read = now
+        g.held = HeldFast(value, now)
+        if self._steady_s is not None:
+            if g.pcie_modulus < M64 and g.pcie_rates:
+                pace.traffic(max(g.pcie_rates.values()), g.pcie_modulus, self._steady_s)
+            steady = pace.steady(now)
+            if steady != pace.steady_now:
+                pace.steady_now = steady
+                self._log.info("gpu_fast_rate_changed", gpu=g.index,
+                               interval_s=self._steady_s if steady else self._fast_s,
+                               reason="steady" if steady else pace.reason)
+        return value
+
     def _fast_one(self, g: _Gpu, now: float) -> GpuFast:
         nvml, h = self._nvml, g.handle
         mig: dict[int, GpuFast] = {}
@@ -679,7 +722,7 @@ class NvmlBackend:
             now = self._wait_for_pair([m.gpm for m in g.mig.values()], now)
             for gi, m in sorted(g.mig.items()):
                 self._gpm_pair(g, m.gpm, now, functools.partial(nvml.nvmlGpmMigSampleGet, h, gi),
-                               "nvmlGpmMigSampleGet")
+                               "nvmlGpmMigSampleGet", source=f"gpm:{gi}")
                 mig[gi] = self._gpm_values(g, m.gpm)
         else:
             self._gpm(g, now)
@@ -738,7 +781,8 @@ class NvmlBackend:
         self._sleep(deficit)
         return float(self._clock())
 
-    def _gpm_pair(self, g: _Gpu, gpm: _Gpm, now: float, take: Callable[[Any], Any], name: str) -> None:
+    def _gpm_pair(self, g: _Gpu, gpm: _Gpm, now: float, take: Callable[[Any], Any], name: str,
+                  *, source: str = "gpm") -> None:
         """Take a GPM sample with ``take``; with the previous one >= 100 ms old, read the pair's metrics and
         integrate. Too close a pair is skipped: the next tick spans the whole interval."""
         if not g.gpm_ok or not gpm.samples:
@@ -779,6 +823,9 @@ class NvmlBackend:
             vals[mid] = value if ret == SUCCESS and got_id == mid else None
         gpm.last = vals
         sm, gr = vals.get(C.GPM_SM_UTIL), vals.get(C.GPM_GRAPHICS_UTIL)
+        if gr is not None and not math.isnan(gr):
+            # Kernels resident over the pair: the adaptive rate's GPM source (one per stream: GPU or instance).
+            g.pace.observe(source, classify([min(max(gr, 0.0), 100.0) / 100.0]), now)
         if sm is not None and gpm.sm_active_seconds is not None:
             gpm.sm_active_seconds += min(max(sm, 0.0), 100.0) / 100.0 * dt
             gpm.t = now
@@ -825,11 +872,29 @@ class NvmlBackend:
                 modulus = MODULUS.get(vt, M64)
                 total = g.counters[fid].update(raw, modulus, now)
                 out[f.key] = total * f.scale
-                if f.value_type == F.PCIE and not g.wrap_warned:
-                    self._check_wrap_window(g, modulus, spacing)
+                if f.value_type == F.PCIE:
+                    self._pcie_rate(g, fid, total, modulus, now)
+                    # Only reads at the configured rate say whether that rate is too slow for the counter (a
+                    # steady GPU is read at the steady rate only while the guard above allows it).
+                    if not g.wrap_warned and spacing is not None and spacing <= 1.5 * self._fast_s:
+                        self._check_wrap_window(g, modulus, spacing)
             else:
                 out[f.key] = raw * f.scale
         return dict(out)
+
+    def _pcie_rate(self, g: _Gpu, fid: int, total: int, modulus: int, now: float) -> None:
+        """The adaptive rate's guard input: a byte counter's mean rate over at least a steady interval (a
+        driver, or the simulator, may update the counter in steps coarser than 100 ms: a rate over one fast
+        interval would read those steps as bursts)."""
+        ref = g.pcie_ref.get(fid)
+        if ref is None or total < ref[1] or now < ref[0]:
+            g.pcie_ref[fid] = (now, total)
+            return
+        span = now - ref[0]
+        if span >= (self._steady_s or self._fast_s):
+            g.pcie_rates[fid] = (total - ref[1]) / span
+            g.pcie_modulus = min(g.pcie_modulus, modulus)
+            g.pcie_ref[fid] = (now, total)
 
     def _check_wrap_window(self, g: _Gpu, modulus: int, spacing: float | None) -> None:
         """Warn once if the link could move a whole counter period between two reads (wraps would be missed)."""
@@ -851,6 +916,13 @@ class NvmlBackend:
             # Activity started or stopped (an empty buffer is an idle GPU): a workload came or went, so the next
             # slow cycle enumerates the processes whenever the last enumeration was.
             active = any(p.value > ACTIVE_LEVEL for p in util)
+            # The adaptive rate's driver-sample source: nothing new (the buffer ran dry) is an idle GPU; a stretch
+            # without samples between two (the GPU went idle in between) is a gap, hence a dip.
+            if g.util.gapped and f"nvmlDeviceGetSamples:{C.GPU_UTILIZATION_SAMPLES}" not in g.disabled:
+                g.pace.heat("samples:gap")
+                g.pace.classes["samples"] = classify(p.value for p in util)
+            else:
+                g.pace.observe("samples", classify(p.value for p in util) if util else IDLE, now)
             if g.active is not None and active != g.active:
                 g.processes_t = None
             g.active = active
@@ -870,6 +942,7 @@ class NvmlBackend:
         except nvml.NVMLError as e:
             if code(e) == ERR_NOT_FOUND:  # empty buffer: normal on an idle GPU
                 g.unknown_streak = 0
+                integ.gapped = False
                 return ()
             self._failed(g, key, e)
             if key in g.disabled:
