@@ -92,7 +92,10 @@ def condition(ctx: Context, opts: Options, label: str, *, burn: bool, nice: int 
     os.close(fd)
     out = Path(tmp)
     out.unlink()
-    proc = procs.gpufeed(port, sim, name="gpufeed-fidelity", nice=nice, probe_out=out)
+    # Every GPU at the fast rate on every tick: a steady GPU's 1 s reads (exporter/gpu/pace.py) are not
+    # scheduling jitter, and a tick that reads no GPU leaves no sample to time.
+    steady_off = ["--collector.gpu.steady-interval", "100ms"]
+    proc = procs.gpufeed(port, [*sim, *steady_off], name="gpufeed-fidelity", nice=nice, probe_out=out)
     how = "default scheduling"
     try:
         with contextlib.ExitStack() as stack:

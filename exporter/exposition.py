@@ -61,7 +61,7 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
     overruns = CounterMetricFamily(
         "gpufeed_sampler_overruns",
         "Sampling ticks missed because a run took longer than the sampler's interval (or its previous call "
-        "is still blocked past its deadline).",
+        "is still blocked past its deadline); a sampler's series appears with its first missed tick.",
         labels=["sampler"],
     )
     restarts = CounterMetricFamily(
@@ -86,7 +86,8 @@ def self_metrics(snap: Snapshot, *, offset: float = 0.0, regressions: int = 0) -
     for st in snap.status.values():
         by_collector.setdefault(st.collector, []).append((st.success, st.available, st.duration, st.runs))
         cpu_of[st.collector] = cpu_of.get(st.collector, 0.0) + st.cpu_seconds
-        overruns.add_metric([st.name], float(st.overruns))
+        if st.overruns:  # absent while 0 (the host-level series budget): the alert's rate() counts from the first
+            overruns.add_metric([st.name], float(st.overruns))
         if st.last_success is not None and st.available:  # a source gone by design is not a stale one
             last_ok.add_metric([st.name], st.last_success + offset)
     restarts.add_metric([], float(sum(st.restarts for st in snap.status.values())))

@@ -1,8 +1,10 @@
 """NVIDIA GPUs over NVML (exporter/gpu/backend.py): activity, PCIe traffic, clocks, power, link, processes.
 
 Three samplers share one NVML session: ``gpu`` (fast, default 100 ms: GPM pairs, field-value counters,
-SM clock, power), ``gpu_samples`` (default 1 s: the driver's buffered utilisation samples) and
-``gpu_slow`` (default 5 s: link state, clock-event reasons, temperature, memory, limits, processes).
+SM clock, power; a GPU whose driver samples and GPM show it steadily busy or steadily idle is read at
+``steady-interval``, 1 s, until its first dip or gap: exporter/gpu/pace.py), ``gpu_samples`` (default 1 s:
+the driver's buffered utilisation samples) and ``gpu_slow`` (default 5 s: link state, clock-event reasons,
+temperature, memory, limits, processes).
 The NVML module is ``ctx.nvml`` when set (the simulator's strict fake NVML), else ``pynvml``, imported on
 first use. Time is ``ctx.clock``: the engine's (virtual time under ``diagnose --scenario``).
 
@@ -28,17 +30,26 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 
 from exporter import names, pci
 from exporter.collectors import register
-from exporter.gpu import fields
+from exporter.gpu import calls, fields
 from exporter.gpu.backend import PID_MAX_LIMIT, GpuInitError, GpuUnavailableError, NvmlBackend
 from exporter.gpu.constants import CLOCK_EVENT_REASONS
 from exporter.gpu.events import OTHER as XID_OTHER
-from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuKey, GpuSample, GpuSlow
-from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError, Option, SamplerSpec
+from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuKey, GpuSample, GpuSlow, HeldFast
+from exporter.sampling import (
+    UNCHANGED,
+    Collector,
+    CollectorContext,
+    CollectorError,
+    NoDataError,
+    Option,
+    SamplerSpec,
+    Unchanged,
+)
 from exporter.snapshot import Snapshot
 from exporter.sources import read_bytes, read_text
 
@@ -54,6 +65,11 @@ class GpuCollector(Collector):
     help = "NVIDIA GPUs over NVML: activity, PCIe traffic, clocks, power, link state, processes."
     default_interval = 0.1
     options = (
+        Option("steady-interval", "duration", 1.0,
+               "Interval at which the fast path reads a GPU whose driver samples and GPM show it steadily busy or "
+               "steadily idle (back to --collector.gpu.interval at the first dip or gap, for at least 10 s); "
+               "not longer than --collector.gpu.interval reads every GPU at that interval. Counters stay exact "
+               "at either rate."),
         Option("samples-interval", "duration", 1.0,
                "Interval of the driver's buffered utilisation samples (sampler gpu_samples)."),
         Option("slow-interval", "duration", 5.0,
@@ -69,6 +85,7 @@ class GpuCollector(Collector):
         self._backend: NvmlBackend | None = None
         self._pid_max = self._read_pid_max()
         self._hostname = identity_hostname(str(ctx.options.get("hostname", "") or ""))
+        self._last_fast: GpuSample | None = None
 
     # ---- sampling --------------------------------------------------------------------------------------------
 
@@ -80,8 +97,16 @@ class GpuCollector(Collector):
             SamplerSpec(SLOW, float(opts.get("slow-interval", 5.0)), self.update_slow),
         ]
 
-    def update(self) -> GpuSample:
-        return self._sample(NvmlBackend.fast)
+    def update(self) -> GpuSample | Unchanged:
+        """The fast path; UNCHANGED on a tick that read no GPU (all steady between their reads): nothing new to
+        buffer, render or derive."""
+        sample = self._sample(NvmlBackend.fast)
+        prev, self._last_fast = self._last_fast, sample
+        if (prev is not None and sample.gpus and all(isinstance(g, HeldFast) for g in sample.gpus.values())
+                and sample.lost == prev.lost and sample.identities == prev.identities
+                and sample.steady == prev.steady):
+            return UNCHANGED
+        return sample
 
     def update_samples(self) -> GpuSample:
         """Buffered utilisation samples since the previous call."""
@@ -104,7 +129,8 @@ class GpuCollector(Collector):
             else:
                 gpus[idx] = g
         self.ctx.targets.publish(pids, {str(i): ident.pci_bus_id for i, ident in sorted(sample.identities.items())})
-        return GpuSample(identities=sample.identities, gpus=MappingProxyType(gpus), lost=sample.lost)
+        return GpuSample(identities=sample.identities, gpus=MappingProxyType(gpus), lost=sample.lost,
+                         calls=sample.calls)
 
     def _sample(self, path: Callable[[NvmlBackend], GpuSample]) -> GpuSample:
         try:
@@ -120,6 +146,8 @@ class GpuCollector(Collector):
                 self._backend = NvmlBackend(
                     self._nvml_module, clock=self.ctx.clock, pid_max=self._pid_max, numa_of=self._sysfs_numa_node,
                     gpu_hardware=self._sysfs_has_nvidia_gpu, event_thread=self.ctx.background,
+                    fast_interval=self.interval,
+                    steady_interval=float(self.ctx.options.get("steady-interval", 1.0)),
                 )
             return self._backend
 
@@ -195,6 +223,7 @@ class GpuCollector(Collector):
             yield from _buffered_families(buffered)
         if slow is not None:
             yield from _slow_families(slow)
+        yield from _call_families(max(samples, key=lambda s: sum(h.counts[-1] for h in s.calls.values())))
 
 
 def _per_gpu(sample: GpuSample, kind: type[Any]) -> Iterator[tuple[str, Any]]:
@@ -260,7 +289,13 @@ def _fast_families(sample: GpuSample) -> Iterator[Metric]:
                              "GPM DRAM bandwidth utilisation over the last >=100 ms pair.", labels=["gpu"])
     clock = GaugeMetricFamily("gpufeed_gpu_sm_clock_hertz", "Current SM clock.", labels=["gpu"])
     families = _field_families(fields.FAST)
-    for gpu, g in _per_gpu(sample, GpuFast):
+    fast_rate = GaugeMetricFamily(
+        "gpufeed_gpu_fast_rate_gpus", "GPUs whose fast path is read at --collector.gpu.interval (a dip or gap "
+        "in their activity within the last 10 s, or activity unknown); the others, steadily busy or idle, are read "
+        "at --collector.gpu.steady-interval.")
+    fast_rate.add_metric([], float(len(sample.gpus) - len(sample.steady & sample.gpus.keys())))
+    shown = {i: g.value if isinstance(g, HeldFast) else g for i, g in sample.gpus.items()}
+    for gpu, g in _per_gpu(dataclasses.replace(sample, gpus=shown), GpuFast):
         # A GPU in MIG mode has GPM per instance only: its series carry the instance as the mig label.
         for key, v in ((GpuKey(int(gpu)), g), *((GpuKey(int(gpu), gi), m) for gi, m in sorted(g.mig.items()))):
             labels = key.labels()
@@ -270,7 +305,7 @@ def _fast_families(sample: GpuSample) -> Iterator[Metric]:
             _put(dram, labels, v.dram_active)
         _add(clock, [gpu], g.sm_clock_hz)
         _add_fields(families, gpu, fields.FAST, g.fields)
-    yield from (sm_s, occ, tensor, dram, clock, *families.values())
+    yield from (sm_s, occ, tensor, dram, clock, fast_rate, *families.values())
 
 
 def _field_families(path: str) -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
@@ -378,6 +413,26 @@ def _slow_families(sample: GpuSample) -> Iterator[Metric]:
         _add_fields(families, gpu, fields.SLOW, g.fields)
     yield from (max_clock, limit, temp, reason, used, total, gen, width, link_info, pmem, psm, xid,
                 *families.values())
+
+
+def _call_families(sample: GpuSample) -> Iterator[Metric]:
+    """gpufeed_nvml_call_duration_seconds from the sample that has seen the most calls (one accumulator behind
+    all three samplers' samples, so the newest); the kinds are exporter/gpu/calls.py's fixed set."""
+    if not sample.calls:
+        return
+    fam = HistogramMetricFamily(
+        "gpufeed_nvml_call_duration_seconds", "Wall-clock duration of gpufeed's NVML calls by kind of call "
+        "(reads: field values, GPM, utilisation samples; processes; device); NVML serialises calls on the "
+        "driver's global lock, so this is also time the workload's own driver calls may have waited.",
+        labels=["call"])
+    for kind in calls.KINDS:
+        h = sample.calls.get(kind)
+        if h is None:
+            continue
+        buckets = [(f"{le:g}", float(n)) for le, n in zip(calls.BUCKETS, h.counts, strict=False)]
+        buckets.append(("+Inf", float(h.counts[-1])))
+        fam.add_metric([kind], buckets, h.sum_s)
+    yield fam
 
 
 def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:

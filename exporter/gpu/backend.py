@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -74,8 +75,10 @@ from exporter.gpu.binding import (
     read_gpm_metrics,
     sample_value,
 )
+from exporter.gpu.calls import CallTimes
 from exporter.gpu.counters import SampleIntegrator, WrappingCounter
 from exporter.gpu.events import XidWatcher
+from exporter.gpu.pace import IDLE, Pace, classify
 from exporter.samples.gpu import (
     GpuBuffered,
     GpuFast,
@@ -83,6 +86,7 @@ from exporter.samples.gpu import (
     GpuProcess,
     GpuSample,
     GpuSlow,
+    HeldFast,
     MigIdentity,
     MigSlow,
     UtilPoint,
@@ -119,6 +123,14 @@ MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 # Compute-process calls, newest struct first (pynvml's unversioned name raises outside NVMLError when the
 # driver lacks the newest one: see the module docstring).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+# Process enumeration (the compute-process list and per-process utilisation) holds the driver's global lock for
+# milliseconds and can stall the workload's own submission threads (MangoHud #2104): at most once per this many
+# seconds per GPU whatever the slow path's interval, except on the first slow cycle after the GPU's activity
+# started or stopped (a new workload is found at once). A slow cycle up to PROCESS_EARLY_S early (scheduling
+# jitter of a 5 s sampler) counts as on time.
+PROCESS_INTERVAL_S = 5.0
+PROCESS_EARLY_S = 0.25
+ACTIVE_LEVEL = 0.05  # a driver sample above this is work: the derived layer's idle level (derived/series.py)
 _NO_FIELDS: Mapping[Any, Any] = MappingProxyType({})
 
 
@@ -169,6 +181,8 @@ class _Mig:
     identity: MigIdentity
     handle: Any
     gpm: _Gpm = field(default_factory=_Gpm)
+    processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration
+    processes_seen: bool = False  # enumerated at least once (a new instance is enumerated on its first cycle)
 
 
 @dataclass
@@ -201,6 +215,17 @@ class _Gpu:
     # slow path
     proc_last_seen: int = 0
     link_capacity: float | None = None
+    processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration (at most every PROCESS_INTERVAL_S)
+    processes_t: float | None = None  # when; None: enumerate on the next slow cycle
+    active: bool | None = None  # the driver's newest samples showed work (None: not known yet)
+    # adaptive fast rate (exporter/gpu/pace.py): its state, the newest fast read (shown while it is not read
+    # again), and per PCIe byte counter the (time, total) a rate is measured from and that rate, with the
+    # narrowest counter's width
+    pace: Pace = field(default_factory=Pace)
+    held: HeldFast | None = None
+    pcie_ref: dict[int, tuple[float, int]] = field(default_factory=dict)
+    pcie_rates: dict[int, float] = field(default_factory=dict)
+    pcie_modulus: int = M64
 
 
 class NvmlBackend:
@@ -219,6 +244,9 @@ class NvmlBackend:
         lost_backoff_s: tuple[float, float] = (5.0, 300.0),
         profile: bool = False,
         event_thread: bool = False,
+        process_interval: float = PROCESS_INTERVAL_S,
+        fast_interval: float = 0.1,
+        steady_interval: float | None = None,
     ) -> None:
         self._provider = provider
         self._clock = clock
@@ -239,18 +267,26 @@ class NvmlBackend:
         self._backoff = self._backoff_min
         self._next_reinit: float | None = None
         self._profile = profile
+        self._process_s = process_interval
+        # The fast path's two rates: ``fast_interval`` (its sampler's) and, when longer, the steady rate of a GPU
+        # whose activity shows no dip (None or not longer: every GPU at the fast rate, every tick).
+        self._fast_s = fast_interval
+        self._steady_s = steady_interval if steady_interval is not None and steady_interval > fast_interval else None
+        self.calls = CallTimes()
         self.stats: dict[str, CallStats] = {}
         self.driver_version: str | None = None
         self._tag = f"{id(self):x}"
         self._log = log.get_logger(component="gpu_backend")
         # Xid events: a thread of their own in the daemon, drained by the slow path under an inline engine.
-        self.events = XidWatcher(clock, threaded=event_thread, tag=self._tag)
+        self.events = XidWatcher(clock, threaded=event_thread, tag=self._tag, timed=self.calls.call)
 
     # ---- public sampling paths -----------------------------------------------------------------------------
 
     def fast(self) -> GpuSample:
-        """GPM, field values (PCIe bytes, replays, power, throttle time) and SM clock of every GPU."""
-        return self._run(self._fast_one)
+        """GPM, field values (PCIe bytes, replays, power, throttle time) and SM clock of every GPU due now: all
+        of them, except a steady GPU between its steady-rate reads, which appears as its newest read (HeldFast).
+        ``steady`` names the GPUs at the steady rate."""
+        return self._run(self._fast_tick)
 
     def buffered(self) -> GpuSample:
         """The driver's buffered utilisation samples since the previous call, integrated."""
@@ -296,6 +332,8 @@ class NvmlBackend:
                 identities=MappingProxyType({i: g.identity for i, g in self._gpus.items()}),
                 gpus=MappingProxyType(out),
                 lost=frozenset(i for i, g in self._gpus.items() if g.lost),
+                calls=self.calls.snapshot(),
+                steady=frozenset(i for i, g in self._gpus.items() if not g.lost and g.pace.steady_now),
             )
 
     def _ensure_init(self) -> None:
@@ -499,6 +537,7 @@ class NvmlBackend:
         integrals, so a re-enumeration never makes a counter jump."""
         nvml, h = self._nvml, g.handle
         g.mig_stale = False
+        g.processes_t = None  # the instances changed: enumerate their processes on this slow cycle
         n = self._opt(g, "nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
         found: dict[int, _Mig] = {}
         for i in range(int(n)):
@@ -540,6 +579,7 @@ class NvmlBackend:
         for m in g.mig.values():
             self._free_samples(m.gpm, g.index)
         g.mig, g.mig_stale = {}, False
+        g.processes_t = None
         g.identity = dataclasses.replace(g.identity, mig_mode=False, mig=())
         if g.gpm_ok and not g.gpm.samples:
             self._alloc_gpm(g.gpm)
@@ -554,6 +594,10 @@ class NvmlBackend:
 
     def _mark_lost(self, g: _Gpu, now: float) -> None:
         g.lost = True
+        g.pace.reset()
+        g.held = None
+        g.pcie_ref.clear()
+        g.pcie_rates.clear()
         g.gpm.prev = None
         for m in g.mig.values():
             m.gpm.prev = None
@@ -594,20 +638,25 @@ class NvmlBackend:
     # ---- calling NVML ---------------------------------------------------------------------------------------
 
     def _timed(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        if not self._profile:
-            return fn(*args)
-        st = self.stats.setdefault(name, CallStats())
+        """Call NVML, timing the call for gpufeed_nvml_call_duration_seconds (and, profiling, CallStats)."""
         t0 = time.perf_counter()
+        if not self._profile:
+            try:
+                return fn(*args)
+            finally:
+                self.calls.observe(name, time.perf_counter() - t0)
+        st = self.stats.setdefault(name, CallStats())
         try:
             out = fn(*args)
         except Exception as e:
             st.errors[errname(e)] = st.errors.get(errname(e), 0) + 1
             raise
         finally:
-            us = (time.perf_counter() - t0) * 1e6
+            took = time.perf_counter() - t0
+            self.calls.observe(name, took)
             st.calls += 1
-            st.total_us += us
-            st.max_us = max(st.max_us, us)
+            st.total_us += took * 1e6
+            st.max_us = max(st.max_us, took * 1e6)
         st.last = describe(out)
         return out
 
@@ -647,6 +696,25 @@ class NvmlBackend:
 
     # ---- fast path ---------------------------------------------------------------------------------------------
 
+    def _fast_tick(self, g: _Gpu, now: float) -> GpuFast | HeldFast:
+        """Read GPU ``g``'s fast path if it is due (exporter/gpu/pace.py), else show its newest read."""
+        pace = g.pace
+        if self._steady_s is not None and g.held is not None and not pace.due(now, self._steady_s, self._fast_s):
+            return g.held
+        value = self._fast_one(g, now)
+        pace.last_read = now
+        g.held = HeldFast(value, now)
+        if self._steady_s is not None:
+            if g.pcie_modulus < M64 and g.pcie_rates:
+                pace.traffic(max(g.pcie_rates.values()), g.pcie_modulus, self._steady_s)
+            steady = pace.steady(now)
+            if steady != pace.steady_now:
+                pace.steady_now = steady
+                self._log.info("gpu_fast_rate_changed", gpu=g.index,
+                               interval_s=self._steady_s if steady else self._fast_s,
+                               reason="steady" if steady else pace.reason)
+        return value
+
     def _fast_one(self, g: _Gpu, now: float) -> GpuFast:
         nvml, h = self._nvml, g.handle
         mig: dict[int, GpuFast] = {}
@@ -654,7 +722,7 @@ class NvmlBackend:
             now = self._wait_for_pair([m.gpm for m in g.mig.values()], now)
             for gi, m in sorted(g.mig.items()):
                 self._gpm_pair(g, m.gpm, now, functools.partial(nvml.nvmlGpmMigSampleGet, h, gi),
-                               "nvmlGpmMigSampleGet")
+                               "nvmlGpmMigSampleGet", source=f"gpm:{gi}")
                 mig[gi] = self._gpm_values(g, m.gpm)
         else:
             self._gpm(g, now)
@@ -713,7 +781,8 @@ class NvmlBackend:
         self._sleep(deficit)
         return float(self._clock())
 
-    def _gpm_pair(self, g: _Gpu, gpm: _Gpm, now: float, take: Callable[[Any], Any], name: str) -> None:
+    def _gpm_pair(self, g: _Gpu, gpm: _Gpm, now: float, take: Callable[[Any], Any], name: str,
+                  *, source: str = "gpm") -> None:
         """Take a GPM sample with ``take``; with the previous one >= 100 ms old, read the pair's metrics and
         integrate. Too close a pair is skipped: the next tick spans the whole interval."""
         if not g.gpm_ok or not gpm.samples:
@@ -754,6 +823,9 @@ class NvmlBackend:
             vals[mid] = value if ret == SUCCESS and got_id == mid else None
         gpm.last = vals
         sm, gr = vals.get(C.GPM_SM_UTIL), vals.get(C.GPM_GRAPHICS_UTIL)
+        if gr is not None and not math.isnan(gr):
+            # Kernels resident over the pair: the adaptive rate's GPM source (one per stream: GPU or instance).
+            g.pace.observe(source, classify([min(max(gr, 0.0), 100.0) / 100.0]), now)
         if sm is not None and gpm.sm_active_seconds is not None:
             gpm.sm_active_seconds += min(max(sm, 0.0), 100.0) / 100.0 * dt
             gpm.t = now
@@ -800,11 +872,29 @@ class NvmlBackend:
                 modulus = MODULUS.get(vt, M64)
                 total = g.counters[fid].update(raw, modulus, now)
                 out[f.key] = total * f.scale
-                if f.value_type == F.PCIE and not g.wrap_warned:
-                    self._check_wrap_window(g, modulus, spacing)
+                if f.value_type == F.PCIE:
+                    self._pcie_rate(g, fid, total, modulus, now)
+                    # Only reads at the configured rate say whether that rate is too slow for the counter (a
+                    # steady GPU is read at the steady rate only while the guard above allows it).
+                    if not g.wrap_warned and spacing is not None and spacing <= 1.5 * self._fast_s:
+                        self._check_wrap_window(g, modulus, spacing)
             else:
                 out[f.key] = raw * f.scale
         return dict(out)
+
+    def _pcie_rate(self, g: _Gpu, fid: int, total: int, modulus: int, now: float) -> None:
+        """The adaptive rate's guard input: a byte counter's mean rate over at least a steady interval (a
+        driver, or the simulator, may update the counter in steps coarser than 100 ms: a rate over one fast
+        interval would read those steps as bursts)."""
+        ref = g.pcie_ref.get(fid)
+        if ref is None or total < ref[1] or now < ref[0]:
+            g.pcie_ref[fid] = (now, total)
+            return
+        span = now - ref[0]
+        if span >= (self._steady_s or self._fast_s):
+            g.pcie_rates[fid] = (total - ref[1]) / span
+            g.pcie_modulus = min(g.pcie_modulus, modulus)
+            g.pcie_ref[fid] = (now, total)
 
     def _check_wrap_window(self, g: _Gpu, modulus: int, spacing: float | None) -> None:
         """Warn once if the link could move a whole counter period between two reads (wraps would be missed)."""
@@ -822,6 +912,20 @@ class NvmlBackend:
     def _buffered_one(self, g: _Gpu, now: float) -> GpuBuffered:
         util = self._samples(g, C.GPU_UTILIZATION_SAMPLES, g.util, now)
         mem = self._samples(g, C.MEMORY_UTILIZATION_SAMPLES, g.mem, now)
+        if util is not None:
+            # Activity started or stopped (an empty buffer is an idle GPU): a workload came or went, so the next
+            # slow cycle enumerates the processes whenever the last enumeration was.
+            active = any(p.value > ACTIVE_LEVEL for p in util)
+            # The adaptive rate's driver-sample source: nothing new (the buffer ran dry) is an idle GPU; a stretch
+            # without samples between two (the GPU went idle in between) is a gap, hence a dip.
+            if g.util.gapped and f"nvmlDeviceGetSamples:{C.GPU_UTILIZATION_SAMPLES}" not in g.disabled:
+                g.pace.heat("samples:gap")
+                g.pace.classes["samples"] = classify(p.value for p in util)
+            else:
+                g.pace.observe("samples", classify(p.value for p in util) if util else IDLE, now)
+            if g.active is not None and active != g.active:
+                g.processes_t = None
+            g.active = active
         # An empty buffer (NOT_FOUND) is an idle GPU: busy time stays where it was (0 at start).
         busy = g.util.seconds if util is not None else None
         return GpuBuffered(gpu_util=util or (), memory_util=mem or (), busy_seconds=busy)
@@ -838,6 +942,7 @@ class NvmlBackend:
         except nvml.NVMLError as e:
             if code(e) == ERR_NOT_FOUND:  # empty buffer: normal on an idle GPU
                 g.unknown_streak = 0
+                integ.gapped = False
                 return ()
             self._failed(g, key, e)
             if key in g.disabled:
@@ -885,7 +990,13 @@ class NvmlBackend:
         mem = get("nvmlDeviceGetMemoryInfo")
         limit_mw = get("nvmlDeviceGetEnforcedPowerLimit")
         max_clock = get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
-        processes, mig = self._mig_slow(g) if g.identity.mig_mode else (self._processes(g), {})
+        enumerate_now = g.processes_t is None or now - g.processes_t >= self._process_s - PROCESS_EARLY_S
+        if g.identity.mig_mode:
+            processes, mig = self._mig_slow(g, enumerate_now)
+        else:
+            processes, mig = (self._processes(g) if enumerate_now else g.processes), {}
+        if enumerate_now:
+            g.processes, g.processes_t = processes, now
         xids, xid_seen = self.events.counts(g.index)
         return GpuSlow(
             link_gen=_int(link["gen"]), link_width=_int(link["width"]),
@@ -917,16 +1028,20 @@ class NvmlBackend:
         elif not mode and g.identity.mig_mode and "nvmlDeviceGetMigMode" not in g.disabled:
             self._leave_mig(g)
 
-    def _mig_slow(self, g: _Gpu) -> tuple[tuple[GpuProcess, ...], dict[int, MigSlow]]:
+    def _mig_slow(self, g: _Gpu, enumerate_now: bool) -> tuple[tuple[GpuProcess, ...], dict[int, MigSlow]]:
         """Per MIG instance: memory, and its compute processes through its own handle (the whole GPU's list
-        needs privileges in MIG mode). The GPU's processes are the union, each tagged with its instance."""
+        needs privileges in MIG mode; enumerated only when ``enumerate_now``, else as last enumerated). The
+        GPU's processes are the union, each tagged with its instance."""
         nvml = self._nvml
         procs: list[GpuProcess] = []
         out: dict[int, MigSlow] = {}
         for gi, m in sorted(g.mig.items()):
             try:
                 mem = self._opt(g, "nvmlDeviceGetMemoryInfo:mig", nvml.nvmlDeviceGetMemoryInfo, m.handle, raising=True)
-                found = self._processes(g, m.handle, raising=True)
+                if enumerate_now or not m.processes_seen:
+                    m.processes = self._processes(g, m.handle, raising=True)
+                    m.processes_seen = True
+                found = m.processes
             except nvml.NVMLError as e:
                 if not self._mig_gone(g, e):
                     self._failed(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)

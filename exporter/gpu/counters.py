@@ -71,12 +71,16 @@ class SampleIntegrator:
     max_period_s: float = 1.0
     seconds: float = 0.0
     last_ts: int | None = None
+    # Whether the newest batch had a spacing longer than the capped period: a stretch without samples, which
+    # the driver leaves when the GPU goes idle in between (the adaptive rate counts it as a dip).
+    gapped: bool = False
     _gaps: deque[int] = field(default_factory=lambda: deque(maxlen=32))
 
     def add(self, samples: list[tuple[int, float]]) -> list[tuple[int, float]]:
         """Integrate samples newer than the last one seen (sorted here); return those that were new."""
         new = sorted((ts, v) for ts, v in samples if self.last_ts is None or ts > self.last_ts)
         prev = self.last_ts
+        self.gapped = False
         for ts, v in new:
             if prev is not None:
                 gap_us = ts - prev
@@ -86,6 +90,7 @@ class SampleIntegrator:
                     period_us = self.max_period_s * 1e6
                     if self._gaps:
                         period_us = min(period_us, 1.5 * min(self._gaps))
+                    self.gapped = self.gapped or gap_us > period_us
                     self.seconds += max(0.0, min(v, 100.0)) / 100.0 * min(gap_us, period_us) / 1e6
             prev = ts
         if new:

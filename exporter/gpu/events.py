@@ -46,6 +46,10 @@ class _Counts:
     last: dict[int, float] = field(default_factory=dict)
 
 
+def _untimed(_name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
 def _address(handle: object) -> int | None:
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value  # type: ignore[arg-type]
@@ -57,8 +61,11 @@ class XidWatcher:
     """Counts the Xid events of the GPUs it is armed with; see the module docstring."""
 
     def __init__(self, clock: Callable[[], float], *, threaded: bool, wait_ms: int = WAIT_MS,
-                 tag: str = "") -> None:
+                 tag: str = "", timed: Callable[..., Any] | None = None) -> None:
         self._clock = clock
+        # ``timed(name, fn, *args)`` calls NVML and times it (exporter/gpu/calls.py); the waits are not timed:
+        # they block by design until an event or the timeout.
+        self._timed: Callable[..., Any] = timed if timed is not None else _untimed
         self._threaded = threaded
         self._wait_ms = wait_ms
         self._tag = tag
@@ -190,7 +197,7 @@ class XidWatcher:
         if nvml is None or not handles:
             return
         try:
-            es = nvml.nvmlEventSetCreate()
+            es = self._timed("nvmlEventSetCreate", nvml.nvmlEventSetCreate)
         except nvml.NVMLError as e:
             if log.once(("gpu_event_set_failed", self._tag, str(code(e)))):
                 self._log.warning("gpu_event_set_failed", error=errname(e))
@@ -198,11 +205,12 @@ class XidWatcher:
         by_address: dict[int, int] = {}
         for index, handle in sorted(handles.items()):
             try:
-                supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+                supported = int(self._timed("nvmlDeviceGetSupportedEventTypes", nvml.nvmlDeviceGetSupportedEventTypes,
+                                            handle))
                 want = supported & int(nvml.nvmlEventTypeXidCriticalError)
                 if not want:
                     raise nvml.NVMLError(ERR_NOT_SUPPORTED)
-                nvml.nvmlDeviceRegisterEvents(handle, want, es)
+                self._timed("nvmlDeviceRegisterEvents", nvml.nvmlDeviceRegisterEvents, handle, want, es)
             except nvml.NVMLError as e:
                 if log.once(("gpu_events_unavailable", self._tag, str(index), str(code(e)))):
                     self._log.info("gpu_events_unavailable", gpu=index, error=errname(e),
@@ -220,6 +228,6 @@ class XidWatcher:
         if es is None:
             return
         try:
-            self._nvml.nvmlEventSetFree(es)
+            self._timed("nvmlEventSetFree", self._nvml.nvmlEventSetFree, es)
         except self._nvml.NVMLError as e:
             self._log.debug("gpu_event_set_free_failed", error=errname(e))

@@ -194,10 +194,35 @@ class GpuBuffered:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldFast:
+    """The fast path's entry for a GPU it did not read on this tick: the GPU is steadily busy or idle and read
+    at its steady rate only (DESIGN.md "Sampling that pays only for what it learns"). ``value`` is its newest
+    read, taken at ``t`` (engine time). Exposition shows it; it is not a new sample, so the derived layer, which
+    takes only GpuFast entries from the fast window, never counts it twice."""
+
+    value: GpuFast
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallHistogram:
+    """Durations of one kind of NVML call since the backend started: ``counts`` per bucket (cumulative, one per
+    upper bound of ``exporter.gpu.calls.BUCKETS`` then +Inf, the last being the number of calls), their sum."""
+
+    counts: tuple[int, ...]
+    sum_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """One sampler's view of every GPU: ``gpus`` maps NVML index -> that sampler's per-GPU value
-    (GpuFast, GpuSlow or GpuBuffered); ``identities`` and ``lost`` are shared by all three samplers."""
+    (GpuFast or HeldFast, GpuSlow or GpuBuffered); ``identities`` and ``lost`` are shared by all three
+    samplers; ``steady`` (fast path only) names the GPUs read at the steady rate.
+    ``calls`` is the NVML call-duration histogram per call kind (exporter/gpu/calls.py) when the sample was
+    taken: one accumulator behind every sampler's sample, so the newest sample has the most calls."""
 
     identities: Mapping[int, GpuIdentity]
     gpus: Mapping[int, object]
     lost: frozenset[int]
+    calls: Mapping[str, CallHistogram] = field(default_factory=_empty)
+    steady: frozenset[int] = frozenset()

@@ -317,7 +317,10 @@ def test_mig_gpu_without_process_utilisation_exports_memory_only(rig: MakeRig) -
 
 
 def test_samplers_run_at_their_configured_rates(rig: MakeRig) -> None:
-    r = rig([device(0)], options={"interval": 0.2, "samples-interval": 2.0, "slow-interval": 10.0})
+    # The adaptive fast rate off (steady-interval = interval): every GPU read on every fast tick
+    # (tests/gpu/test_pace.py covers the steady rate).
+    r = rig([device(0)], options={"interval": 0.2, "steady-interval": 0.2, "samples-interval": 2.0,
+                                  "slow-interval": 10.0})
     r.run_until(20.0)
     assert len(r.history("gpu")) == 101
     assert len(r.history("gpu_samples")) == 11

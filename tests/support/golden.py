@@ -19,11 +19,13 @@ from exporter.sim.fakenvml import FakeNvml, advance_device
 from tests.support.hosts import HOSTS
 
 # Families whose values depend on the machine running the test, not on the host: how long runs took (and so
-# how many ticks they overran) and the Python version. Their presence is still checked, not their values.
+# how many ticks they overran, how long NVML calls took) and the Python version. Their presence is still
+# checked, not their values.
 # Values of the machine or of the test process, not of the host: log_messages_dropped_total counts the whole
 # process's drops (earlier tests in the same pytest run write to closed streams on purpose).
 MACHINE_DEPENDENT = re.compile(
-    r"^gpufeed_(collector_duration_seconds|collector_cpu_seconds_total|sampler_overruns_total|build_info|log_messages_dropped_total|self_\w+)"
+    r"^gpufeed_(collector_cpu_seconds_total|nvml_call_duration_seconds_\w+|sampler_overruns_total|build_info|"
+    r"log_messages_dropped_total|self_\w+)"
     r"(\{| )")
 STEP = 0.05  # the fake's counters advance in steps of at most this (the fast sampler runs every 0.1 s)
 
