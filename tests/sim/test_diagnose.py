@@ -18,11 +18,18 @@ from exporter.report import check, scenario_document
 from exporter.report import schema as report_schema
 from exporter.sim.player import play
 from exporter.sim.scenario import load
+from tests.support import plays
 from tests.support.plays import played
 
 HERE = Path(__file__).resolve().parent
 CONTRACT = sorted((HERE.parent / "scenarios").glob("*.yaml"))
 OWN = HERE / "scenarios"
+
+
+@pytest.fixture(autouse=True)
+def _one_play_per_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpufeed diagnose --scenario`` here plays each scenario once per session (tests.support.plays)."""
+    monkeypatch.setattr("exporter.sim.player.play", plays.play)
 
 
 @cache
@@ -180,7 +187,7 @@ def test_lost_gpu_reports_gpu_lost_and_the_other_gpu_keeps_its_verdict() -> None
 
 
 def test_with_the_derived_layer_off_the_structure_stays_and_causes_are_null() -> None:
-    res = played(OWN / "wrong_expectation.yaml", flags=(("collector.derived", False),))
+    res = played(OWN / "wrong_expectation.yaml", flags={"collector.derived": False})
     doc = scenario_document(res)
     assert [(g["index"], g["cause"], g["evidence"]) for g in doc["phases"][0]["gpus"]] == [(0, None, [])]
     assert "derived" not in res.collectors

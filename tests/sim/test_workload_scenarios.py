@@ -12,10 +12,17 @@ from exporter.cli import main
 from exporter.report import check, scenario_document
 from exporter.sim.player import play
 from exporter.sim.scenario import ScenarioError, load, loads
+from tests.support import plays
 from tests.support.plays import played
 
 HERE = Path(__file__).resolve().parents[1] / "scenarios" / "workloads"
 FILES = sorted(HERE.glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def _one_play_per_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpufeed diagnose --scenario`` here plays each scenario once per session (tests.support.plays)."""
+    monkeypatch.setattr("exporter.sim.player.play", plays.play)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
