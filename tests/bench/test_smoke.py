@@ -6,6 +6,7 @@ Never asserts a measured number against a budget: CI machines are not benchmark 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -33,7 +34,10 @@ def ctx() -> Context:
 
 @pytest.fixture
 def opts() -> Options:
-    return Options.smoke_options()
+    # The harness's smoke sizes (what `bench/run.py --smoke` runs, below), shortened where a test needs each code
+    # path once: half-second warm-ups and one-second windows still scrape, sample and fit several times.
+    return dataclasses.replace(Options.smoke_options(), warmup=0.5, deep_warmup=0.5, overhead_seconds=1.0,
+                               fidelity_seconds=1.0, samework_seconds=1.0, soak_seconds=3.0, series_settle=0.5)
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,7 @@ from exporter.sampling import Targets
 from exporter.sim.player import PlayResult, play
 from exporter.sim.scenario import load
 from exporter.snapshot import Snapshot, Stamped
+from tests.support.plays import played
 
 SCENARIO = Path(__file__).parent / "scenarios" / "mig_instances.yaml"
 
@@ -35,7 +36,7 @@ def _mixed(res: PlayResult) -> DerivedState:
 
 
 def test_a_mig_gpu_is_never_idle_while_an_instance_works_and_each_instance_has_its_own_verdict() -> None:
-    res = play(load(SCENARIO), timeline=True)
+    res = played(SCENARIO)
     assert report.check(res) == []
     busy_from = 30.0 + 15.0  # the mixed phase, once the verdict had its window
     for t, st in res.timeline:
@@ -51,7 +52,7 @@ def test_a_mig_gpu_is_never_idle_while_an_instance_works_and_each_instance_has_i
 
 
 def test_state_time_and_waiting_causes_are_split_per_mig_instance_in_the_exposition() -> None:
-    st = _mixed(play(load(SCENARIO)))
+    st = _mixed(played(SCENARIO))
     s = _samples(st)
 
     def v(name: str, **labels: str) -> float:
@@ -70,7 +71,7 @@ def test_state_time_and_waiting_causes_are_split_per_mig_instance_in_the_exposit
 
 
 def test_the_report_lists_a_mig_gpu_once_per_instance() -> None:
-    doc = report.scenario_document(play(load(SCENARIO), timeline=True), timeline=True)
+    doc = report.scenario_document(played(SCENARIO), timeline=True)
     mixed = doc["phases"][-1]["gpus"]
     assert [(g["index"], g.get("mig"), g["cause"]) for g in mixed] == [
         (0, 1, "healthy"), (0, 2, "launch_bound"), (0, 5, "idle"), (1, None, "healthy")]
@@ -97,6 +98,6 @@ def test_mig_without_gpm_gives_no_verdict_never_idle_and_a_nonzero_exit() -> Non
 
 def test_an_expectation_on_a_mig_gpu_names_its_instances() -> None:
     failures = report.check(dataclasses.replace(
-        play(load(SCENARIO)), scenario=dataclasses.replace(load(SCENARIO), expect=(dataclasses.replace(
+        played(SCENARIO), scenario=dataclasses.replace(load(SCENARIO), expect=(dataclasses.replace(
             load(SCENARIO).expect[1], mig={(0, 2): "healthy"}),))))
     assert failures == ["phase 'mixed': GPU 0 MIG 2: expected healthy, got launch_bound"]

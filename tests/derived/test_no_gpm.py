@@ -12,28 +12,22 @@ So every verdict holds except the one that *is* SM activity against kernel-resid
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
 from exporter import report
 from exporter.derived.evaluate import NO_GPM_NOTE
-from exporter.sim.player import play
-from exporter.sim.scenario import Scenario, load
+from tests.support.plays import played
 
 CONTRACT = sorted((Path(__file__).parent.parent / "scenarios").glob("*.yaml"))
 # Scenario -> (phase, GPU, verdict with GPM, verdict without it): the verdicts that need GPM, and why above.
 NEEDS_GPM = {"gpu_inefficient": ("running", 0, "gpu_inefficient", "healthy")}
 
 
-def _without_gpm(sc: Scenario) -> Scenario:
-    return dataclasses.replace(sc, gpus=tuple(dataclasses.replace(g, gpm=False) for g in sc.gpus))
-
-
 @pytest.mark.parametrize("path", CONTRACT, ids=[p.stem for p in CONTRACT])
 def test_every_contract_scenario_holds_without_gpm_where_its_verdict_does_not_need_it(path: Path) -> None:
-    res = play(_without_gpm(load(path)))  # some already describe GPUs without GPM (L4, A100 PCIe)
+    res = played(path, gpm=False)  # some already describe GPUs without GPM (L4, A100 PCIe)
     failures = report.check(res)
     if path.stem in NEEDS_GPM:
         phase, gpu, with_gpm, without = NEEDS_GPM[path.stem]
@@ -48,7 +42,7 @@ def test_every_contract_scenario_holds_without_gpm_where_its_verdict_does_not_ne
 
 
 def test_the_no_gpm_scenarios_really_ran_without_gpm() -> None:
-    res = play(_without_gpm(load(CONTRACT[0])))
+    res = played(CONTRACT[0], gpm=False)
     assert res.sampler_errors == {}
     st = res.phases[-1].state
     assert st is not None and all(not any("SM active" in e for e in v.evidence) for v in st.gpus.values())

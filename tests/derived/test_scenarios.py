@@ -1,7 +1,8 @@
 """Every edge-case scenario of the derived layer holds through the real simulator, collectors and engine.
 
-Each scenario plays in virtual time (``gpufeed diagnose --scenario FILE --check`` in-process); beyond the
-phase-end expectations, the timeline is checked for what must never happen at any evaluation.
+Each scenario plays in virtual time (``gpufeed diagnose --scenario FILE --check`` in-process), once per session
+(tests.support.plays); beyond the phase-end expectations, the timeline is checked for what must never happen at
+any evaluation.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import pytest
 
 from exporter.report import check
 from exporter.samples.derived import DerivedState
-from exporter.sim.player import PlayResult, play
-from exporter.sim.scenario import load
+from exporter.sim.player import PlayResult
+from tests.support.plays import played
 
 HERE = Path(__file__).parent / "scenarios"
 FILES = sorted(HERE.glob("*.yaml"))
@@ -22,7 +23,7 @@ CONTRACT = sorted((Path(__file__).parent.parent / "scenarios").glob("*.yaml"))
 
 
 def _play(name: str) -> PlayResult:
-    return play(load(HERE / f"{name}.yaml"), timeline=True)
+    return played(HERE / f"{name}.yaml")
 
 
 def _phase_span(res: PlayResult, prefix: str) -> list[tuple[float, float]]:
@@ -36,19 +37,19 @@ def _phase_span(res: PlayResult, prefix: str) -> list[tuple[float, float]]:
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_edge_case_scenario_expectations_hold(path: Path) -> None:
-    res = play(load(path), timeline=False)
+    res = played(path)
     assert check(res) == []
 
 
 @pytest.mark.parametrize("path", CONTRACT, ids=[p.stem for p in CONTRACT])
 def test_contract_scenario_expectations_hold(path: Path) -> None:
-    res = play(load(path), timeline=False)
+    res = played(path)
     assert check(res) == []
 
 
 def assert_settled_within(path: Path, seconds: float = 15.0) -> None:
     """Every expected verdict of ``path`` holds at every evaluation from ``seconds`` after its phase's onset."""
-    res = play(load(path), timeline=True)
+    res = played(path)
     start = 0.0
     for ph in res.scenario.phases:
         for exp in res.scenario.expect:

@@ -18,15 +18,23 @@ from exporter.report import check, scenario_document
 from exporter.report import schema as report_schema
 from exporter.sim.player import play
 from exporter.sim.scenario import load
+from tests.support import plays
+from tests.support.plays import played
 
 HERE = Path(__file__).resolve().parent
 CONTRACT = sorted((HERE.parent / "scenarios").glob("*.yaml"))
 OWN = HERE / "scenarios"
 
 
+@pytest.fixture(autouse=True)
+def _one_play_per_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpufeed diagnose --scenario`` here plays each scenario once per session (tests.support.plays)."""
+    monkeypatch.setattr("exporter.sim.player.play", plays.play)
+
+
 @cache
 def _report(path: Path) -> dict[str, Any]:
-    return scenario_document(play(load(path), timeline=True), timeline=True)
+    return scenario_document(played(path), timeline=True)
 
 
 @pytest.mark.parametrize("path", CONTRACT, ids=lambda p: p.stem)
@@ -84,7 +92,7 @@ def test_check_prints_each_failed_expectation_and_exits_1(capsys: pytest.Capture
 
 
 def test_check_logic_on_a_played_result() -> None:
-    res = play(load(OWN / "wrong_expectation.yaml"))
+    res = played(OWN / "wrong_expectation.yaml")
     failures = check(res)
     assert len(failures) == 2
 
@@ -172,14 +180,14 @@ def test_eight_gpus_two_minutes_plays_through() -> None:
 
 
 def test_lost_gpu_reports_gpu_lost_and_the_other_gpu_keeps_its_verdict() -> None:
-    res = play(load(OWN / "lost_gpu.yaml"))
+    res = played(OWN / "lost_gpu.yaml")
     assert check(res) == []
     lost = res.phases[1].state
     assert lost is not None and 1 not in lost.gpus and lost.gpus[0].cause == "healthy"
 
 
 def test_with_the_derived_layer_off_the_structure_stays_and_causes_are_null() -> None:
-    res = play(load(OWN / "wrong_expectation.yaml"), flags={"collector.derived": False})
+    res = played(OWN / "wrong_expectation.yaml", flags={"collector.derived": False})
     doc = scenario_document(res)
     assert [(g["index"], g["cause"], g["evidence"]) for g in doc["phases"][0]["gpus"]] == [(0, None, [])]
     assert "derived" not in res.collectors

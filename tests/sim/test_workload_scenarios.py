@@ -12,16 +12,23 @@ from exporter.cli import main
 from exporter.report import check, scenario_document
 from exporter.sim.player import play
 from exporter.sim.scenario import ScenarioError, load, loads
+from tests.support import plays
+from tests.support.plays import played
 
 HERE = Path(__file__).resolve().parents[1] / "scenarios" / "workloads"
 FILES = sorted(HERE.glob("*.yaml"))
 
 
+@pytest.fixture(autouse=True)
+def _one_play_per_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpufeed diagnose --scenario`` here plays each scenario once per session (tests.support.plays)."""
+    monkeypatch.setattr("exporter.sim.player.play", plays.play)
+
+
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_workload_scenario_expectations_hold(path: Path) -> None:
-    sc = load(path)
-    assert sc.version == 2
-    assert check(play(sc)) == []
+    assert load(path).version == 2
+    assert check(played(path)) == []
 
 
 def test_json_names_each_gpus_workload_and_the_timeline_has_finding_events(capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,7 +43,7 @@ def test_json_names_each_gpus_workload_and_the_timeline_has_finding_events(capsy
 
 
 def test_a_gpu_with_no_workload_reports_no_labels() -> None:
-    res = play(load(HERE / "pod_without_nvml_process.yaml"))
+    res = played(HERE / "pod_without_nvml_process.yaml")
     doc = scenario_document(res)
     by_index = {g["index"]: g for g in doc["phases"][0]["gpus"]}
     assert by_index[1]["workload"] == {}
