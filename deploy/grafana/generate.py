@@ -599,10 +599,11 @@ def host() -> dict[str, Any]:
                            "{{role}} {{bdf}} current (max {{max_speed}}, limit {{limit_speed}})")],
                    unit="short"), 12, 8),
             (panel("timeseries", "PCIe link width per hop, current vs max",
-                   "Lanes of each hop's link now and at most; fewer lanes than max under load is a bad seat or "
-                   "riser (critical in GpufeedPCIeLinkDowngraded).",
-                   [target(f"gpufeed_pcie_link_current_width{{{H}}}", "{{role}} {{bdf}} current"),
-                    target(f"gpufeed_pcie_link_max_width{{{H}}}", "{{role}} {{bdf}} max")],
+                   "Lanes of each hop's link now, its maximum in the legend; fewer lanes than max under load is a "
+                   "bad seat or riser (critical in GpufeedPCIeLinkDowngraded).",
+                   [target(f"gpufeed_pcie_link_current_width{{{H}}} * on (job, instance, bdf) "
+                           f"group_left (max_width, limit_width) gpufeed_pcie_device_info{{{H}}}",
+                           "{{role}} {{bdf}} current (max x{{max_width}}, limit x{{limit_width}})")],
                    unit="short"), 12, 8),
             (hops, 12, 8),
             (panel("state-timeline", "Link downgraded under load", "gpufeed_pcie_link_downgraded per GPU and hop.",

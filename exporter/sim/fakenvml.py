@@ -618,9 +618,12 @@ class FakeNvml:
         (what ``serve --simulate`` uses): a change of values costs the daemon an unpack, not a JSON parse."""
         fake = cls()
         fake._exchange = Reader(Path(directory), normalize_state)
-        got = fake._exchange.poll()
-        if got is None:
-            raise StateError(f"{directory}: the simulator has not published a state yet")
+        # The simulator writes continuously: a poll that meets a write in progress takes nothing. Retry, briefly.
+        deadline = time.monotonic() + 5.0
+        while (got := fake._exchange.poll()) is None:
+            if time.monotonic() > deadline:
+                raise StateError(f"{directory}: no complete state published within 5 s")
+            time.sleep(0.005)
         fake._install(got[0])
         return fake
 

@@ -229,9 +229,9 @@ EVIDENCE: dict[str, tuple[str, ...]] = {
                       "gpufeed_gpu_throttle_seconds_total", "gpufeed_gpu_power_watts", "gpufeed_gpu_power_limit_watts",
                       "gpufeed_gpu_temperature_celsius"),
     "gpu_inefficient": ("gpufeed_gpu_sm_active_seconds_total", "gpufeed_gpu_busy_seconds_total"),
+    # The link maxima (LnkCap, and the limit both ends allow) are labels of gpufeed_pcie_device_info.
     "pcie_link_downgraded": ("gpufeed_pcie_link_downgraded", "gpufeed_pcie_link_current_speed_transfers_per_second",
-                             "gpufeed_pcie_link_max_speed_transfers_per_second", "gpufeed_pcie_link_current_width",
-                             "gpufeed_pcie_link_max_width", "gpufeed_pcie_device_info"),
+                             "gpufeed_pcie_link_current_width", "gpufeed_pcie_device_info"),
     "pcie_errors": ("gpufeed_pcie_aer_errors_total", "gpufeed_gpu_pcie_replays_total"),
     "numa_mismatch": ("gpufeed_process_numa_local_cpu_ratio", "gpufeed_process_numa_mismatch", "gpufeed_gpu_info"),
     "cpu_governor_powersave": ("gpufeed_cpufreq_governor_cpus",),
