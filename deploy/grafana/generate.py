@@ -427,11 +427,15 @@ def gpu_state_row() -> tuple[str, list[tuple[Panel, int, int]]]:
                options={"showValue": "never", "mergeValues": True, "rowHeight": 0.8}), 12, 8),
         (panel("timeseries", "Time throttled, by reason",
                "Share of each second the driver held the GPU's clocks down, per reason "
-               "(gpufeed_gpu_throttle_seconds_total; reasons overlap, so they are not stacked).",
-               [target(f"sum by (gpu, reason) (rate(gpufeed_gpu_throttle_seconds_total{{{HG}}}[{RI}]))",
+               "(gpufeed_gpu_throttle_seconds_total; reasons overlap, so they are not stacked). A reason's "
+               "counter appears with its first throttled time; a GPU with none shows 0.",
+               [target(f"sum by (gpu, reason) (rate(gpufeed_gpu_throttle_seconds_total{{{HG}}}[{RI}])) or "
+                       f"max by (gpu) (0 * gpufeed_gpu_info{{{HG}}})",
                        "GPU {{gpu}} {{reason}}")], unit="percentunit", minmax=(0, 1)), 12, 8),
-        (panel("state-timeline", "GPU lost", "1 while NVML answers GPU_IS_LOST (fell off the bus): GpufeedGPULost.",
-               [target(f"gpufeed_gpu_lost{{{HG}}}", "GPU {{gpu}}")], mappings=lost, steps=ANY_IS_BAD,
+        (panel("state-timeline", "GPU lost", "1 while NVML answers GPU_IS_LOST (fell off the bus): GpufeedGPULost. "
+               "The flag is absent while the GPU answers; shown as 0.",
+               [target(f"max by (gpu) (gpufeed_gpu_lost{{{HG}}}) or max by (gpu) (0 * gpufeed_gpu_info{{{HG}}})",
+                       "GPU {{gpu}}")], mappings=lost, steps=ANY_IS_BAD,
                options={"showValue": "auto", "mergeValues": True, "rowHeight": 0.8}), 24, 4),
     ])
 
@@ -606,8 +610,10 @@ def host() -> dict[str, Any]:
                            "{{role}} {{bdf}} current (max x{{max_width}}, limit x{{limit_width}})")],
                    unit="short"), 12, 8),
             (hops, 12, 8),
-            (panel("state-timeline", "Link downgraded under load", "gpufeed_pcie_link_downgraded per GPU and hop.",
-                   [target(f"gpufeed_pcie_link_downgraded{{{HG}}}", "GPU {{gpu}} {{bdf}}")],
+            (panel("state-timeline", "Link downgraded under load",
+                   "gpufeed_pcie_link_downgraded per GPU and hop (absent while the link is fine; shown as 0).",
+                   [target(f"max by (gpu, bdf) (gpufeed_pcie_link_downgraded{{{HG}}}) or "
+                           f"max by (gpu) (0 * gpufeed_gpu_info{{{HG}}})", "GPU {{gpu}} {{bdf}}")],
                    mappings=[{"type": "value", "options": {
                        "0": {"text": "ok", "color": "green", "index": 0},
                        "1": {"text": "downgraded", "color": "red", "index": 1}}}]), 12, 6),
