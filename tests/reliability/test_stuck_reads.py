@@ -116,7 +116,8 @@ async def test_last_success_freezes_while_a_sampler_is_blocked(root: Path) -> No
         # The blocked sampler's last success stays put (time() minus it, the alert's age, grows); the others'
         # keep moving. The age itself is not a series of its own (the host-level series budget).
         assert series[key % "memory"] == before[key % "memory"]
-        assert series[key % "cpu"] >= before[key % "cpu"] + 1.0
+        # cpu runs every 1 s while no GPU waits (the quiet host pace): at least one success in 1.5 s.
+        assert series[key % "cpu"] > before[key % "cpu"]
         assert series[key % "memory"] < series[key % "cpu"]
         assert not [k for k in series if k.startswith("gpufeed_sample_age_seconds")]
     finally:
