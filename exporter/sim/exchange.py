@@ -7,7 +7,8 @@ state is split in two, in the directory the simulator and the daemon share:
 
 - ``nvml.json``, the *shape*: the whole normalised state (``fakenvml.normalize_state``) as JSON, rewritten
   (atomically, ``os.replace``) only when something other than a number changed -- a process came or went, a
-  GPU was lost, a MIG layout, an Xid event, a sample buffer's length. The reader validates it in full, as
+  GPU was lost, a MIG layout, an Xid event, a sample buffer's length (not a GPU's clock-event reasons: they
+  travel as their NVML bitmask, a number). The reader validates it in full, as
   before; it is also what a person reads to see the simulated driver's state.
 - ``nvml.bin``, the *values*: every number of the state (ints as int64, floats as float64), in the order a
   depth-first walk of the normalised state meets them, in a fixed binary layout mapped into memory, behind a
@@ -39,6 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from exporter.gpu.constants import CLOCK_EVENT_REASONS, encode_reasons
+
 SHAPE_FILE = "nvml.json"
 VALUES_FILE = "nvml.bin"
 MAGIC = b"GPUFEED1"
@@ -48,10 +51,15 @@ _SEQ_AT = 8
 
 # A slot is where one number lives: (container, key-or-index).
 Slot = tuple[Any, Any]
+REASONS = "clock_event_reasons"
 
 
 def walk(state: Any) -> tuple[list[Slot], list[Slot], list[Any]]:
-    """The int slots, the float slots, and the shape signature of ``state`` (everything but the numbers)."""
+    """The int slots, the float slots, and the shape signature of ``state`` (everything but the numbers).
+
+    A device's ``clock_event_reasons`` (a list of names) is a number too: its NVML bitmask, an int slot (the
+    reasons of a waiting GPU flip with every idle gap, and as shape each flip cost a JSON parse and a full
+    validation). Both sides encode and decode it (:func:`reasons_slots`)."""
     ints: list[Slot] = []
     floats: list[Slot] = []
     shape: list[Any] = []
@@ -69,7 +77,10 @@ def walk(state: Any) -> tuple[list[Slot], list[Slot], list[Any]]:
                 leaf(node, i, v)
 
     def leaf(container: Any, key: Any, v: Any) -> None:
-        if isinstance(v, bool) or v is None or isinstance(v, str):
+        if key == REASONS and isinstance(v, list):
+            shape.append("r")
+            ints.append((container, key))
+        elif isinstance(v, bool) or v is None or isinstance(v, str):
             shape.append(v if not isinstance(v, str) else ("s", v))
         elif isinstance(v, int):
             shape.append("i")
@@ -82,6 +93,15 @@ def walk(state: Any) -> tuple[list[Slot], list[Slot], list[Any]]:
 
     visit(state)
     return ints, floats, shape
+
+
+def reasons_slots(ints: list[Slot]) -> list[Slot]:
+    """The int slots that hold a reason list (encoded as its bitmask)."""
+    return [(c, k) for c, k in ints if k == REASONS]
+
+
+def _int_of(v: Any) -> int:
+    return encode_reasons(v) if isinstance(v, list) else int(v)
 
 
 class Writer:
@@ -115,7 +135,7 @@ class Writer:
         _SEQ.pack_into(m, _SEQ_AT, self._seq)
         _HEADER.pack_into(m, 0, MAGIC, self._seq, self._shape_id, len(ints), len(floats))
         at = _HEADER.size
-        struct.pack_into(f"<{len(ints)}q", m, at, *(c[k] for c, k in ints))
+        struct.pack_into(f"<{len(ints)}q", m, at, *(_int_of(c[k]) for c, k in ints))
         struct.pack_into(f"<{len(floats)}d", m, at + 8 * len(ints), *(c[k] for c, k in floats))
         self._seq += 1  # even: complete
         _SEQ.pack_into(m, _SEQ_AT, self._seq)
@@ -146,6 +166,7 @@ class Reader:
         self.state: dict[str, Any] | None = None
         self._ints: list[Slot] = []
         self._floats: list[Slot] = []
+        self._reasons: list[Slot] = []
         self.shape_loads = 0  # JSON shapes read (tests: value changes must not read JSON)
 
     def _mapped(self) -> mmap.mmap | None:
@@ -165,6 +186,15 @@ class Reader:
     def _remap(self) -> mmap.mmap | None:
         self.close()
         return self._mapped()
+
+    def shape_pending(self) -> bool:
+        """Whether the writer published a shape newer than the one installed (one read of mapped memory); an
+        unreadable exchange counts as pending, so the caller's :meth:`poll` reports it."""
+        m = self._mapped()
+        if m is None:
+            return True
+        magic, _, shape_id, _, _ = _HEADER.unpack_from(m, 0)
+        return bool(magic != MAGIC or shape_id != self._shape_id)
 
     def poll(self) -> tuple[dict[str, Any], bool] | None:
         """None: nothing new (or a write in progress: the previous state stands). Raises OSError/ValueError
@@ -200,12 +230,15 @@ class Reader:
             if (len(ints), len(floats)) != (n_int, n_float):
                 return None  # the JSON of a newer shape than these values (or older): poll again
             self.state, self._ints, self._floats, self._shape_id = state, ints, floats, shape_id
+            self._reasons = reasons_slots(ints)
         ints_v = struct.unpack_from(f"<{n_int}q", block, 0)
         floats_v = struct.unpack_from(f"<{n_float}d", block, 8 * n_int)
         for (c, k), v in zip(self._ints, ints_v, strict=True):
             c[k] = v
         for (c, k), v in zip(self._floats, floats_v, strict=True):
             c[k] = v
+        for c, k in self._reasons:
+            c[k] = [name for name, bit in CLOCK_EVENT_REASONS.items() if c[k] & bit]
         self._seq = seq
         assert self.state is not None
         return self.state, new_shape

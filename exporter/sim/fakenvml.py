@@ -1197,6 +1197,19 @@ class FakeNvml:
                                  "(only nvmlEventTypeXidCriticalError)")
         es.types[dev["uuid"]] = es.types.get(dev["uuid"], 0) | int(eventTypes)
 
+    def _undelivered(self, es: _EventSet) -> bool:
+        """Whether a device registered in ``es`` has an Xid event in its list not delivered yet (it becomes due
+        when the state's ``t`` reaches it)."""
+        for dev in self._state["devices"]:
+            events = dev["xid_events"]
+            if not events or not es.types.get(dev["uuid"], 0) & pynvml.nvmlEventTypeXidCriticalError:
+                continue
+            last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
+            newest = float(events[-1]["t"])
+            if newest > last or (newest == last and sum(float(e["t"]) == newest for e in events) > n_at_last):
+                return True
+        return False
+
     def _next_event(self, es: _EventSet) -> Any | None:
         """The oldest due, undelivered Xid event of a registered device, as ``c_nvmlEventData_t``."""
         t = float(self._state["t"])
@@ -1248,4 +1261,8 @@ class FakeNvml:
             if left <= 0:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
             self._cond.wait(min(left, _EVENT_POLL_S))  # releases the lock; set_state notifies
-            self._maybe_reload()
+            if self._exchange is None or self._undelivered(es) or self._exchange.shape_pending():
+                # New numbers matter only to an event not yet due (they advance ``t``); a new event, a lost
+                # GPU, is a new shape. The real call blocks in the driver at no cost to the daemon: taking
+                # every new state here, ~10 a second, charged it what no real host pays.
+                self._maybe_reload()

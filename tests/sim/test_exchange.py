@@ -51,6 +51,29 @@ def test_a_change_of_values_reaches_the_reader_without_reading_json(tmp_path: Pa
     assert isinstance(got[0]["devices"][0]["power_w"], float)
 
 
+def test_clock_event_reasons_travel_as_their_bitmask_not_as_shape(tmp_path: Path) -> None:
+    # A waiting GPU's reasons flip with every idle gap: as shape, each flip cost the daemon a JSON parse.
+    w = exchange.Writer(tmp_path)
+    s0 = _state()
+    s0["devices"][0]["clock_event_reasons"] = []
+    w.write(s0)
+    r = exchange.Reader(tmp_path, normalize_state)
+    assert r.poll() is not None
+    for reasons in (["gpu_idle", "sw_power_cap"], [], ["hw_slowdown"]):
+        s1 = copy.deepcopy(s0)
+        s1["devices"][0]["clock_event_reasons"] = reasons
+        w.write(s1)
+        got = r.poll()
+        assert got is not None and not got[1]
+        assert set(got[0]["devices"][0]["clock_event_reasons"]) == set(reasons)
+        assert got[0]["devices"][1]["clock_event_reasons"] == s0["devices"][1]["clock_event_reasons"]
+    assert r.shape_loads == 1
+    fake = FakeNvml.from_exchange(tmp_path)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    assert fake.nvmlDeviceGetCurrentClocksEventReasons(h) == pynvml.nvmlClocksEventReasonHwSlowdown
+
+
 def test_a_change_of_shape_rewrites_the_json_and_the_reader_revalidates(tmp_path: Path) -> None:
     w = exchange.Writer(tmp_path)
     w.write(_state(1))
