@@ -327,6 +327,11 @@ class Engine:
                     spec=spec, collector=c.name, buffer=deque(maxlen=self._buffer_len(spec.interval, spec.history)),
                     interval=spec.interval,
                 )
+        # Samplers that say their own interval (SamplerSpec.pace), by stage: asked after each run of the stage.
+        self._paced: dict[str, list[Sampler]] = {}
+        for each in self.samplers.values():
+            if each.spec.pace is not None:
+                self._paced.setdefault(each.collector, []).append(each)
         self._version = 0
         self._latest: dict[str, Stamped[Any]] = {}
         self._snapshot = Snapshot(version=0, t=self.clock.now())
@@ -431,6 +436,8 @@ class Engine:
         s.duration = took
         s.last_run = self.clock.now()
         name = s.spec.name
+        if s.collector in self._paced:
+            self._repace(s.collector)
         if error is None and value is UNCHANGED:
             # The newest sample still stands: a success, nothing new to buffer, render or publish.
             s.success, s.available, s.last_error = True, True, None
@@ -468,6 +475,19 @@ class Engine:
         if took > s.interval:
             s.overruns += int(took // s.interval)
         self._publish()
+
+    def _repace(self, stage: str) -> None:
+        """Apply the interval each paced sampler of ``stage`` wants now (a bad answer keeps the current one)."""
+        for p in self._paced[stage]:
+            assert p.spec.pace is not None
+            try:
+                want = float(p.spec.pace())
+            except Exception as e:
+                if log.once(("sampler_pace_failed", p.spec.name)):
+                    _log.error("sampler_pace_failed", sampler=p.spec.name, error=repr(e), exc_info=e)
+                continue
+            if want > 0 and math.isfinite(want) and want != p.interval:
+                self.set_interval(p.spec.name, want)
 
     def _publish(self) -> None:
         """A new version exists; the snapshot itself is built when it is next read."""

@@ -227,7 +227,9 @@ class SamplerSpec:
     ``blocking`` samplers (file or driver I/O) run in a worker thread so they never stall the event loop.
     ``history``, when set, caps how many seconds of this sampler's samples the engine keeps (at most
     ``--engine.history``): for heavy samples whose consumers only look a short way back. ``deadline``, when
-    set, replaces the engine's rule for how long one blocking call may take (see exporter.engine).
+    set, replaces the engine's rule for how long one blocking call may take (see exporter.engine). ``pace``,
+    when set, says the interval the sampler wants now (cheap, non-blocking, called on the engine's thread
+    after each run of any sampler of its stage): the engine applies it from the next tick on.
     """
 
     name: str
@@ -236,6 +238,7 @@ class SamplerSpec:
     blocking: bool = True
     history: float | None = None
     deadline: float | None = None
+    pace: Callable[[], float] | None = None
 
 
 class Stage(ABC):

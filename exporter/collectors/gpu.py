@@ -92,10 +92,16 @@ class GpuCollector(Collector):
     def samplers(self) -> list[SamplerSpec]:
         opts = self.ctx.options
         return [
-            SamplerSpec(FAST, self.interval, self.update),
+            SamplerSpec(FAST, self.interval, self.update, pace=self._fast_pace),
             SamplerSpec(BUFFERED, float(opts.get("samples-interval", 1.0)), self.update_samples),
             SamplerSpec(SLOW, float(opts.get("slow-interval", 5.0)), self.update_slow),
         ]
+
+    def _fast_pace(self) -> float:
+        """The fast sampler's interval now: --collector.gpu.steady-interval while every GPU is steady (no tick
+        in between would read one), --collector.gpu.interval otherwise."""
+        backend = self._backend
+        return self.interval if backend is None else backend.tick_interval()
 
     def update(self) -> GpuSample | Unchanged:
         """The fast path; UNCHANGED on a tick that read no GPU (all steady between their reads): nothing new to

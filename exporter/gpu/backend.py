@@ -272,6 +272,7 @@ class NvmlBackend:
         # whose activity shows no dip (None or not longer: every GPU at the fast rate, every tick).
         self._fast_s = fast_interval
         self._steady_s = steady_interval if steady_interval is not None and steady_interval > fast_interval else None
+        self._tick_s = fast_interval  # the fast sampler's interval now (tick_interval)
         self.calls = CallTimes()
         self.stats: dict[str, CallStats] = {}
         self.driver_version: str | None = None
@@ -295,6 +296,19 @@ class NvmlBackend:
     def slow(self) -> GpuSample:
         """Link state, clock-event reasons, temperature, memory, limits, processes, ECC, MIG, Xid counts."""
         return self._run(self._slow_one, before=self.events.poll)
+
+    def tick_interval(self) -> float:
+        """The fast sampler's interval wanted now: the steady interval while every GPU is read at the steady
+        rate (a tick in between would read none of them), else the fast one; the steady one with no GPU to
+        read. Called by the engine after each run of the collector's samplers (a dip the buffered path saw
+        makes the next fast tick come at the fast rate again); lock-free, so a sampler wedged in the driver
+        with the session lock held cannot stall the caller."""
+        if self._steady_s is None:
+            return self._fast_s
+        now = self._clock()
+        steady = all(g.pace.steady_now and g.pace.steady(now) for g in list(self._gpus.values()) if not g.lost)
+        self._tick_s = self._steady_s if steady else self._fast_s
+        return self._tick_s
 
     @property
     def identities(self) -> Mapping[int, GpuIdentity]:
@@ -699,7 +713,7 @@ class NvmlBackend:
     def _fast_tick(self, g: _Gpu, now: float) -> GpuFast | HeldFast:
         """Read GPU ``g``'s fast path if it is due (exporter/gpu/pace.py), else show its newest read."""
         pace = g.pace
-        if self._steady_s is not None and g.held is not None and not pace.due(now, self._steady_s, self._fast_s):
+        if self._steady_s is not None and g.held is not None and not pace.due(now, self._steady_s, self._tick_s):
             return g.held
         value = self._fast_one(g, now)
         pace.last_read = now
