@@ -6,13 +6,17 @@ broken file -- a 1 GB file mounted over ``/proc/<pid>/stat`` -- must not grow th
 ``OSError`` left as it is so a caller can tell "gone" (ENOENT, ESRCH: a process exited mid-read) from
 "failed". ``read_source`` is the common case: text, with a failure as :class:`CollectorError` naming the
 file and, when asked, a missing file as :class:`NoDataError` (the source does not exist on this host).
-``attribute`` reads a one-value sysfs file that may be absent.
+``attribute`` reads a one-value sysfs file that may be absent. :class:`KeptFiles` re-reads small files through
+descriptors kept open (the per-thread files of a deep pass).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import resource
+import time
+from collections import OrderedDict
 from pathlib import Path
 
 from exporter.sampling import CollectorError, NoDataError
@@ -76,3 +80,111 @@ def attribute(path: str | os.PathLike[str]) -> str | None:
         return read_text(path, limit=CHUNK).strip()
     except FileNotFoundError:
         return None
+
+
+# Descriptors one KeptFiles keeps open at most, and the share of the soft RLIMIT_NOFILE each may use.
+KEPT_MAX = 8192
+KEPT_SHARE = 4
+# A kept descriptor not read for this long is closed (a thread that exited, a process no longer inspected).
+KEPT_IDLE_S = 300.0
+
+
+def kept_capacity() -> int:
+    """How many descriptors one :class:`KeptFiles` may keep: a ``KEPT_SHARE``-th of the soft RLIMIT_NOFILE, at
+    most ``KEPT_MAX``. Read when the first file is kept, after the daemon raised the soft limit to the hard
+    one (exporter/web.py)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = KEPT_MAX * KEPT_SHARE
+    return max(0, min(KEPT_MAX, soft // KEPT_SHARE))
+
+
+class KeptFiles:
+    """Small files re-read often, through descriptors kept open: one ``pread`` at offset 0 per read instead of
+    open, read and close (and a path built) -- on a deep pass over 8 trainers of 150 threads, 0.8 against 13 us
+    a file, measured on the simulated host.
+
+    procfs generates a file's content at each read from offset 0, so a kept descriptor always reads the current
+    content. A descriptor of a thread or process that has exited fails with ESRCH (even when its id was reused
+    since: the descriptor stays bound to the old one); the file is then opened again by path, and ENOENT there
+    means gone, as for :func:`read_bytes`. A file on a regular filesystem -- a captured or simulated tree, whose
+    files are replaced by renames -- may be a different file at the same path by the next read: a descriptor
+    whose file shows a size at open (procfs files show 0) is checked with ``fstat`` and opened again once its
+    file has no link left. At most ``capacity`` descriptors stay open, the least recently read closed first;
+    :meth:`sweep` closes those not read for ``KEPT_IDLE_S``. Not thread-safe: one instance per sampler.
+    """
+
+    def __init__(self, capacity: int | None = None, *, limit: int = CHUNK) -> None:
+        self._capacity = capacity
+        self.limit = limit
+        self._fds: OrderedDict[str, tuple[int, bool, float]] = OrderedDict()  # path -> (fd, check links, read at)
+
+    @property
+    def capacity(self) -> int:
+        if self._capacity is None:
+            self._capacity = kept_capacity()
+        return self._capacity
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def read(self, path: str) -> bytes:
+        """The file's content (at most ``limit`` bytes, else SourceTooLargeError); OSError as raised."""
+        kept = self._fds.get(path)
+        if kept is not None:
+            fd, check, _ = kept
+            try:
+                if not check or os.fstat(fd).st_nlink:
+                    data = os.pread(fd, self.limit + 1, 0)
+                    self._fds[path] = (fd, check, time.monotonic())
+                    self._fds.move_to_end(path)
+                    return self._checked(path, data)
+            except OSError as e:
+                if e.errno not in GONE:
+                    self.forget(path)
+                    raise
+            self.forget(path)  # exited, or replaced: by path again
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.pread(fd, self.limit + 1, 0)
+            keep = self.capacity > 0
+            check = keep and os.fstat(fd).st_size > 0
+        except BaseException:
+            os.close(fd)
+            raise
+        if not keep:
+            os.close(fd)
+        else:
+            if len(self._fds) >= self.capacity:
+                _, (old, _, _) = self._fds.popitem(last=False)
+                os.close(old)
+            self._fds[path] = (fd, check, time.monotonic())
+        return self._checked(path, data)
+
+    def _checked(self, path: str, data: bytes) -> bytes:
+        if len(data) > self.limit:
+            raise SourceTooLargeError(f"{path}: longer than {self.limit} bytes (not a kernel file?)")
+        return data
+
+    def forget(self, path: str) -> None:
+        """Close ``path``'s descriptor, if one is kept."""
+        kept = self._fds.pop(path, None)
+        if kept is not None:
+            os.close(kept[0])
+
+    def sweep(self, idle: float = KEPT_IDLE_S) -> None:
+        """Close the descriptors not read for ``idle`` seconds (least recently read first, so it stops at the
+        first one read since)."""
+        cutoff = time.monotonic() - idle
+        while self._fds:
+            path, (fd, _, t) = next(iter(self._fds.items()))
+            if t >= cutoff:
+                return
+            del self._fds[path]
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close every kept descriptor."""
+        while self._fds:
+            _, (fd, _, _) = self._fds.popitem()
+            os.close(fd)

@@ -9,10 +9,18 @@ out of those deep samples (their process-level evidence comes from ``proc`` ever
 pass per ``threads-interval`` that keeps the other GPUs' per-thread evidence as fresh as when nothing waits.
 Deep sampling then costs what the waiting GPUs need, not what the whole host has. ``proc_threads`` keeps only
 ``CPU_WINDOW_MAX`` + 2 s of samples (each holds every thread), not ``--engine.history``.
+
+A deep pass reads each thread's ``schedstat`` first, through a descriptor kept open
+(exporter/sources.py KeptFiles): its time on a CPU says whether the thread ran since the previous pass. One
+that did not keeps its previous stat and status (its times, state and context switches only change when it
+runs), so the idle majority of a trainer's threads cost one ``pread`` each; every ``FULL_EVERY_S`` a pass
+reads every thread's stat again anyway. What that can miss is a thread woken but not yet on a CPU for a whole
+pass (shown in its previous state, usually S, until it runs: its run delay then shows the wait).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -28,7 +36,7 @@ from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.host import ProcessSample, ProcSample, ThreadStat
 from exporter.sampling import CPU_WINDOW_MAX, Collector, CollectorContext, CollectorError, Option, SamplerSpec
 from exporter.snapshot import Snapshot
-from exporter.sources import GONE, USER_HZ, SourceTooLargeError, read_text
+from exporter.sources import GONE, USER_HZ, KeptFiles, SourceTooLargeError
 
 # utime/stime in /proc/<pid>/stat are clock ticks: "measured in clock ticks (divide by sysconf(_SC_CLK_TCK))"
 # -- proc(5), /proc/pid/stat fields (14) and (15); exporter.sources.USER_HZ.
@@ -36,6 +44,8 @@ THREADS_SAMPLER = names.PROC_THREADS
 # Deep samples are read only over the analyzer's CPU window (at most CPU_WINDOW_MAX); a little margin so the
 # oldest sample of a full window is still there.
 THREADS_HISTORY = CPU_WINDOW_MAX + 2.0
+# Every thread's stat is read again at least this often (seconds), whether it ran or not.
+FULL_EVERY_S = 5.0
 # Thread states as fs/proc/array.c task_state_array prints them; running/sleeping/disk_sleep are always
 # exported (0 included) so "threads in D state" is a value, not an absent series.
 STATE_NAMES = {
@@ -180,6 +190,11 @@ class ProcCollector(Collector):
         self._tag = f"{id(self):x}"
         # Each target as the newest deep pass that read it (only the deep sampler's thread touches it).
         self._last_deep: dict[int, ProcessSample] = {}
+        self._full_at: dict[int, float] = {}  # pid -> when a deep pass last read every thread's stat
+        self._root = os.fspath(ctx.proc())
+        # One set of kept descriptors per sampler (they run on different worker threads).
+        self._kept = KeptFiles()
+        self._kept_deep = KeptFiles()
 
     def samplers(self) -> list[SamplerSpec]:
         return [
@@ -192,7 +207,14 @@ class ProcCollector(Collector):
         return self.ctx.targets.pids() | self.static_pids
 
     def update(self) -> ProcSample:
-        return self._sample(deep=False)
+        try:
+            return self._sample(deep=False)
+        finally:
+            self._kept.sweep()
+
+    def close(self) -> None:
+        self._kept.close()
+        self._kept_deep.close()
 
     def update_threads(self) -> ProcSample:
         """Process-level reads plus every thread's stat (the deep sampler); while the derived layer focuses
@@ -207,7 +229,11 @@ class ProcCollector(Collector):
         focus_now = self.ctx.targets.focus()
         if focus_now:
             read = read | (self.ctx.targets.workload_pids() & focus_now)
-        sample = self._sample(deep=True, pids=read)
+        try:
+            sample = self._sample(deep=True, pids=read)
+        finally:
+            self._kept_deep.sweep()
+        self._full_at = {p: t for p, t in self._full_at.items() if p in targets}
         last = {p: v for p, v in self._last_deep.items() if p in targets and p not in read}
         direct = self.ctx.targets.pids() | self.static_pids
         # Left out of this pass: exposed as last read, so their series do not flap (workload-only pids are
@@ -242,35 +268,36 @@ class ProcCollector(Collector):
         return ProcSample(processes=MappingProxyType(out), deep=deep,
                           workload=frozenset(p for p in out if p not in direct))
 
-    def _read(self, *parts: str | int) -> str:
-        """One file under /proc; _GoneError when the process or thread no longer exists."""
-        path = self.ctx.proc(*parts)
+    def _read(self, path: str, deep: bool = False) -> str:
+        """One file under /proc (through the sampler's kept descriptors); _GoneError when the process or thread
+        no longer exists."""
         try:
-            return read_text(path)
+            return (self._kept_deep if deep else self._kept).read(path).decode("utf-8", "replace")
         except SourceTooLargeError as e:
             # A 1 GB file over one process's stat is that process's problem: it is skipped, not read whole, and
             # the other processes are still sampled.
-            raise _MalformedError(str(path), str(e)) from e
+            raise _MalformedError(path, str(e)) from e
         except OSError as e:
             if e.errno in GONE:
-                raise _GoneError(str(path)) from e
+                raise _GoneError(path) from e
             raise CollectorError(f"{path}: {e.strerror or e}") from e
 
     def _process(self, pid: int, deep: bool) -> ProcessSample:
         """One process from /proc/<pid>/stat, status and io (and task/*/stat when ``deep``)."""
-        stat = self._parse(parse_stat, self._read(pid, "stat"), pid, "stat")
-        cpus, mems = self._parse(parse_status, self._read(pid, "status"), pid, "status")
+        base = f"{self._root}/{pid}/"
+        stat = self._parse(parse_stat, self._read(base + "stat", deep), pid, "stat")
+        cpus, mems = self._parse(parse_status, self._read(base + "status", deep), pid, "status")
         rchar: int | None = None
         syscr: int | None = None
         storage: int | None = None
         try:
-            rchar, syscr, storage = self._parse(parse_io, self._read(pid, "io"), pid, "io")
+            rchar, syscr, storage = self._parse(parse_io, self._read(base + "io", deep), pid, "io")
         except CollectorError as e:  # read errors only: malformed content is a _MalformedError
             if not isinstance(e.__cause__, PermissionError):
                 raise
             # Another user's process (ptrace access mode check): the read pattern is unknown, not zero.
         except _GoneError:
-            if not self.ctx.proc(pid).is_dir():
+            if not os.path.isdir(base):
                 raise
             # The process is alive but has no io file: a kernel without CONFIG_TASK_IO_ACCOUNTING.
         threads = tuple(self._threads(pid)) if deep else ()
@@ -292,49 +319,62 @@ class ProcCollector(Collector):
             raise _MalformedError(f"/proc/{pid}/{what}", str(e)) from e
 
     def _threads(self, pid: int) -> Iterable[ThreadStat]:
-        """Per-thread CPU times from /proc/<pid>/task/<tid>/stat; a thread exiting mid-read is skipped.
-
-        A thread that ran since the previous deep pass also has its ``schedstat`` (run delay: runnable but
-        waiting for a CPU) and its context switches (``status``) read: the idle majority of a trainer's ~150
-        threads cannot be contended, so they cost one file each, not three."""
-        base = self.ctx.proc(pid, "task")
+        """Per-thread CPU times from /proc/<pid>/task/<tid>/{schedstat,stat,status}; a thread exiting mid-read
+        is skipped. A thread that did not run since the previous pass (schedstat's time on a CPU unchanged) is
+        its previous reading with the new run delay; one that ran, or every thread once per ``FULL_EVERY_S``,
+        has its stat and status read (see the module docstring)."""
+        base = f"{self._root}/{pid}/task"
         try:
             tids = sorted(int(t) for t in os.listdir(base) if t.isdigit())
         except OSError as e:
             if e.errno in GONE:
-                raise _GoneError(str(base)) from e
+                raise _GoneError(base) from e
             raise CollectorError(f"{base}: {e.strerror or e}") from e
         last = self._last_deep.get(pid)
         before = {t.tid: t for t in last.threads} if last is not None else {}
+        now = self.ctx.clock()
+        full = now - self._full_at.get(pid, -math.inf) >= FULL_EVERY_S
+        if full:
+            self._full_at[pid] = now
         for tid in tids:
+            d = f"{base}/{tid}/"
+            prev = before.get(tid)
+            sched = self._sched(d)
+            if sched is not None and prev is not None and not full and sched[0] == prev.on_cpu:
+                # Did not run: nothing else changed (its run delay grows only when it gets a CPU).
+                yield prev if sched[1] == prev.run_delay else ThreadStat(
+                    tid=tid, comm=prev.comm, state=prev.state, utime=prev.utime, stime=prev.stime,
+                    processor=prev.processor, run_delay=sched[1], switches=prev.switches, on_cpu=sched[0])
+                continue
             try:
-                st = self._parse(parse_stat, self._read(pid, "task", tid, "stat"), f"{pid}/task/{tid}", "stat")
+                st = self._parse(parse_stat, self._read(d + "stat", True), f"{pid}/task/{tid}", "stat")
             except _GoneError:
                 continue
-            prev = before.get(tid)
-            delay: float | None = None
-            switches: tuple[int, int] | None = None
-            if prev is None or st.utime + st.stime > prev.utime + prev.stime:
-                delay, switches = self._sched(pid, tid)
-            elif prev.run_delay is not None:
-                delay, switches = prev.run_delay, prev.switches  # did not run: nothing changed
+            if sched is None and prev is not None and st.utime + st.stime <= prev.utime + prev.stime:
+                ran = False  # no schedstat: the tick-resolution times say it did not run
+            else:
+                ran = prev is None or sched is None or sched[0] != prev.on_cpu
+            switches = self._switches(d) if ran or prev is None else prev.switches
             yield ThreadStat(tid=tid, comm=st.comm, state=st.state, utime=st.utime, stime=st.stime,
-                             processor=st.processor, run_delay=delay, switches=switches)
+                             processor=st.processor, run_delay=None if sched is None else sched[1],
+                             switches=switches, on_cpu=None if sched is None else sched[0])
 
-    def _sched(self, pid: int, tid: int) -> tuple[float | None, tuple[int, int] | None]:
-        """A thread's cumulative run delay (schedstat) and context switches (status); None where unreadable
-        (a kernel without CONFIG_SCHED_INFO has no schedstat)."""
-        delay: float | None = None
-        switches: tuple[int, int] | None = None
+    def _sched(self, d: str) -> tuple[float, float] | None:
+        """A thread's (seconds on a CPU, run delay) from its schedstat; None where unreadable (gone -- its stat
+        read says so --, or a kernel without CONFIG_SCHED_INFO)."""
+        path = d + "schedstat"
         try:
-            delay = parse_schedstat(self._read(pid, "task", tid, "schedstat"))[1]
-        except (_GoneError, CollectorError, ValueError, IndexError):
-            delay = None
+            parts = self._kept_deep.read(path).split()
+            return int(parts[0]) / 1e9, int(parts[1]) / 1e9
+        except (OSError, ValueError, IndexError):  # gone, unreadable, too large, garbage
+            return None
+
+    def _switches(self, d: str) -> tuple[int, int] | None:
+        """A thread's (voluntary, nonvoluntary) context switches from its status; None where unreadable."""
         try:
-            switches = parse_switches(self._read(pid, "task", tid, "status"))
-        except (_GoneError, CollectorError, ValueError):
-            switches = None
-        return delay, switches
+            return parse_switches(self._read(d + "status", True))
+        except (_GoneError, CollectorError, _MalformedError, ValueError):
+            return None
 
     def metrics(self, snap: Snapshot) -> Iterator[Metric]:
         shallow: ProcSample | None = snap.value(self.name)

@@ -79,6 +79,9 @@ class ThreadStat:
     # context switches (task/<tid>/status); None when not read or not readable.
     run_delay: float | None = None
     switches: tuple[int, int] | None = None
+    # Cumulative seconds on a CPU (schedstat's first field, nanosecond resolution): how a pass tells that the
+    # thread has not run since the previous one. None when schedstat is not readable.
+    on_cpu: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

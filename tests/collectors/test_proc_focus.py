@@ -27,10 +27,11 @@ def _count_thread_reads(col: ProcCollector, monkeypatch: pytest.MonkeyPatch) -> 
     counts: dict[int, int] = {}
     real = col._read
 
-    def counting(*parts: str | int) -> str:
-        if len(parts) == 4 and parts[1] == "task" and parts[3] == "stat":
-            counts[int(parts[0])] = counts.get(int(parts[0]), 0) + 1
-        return real(*parts)
+    def counting(path: str, deep: bool = False) -> str:
+        parts = path.split("/")
+        if parts[-3] == "task" and parts[-1] == "stat":
+            counts[int(parts[-4])] = counts.get(int(parts[-4]), 0) + 1
+        return real(path, deep)
 
     monkeypatch.setattr(col, "_read", counting)
     return counts
