@@ -227,6 +227,38 @@ def storage_reads(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[P
     return total if have else None
 
 
+class _Newest:
+    """The newest pair's per-CPU deltas (one slot: a tuple replaced whole, safe across threads)."""
+
+    pair: tuple[Stamped[CpuSample], Stamped[CpuSample], dict[int, tuple[float, float, float]]] | None = None
+
+
+_newest = _Newest()
+
+
+def core_deltas(first: Stamped[CpuSample], last: Stamped[CpuSample]) -> dict[int, tuple[float, float, float]]:
+    """Per CPU between two /proc/stat samples: (busy share, user+nice share, iowait share) of the time that
+    passed; CPUs missing from either sample or with no time accounted are left out. Every GPU of one
+    evaluation reads the same two samples: the newest pair's result is kept (an evaluation of 8 GPUs on a
+    192-CPU host computed it 8 times)."""
+    cached = _newest.pair
+    if cached is not None and cached[0] is first and cached[1] is last:
+        return cached[2]
+    c0, c1 = first.value.cpus, last.value.cpus
+    out: dict[int, tuple[float, float, float]] = {}
+    for c in c1:
+        a, b = c0.get(c), c1[c]
+        if a is None:
+            continue
+        tot = b.total - a.total
+        if tot <= 0:
+            continue
+        out[c] = (max(0.0, b.busy - a.busy) / tot, max(0.0, (b.user + b.nice) - (a.user + a.nice)) / tot,
+                  max(0.0, b.iowait - a.iowait) / tot)
+    _newest.pair = (first, last, out)
+    return out
+
+
 def cpu_shape(
     procs: Sequence[Stamped[ProcSample]],
     deep: Sequence[Stamped[ProcSample]],
@@ -267,20 +299,13 @@ def cpu_shape(
     n_allowed = 0
     have_cpu = len(cpus) >= 2
     if have_cpu:
-        c0, c1 = cpus[0].value.cpus, cpus[-1].value.cpus
-        ids = sorted(allowed & set(c1)) if allowed else sorted(c1)
-        for c in ids:
-            a, b = c0.get(c), c1.get(c)
-            if a is None or b is None:
-                continue
-            tot = b.total - a.total
-            if tot <= 0:
-                continue
+        deltas = core_deltas(cpus[0], cpus[-1])
+        for c in (allowed & deltas.keys()) if allowed else deltas:
+            share, user_share, iow_share = deltas[c]
             n_allowed += 1
-            share = max(0.0, b.busy - a.busy) / tot
             busy += share
-            user += max(0.0, (b.user + b.nice) - (a.user + a.nice)) / tot
-            iow += max(0.0, b.iowait - a.iowait) / tot
+            user += user_share
+            iow += iow_share
             total_share += 1.0
             if share >= SATURATED_CORE:
                 saturated += 1
