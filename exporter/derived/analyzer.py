@@ -68,6 +68,8 @@ QUIET_INTERVALS = {
     names.CPU: 1.0, names.PRESSURE: 1.0,
     names.PROC_THREADS: 30.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
 }
+# Of those, the ones back at their quiet pace while GPUs wait once their verdicts have settled.
+SETTLED_QUIET = frozenset({names.CPU, names.PRESSURE})
 
 
 class EngineReader(Protocol):
@@ -156,6 +158,10 @@ class Analyzer(Stage):
         Option("window", "duration", 15.0, "Classifier window: verdicts, burstiness and findings look this far back."),
         Option("hold", "duration", 3.0, "Hysteresis: a new verdict must hold this long before it replaces the old."),
         Option("deep-interval", "duration", 0.5, "Per-thread sampling interval while a GPU is waiting."),
+        Option("deep-settled-interval", "duration", 1.0,
+               "Per-thread sampling interval once every waiting GPU's verdict has held for the whole window "
+               "(/proc/stat and PSI then go back to their quiet 1 s too); --collector.derived.deep-interval "
+               "again as soon as a verdict moves or another GPU starts waiting."),
         Option("stable-interval", "duration", 5.0,
                "How often a GPU whose verdict holds is evaluated again. Each run (--collector.derived.interval) "
                "still checks its newest activity, and evaluates it at once when the activity moved; a waiting "
@@ -174,6 +180,7 @@ class Analyzer(Stage):
         self.recent_s = max(3.0, self.window_s / 3)
         self.hold_s = float(options.get("hold", 3.0))
         self.deep_fast = float(options.get("deep-interval", 0.5))
+        self.deep_settled = float(options.get("deep-settled-interval", 1.0))
         self.stable_s = max(self.interval, float(options.get("stable-interval", 5.0)))
         self.quiet_host = bool(options.get("quiet-host", True))
         self._configured: dict[str, float] = {}  # host sampler -> its configured interval, learnt at first sight
@@ -334,14 +341,18 @@ class Analyzer(Stage):
                 for key in keys:
                     if key in activity:
                         activity[key] = dataclasses.replace(activity[key], links=MappingProxyType(dict(links)))
+        settled = True  # every waiting GPU's verdict has held, agreed, for the whole window
         for key, st in self._gpus.items():
             if key.gpu in identities and key.gpu not in lost and st.judged is not None and st.judged.waiting:
                 any_waiting = True
                 waiting_pids.update(st.judged.waiting_pids)
+                settled = settled and st.judged.agreed and st.settled is not None \
+                    and now - st.settled.since >= self.window_s
         found.extend(host_findings(w, snap.value(names.NUMA), snap.value(names.CPUFREQ), gpu_key, busy))
         self._host_t = now
-        self._adapt_depth(any_waiting, frozenset(waiting_pids), now)
-        self._adapt_host(any_waiting)
+        settled = any_waiting and settled
+        self._adapt_depth(any_waiting, frozenset(waiting_pids), now, settled)
+        self._adapt_host(any_waiting, settled)
         self._log_findings(found)
         # A GPU missing from this evaluation (its sampler failed once, or it was unplugged) keeps its state:
         # its counters continue where they were if it comes back, instead of resetting. Bounded by the
@@ -448,9 +459,11 @@ class Analyzer(Stage):
             self.log.info("finding_cleared", check=key[0], gpu=key[1])
         self._raised = set(now)
 
-    def _adapt_depth(self, waiting: bool, pids: frozenset[int], now: float) -> None:
+    def _adapt_depth(self, waiting: bool, pids: frozenset[int], now: float, settled: bool = False) -> None:
         """Per-thread sampling fast while a GPU waits, and only of the waiting GPUs' processes ``pids``; back
-        to every process at the configured interval otherwise.
+        to every process at the configured interval otherwise. Once every waiting GPU's verdict has held for
+        the window (``settled``), at --collector.derived.deep-settled-interval: the evidence that found the
+        cause is in, what follows only has to show it still holds (or moves, which unsettles it again).
 
         While focused, one full pass is still requested every configured interval, so the other GPUs keep
         the per-thread evidence (a launch-bound GPU's hot thread) they had before any GPU waited."""
@@ -472,7 +485,10 @@ class Analyzer(Stage):
             self._full_t = now
         if current is None or self._deep_slow is None:
             return
-        want = min(self.deep_fast, self._deep_slow) if waiting else self._quiet(names.PROC_THREADS, self._deep_slow)
+        if not waiting:
+            want = self._quiet(names.PROC_THREADS, self._deep_slow)
+        else:
+            want = min(max(self.deep_fast, self.deep_settled) if settled else self.deep_fast, self._deep_slow)
         if current != want:
             self._engine.set_interval(names.PROC_THREADS, want)
             self.log.debug("deep_sampling_changed", sampler=names.PROC_THREADS, interval=want, waiting=waiting)
@@ -481,9 +497,11 @@ class Analyzer(Stage):
         """Sampler ``name``'s interval while no GPU waits."""
         return max(configured, QUIET_INTERVALS[name]) if self.quiet_host else configured
 
-    def _adapt_host(self, waiting: bool) -> None:
+    def _adapt_host(self, waiting: bool, settled: bool = False) -> None:
         """Host samplers at their quiet intervals while no GPU waits; configured again once one does (the
-        per-thread sampler is steered by :meth:`_adapt_depth`)."""
+        per-thread sampler is steered by :meth:`_adapt_depth`). /proc/stat and PSI go back to their quiet
+        pace once the waiting verdicts have settled: the CPU shape compares a window's ends, the finer pace
+        is what detection needs, at the onset."""
         assert self._engine is not None
         for name in QUIET_INTERVALS:
             if name == names.PROC_THREADS:
@@ -492,7 +510,8 @@ class Analyzer(Stage):
             if current is None:
                 continue  # that collector is off
             configured = self._configured.setdefault(name, current)
-            want = configured if waiting else self._quiet(name, configured)
+            quiet = not waiting or (settled and name in SETTLED_QUIET)
+            want = self._quiet(name, configured) if quiet else configured
             if current != want:
                 self._engine.set_interval(name, want)
                 self.log.debug("host_sampling_changed", sampler=name, interval=want, waiting=waiting)
