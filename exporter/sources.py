@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -82,7 +83,7 @@ def attribute(path: str | os.PathLike[str]) -> str | None:
         return None
 
 
-# Descriptors one KeptFiles keeps open at most, and the share of the soft RLIMIT_NOFILE each may use.
+# Descriptors all KeptFiles together keep open at most, and the share of the soft RLIMIT_NOFILE they may use.
 KEPT_MAX = 8192
 KEPT_SHARE = 4
 # A kept descriptor not read for this long is closed (a thread that exited, a process no longer inspected).
@@ -90,13 +91,39 @@ KEPT_IDLE_S = 300.0
 
 
 def kept_capacity() -> int:
-    """How many descriptors one :class:`KeptFiles` may keep: a ``KEPT_SHARE``-th of the soft RLIMIT_NOFILE, at
-    most ``KEPT_MAX``. Read when the first file is kept, after the daemon raised the soft limit to the hard
-    one (exporter/web.py)."""
+    """How many descriptors all :class:`KeptFiles` together may keep: a ``KEPT_SHARE``-th of the soft
+    RLIMIT_NOFILE, at most ``KEPT_MAX``. Read when the first file is kept, after the daemon raised the soft
+    limit to the hard one (exporter/web.py)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         soft = KEPT_MAX * KEPT_SHARE
     return max(0, min(KEPT_MAX, soft // KEPT_SHARE))
+
+
+class _Budget:
+    """The process-wide count of kept descriptors against :func:`kept_capacity` (samplers run on several
+    threads, each with its own KeptFiles)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.limit: int | None = None
+        self.used = 0
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.limit is None:
+                self.limit = kept_capacity()
+            if self.used >= self.limit:
+                return False
+            self.used += 1
+            return True
+
+    def give(self, n: int = 1) -> None:
+        with self._lock:
+            self.used -= n
+
+
+BUDGET = _Budget()
 
 
 class KeptFiles:
@@ -109,21 +136,17 @@ class KeptFiles:
     since: the descriptor stays bound to the old one); the file is then opened again by path, and ENOENT there
     means gone, as for :func:`read_bytes`. A file on a regular filesystem -- a captured or simulated tree, whose
     files are replaced by renames -- may be a different file at the same path by the next read: a descriptor
-    whose file shows a size at open (procfs files show 0) is checked with ``fstat`` and opened again once its
-    file has no link left. At most ``capacity`` descriptors stay open, the least recently read closed first;
-    :meth:`sweep` closes those not read for ``KEPT_IDLE_S``. Not thread-safe: one instance per sampler.
+    whose file shows a size at open (procfs files show 0) is read only while the path still names its inode
+    (one ``stat``), else opened again. At most ``capacity`` descriptors stay open in one instance (the least
+    recently read closed first) and :func:`kept_capacity` in all (past it, files are read by path);
+    :meth:`sweep` closes those not read for ``KEPT_IDLE_S``, :meth:`close` (or the instance's end) all. Not
+    thread-safe: one instance per sampler.
     """
 
     def __init__(self, capacity: int | None = None, *, limit: int = CHUNK) -> None:
-        self._capacity = capacity
+        self.capacity = KEPT_MAX if capacity is None else capacity
         self.limit = limit
-        self._fds: OrderedDict[str, tuple[int, bool, float]] = OrderedDict()  # path -> (fd, check links, read at)
-
-    @property
-    def capacity(self) -> int:
-        if self._capacity is None:
-            self._capacity = kept_capacity()
-        return self._capacity
+        self._fds: OrderedDict[str, tuple[int, int | None, float]] = OrderedDict()  # path -> (fd, inode, read at)
 
     def __len__(self) -> int:
         return len(self._fds)
@@ -132,11 +155,11 @@ class KeptFiles:
         """The file's content (at most ``limit`` bytes, else SourceTooLargeError); OSError as raised."""
         kept = self._fds.get(path)
         if kept is not None:
-            fd, check, _ = kept
+            fd, ino, _ = kept
             try:
-                if not check or os.fstat(fd).st_nlink:
+                if ino is None or os.stat(path).st_ino == ino:
                     data = os.pread(fd, self.limit + 1, 0)
-                    self._fds[path] = (fd, check, time.monotonic())
+                    self._fds[path] = (fd, ino, time.monotonic())
                     self._fds.move_to_end(path)
                     return self._checked(path, data)
             except OSError as e:
@@ -147,18 +170,19 @@ class KeptFiles:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = os.pread(fd, self.limit + 1, 0)
-            keep = self.capacity > 0
-            check = keep and os.fstat(fd).st_size > 0
+            st = os.fstat(fd)
+            ino = st.st_ino if st.st_size > 0 else None
         except BaseException:
             os.close(fd)
             raise
-        if not keep:
-            os.close(fd)
+        if self.capacity > 0 and len(self._fds) >= self.capacity:
+            _, (old, _, _) = self._fds.popitem(last=False)
+            os.close(old)
+            BUDGET.give()
+        if self.capacity > 0 and BUDGET.take():
+            self._fds[path] = (fd, ino, time.monotonic())
         else:
-            if len(self._fds) >= self.capacity:
-                _, (old, _, _) = self._fds.popitem(last=False)
-                os.close(old)
-            self._fds[path] = (fd, check, time.monotonic())
+            os.close(fd)
         return self._checked(path, data)
 
     def _checked(self, path: str, data: bytes) -> bytes:
@@ -171,20 +195,34 @@ class KeptFiles:
         kept = self._fds.pop(path, None)
         if kept is not None:
             os.close(kept[0])
+            BUDGET.give()
 
     def sweep(self, idle: float = KEPT_IDLE_S) -> None:
         """Close the descriptors not read for ``idle`` seconds (least recently read first, so it stops at the
         first one read since)."""
         cutoff = time.monotonic() - idle
+        n = 0
         while self._fds:
             path, (fd, _, t) = next(iter(self._fds.items()))
             if t >= cutoff:
-                return
+                break
             del self._fds[path]
             os.close(fd)
+            n += 1
+        if n:
+            BUDGET.give(n)
 
     def close(self) -> None:
         """Close every kept descriptor."""
+        n = len(self._fds)
         while self._fds:
             _, (fd, _, _) = self._fds.popitem()
             os.close(fd)
+        if n:
+            BUDGET.give(n)
+
+    def __del__(self) -> None:
+        # A collector dropped without close() (tests build many) must not leak its descriptors.
+        fds = getattr(self, "_fds", None)
+        if fds:
+            self.close()

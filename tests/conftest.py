@@ -18,6 +18,7 @@ import pytest
 import structlog
 
 from exporter import log
+from exporter.sources import KeptFiles
 from tests.support.gpurig import Rig
 from tests.support.hosts import LARGE, SAMPLERS, host
 
@@ -117,6 +118,14 @@ def deny(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
         return real_os_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", fake_os_open)
+    # A file read through a descriptor kept open (exporter/sources.py KeptFiles) fails at the read too.
+    real_kept_read = KeptFiles.read
+
+    def fake_kept_read(kept: KeptFiles, path: str) -> bytes:
+        check(path)
+        return real_kept_read(kept, path)
+
+    monkeypatch.setattr(KeptFiles, "read", fake_kept_read)
     monkeypatch.setattr(io, "open", fake_open)
     monkeypatch.setattr(builtins, "open", fake_open)
     monkeypatch.setattr(os, "listdir", fake_listdir)

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from exporter.exposition import Renderer
 from exporter.sampling import Collector, CollectorContext
 from exporter.snapshot import Snapshot, Stamped
+from exporter.sources import KeptFiles
 
 from .faults import GPU_PID, Host, scratch_dir
 
@@ -59,6 +60,16 @@ class Faults:
             return real_open(path, flags, *args, **kwargs)
 
         monkeypatch.setattr(os, "open", fake_open)
+        # A file read through a descriptor kept open (exporter/sources.py KeptFiles) fails at the read.
+        real_read = KeptFiles.read
+
+        def fake_read(kept: KeptFiles, path: str) -> bytes:
+            code = self.errors.get(path)
+            if code is not None:
+                raise OSError(code, os.strerror(code), path)
+            return real_read(kept, path)
+
+        monkeypatch.setattr(KeptFiles, "read", fake_read)
 
     def _content(self, rel: str) -> bytes:
         """The file as it would read now: its counters advanced by ``step`` (utime/stime, rchar/syscr, per-CPU

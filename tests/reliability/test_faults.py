@@ -22,6 +22,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter import log
+from exporter.sources import KeptFiles
 from tests.support.nvmlsurface import backend_functions
 
 from .faults import GPU1, GPU_PID, OTHER_GPU_PID, Host, nvml_state, scratch_dir
@@ -88,6 +89,14 @@ def deny(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path, int], None]:
     monkeypatch.setattr(builtins, "open", fake_open)
     monkeypatch.setattr(os, "listdir", fake_listdir)
     monkeypatch.setattr(os, "open", fake_os_open)
+    # A file read through a descriptor kept open (exporter/sources.py KeptFiles) fails at the read too.
+    real_kept_read = KeptFiles.read
+
+    def fake_kept_read(kept: KeptFiles, path: str) -> bytes:
+        check(path)
+        return real_kept_read(kept, path)
+
+    monkeypatch.setattr(KeptFiles, "read", fake_kept_read)
 
     def add(path: Path, code: int = errno.EACCES) -> None:
         if code:
