@@ -227,25 +227,24 @@ def storage_reads(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[P
     return total if have else None
 
 
-class _Newest:
-    """The newest pair's per-CPU deltas (one slot: a tuple replaced whole, safe across threads)."""
-
-    pair: tuple[Stamped[CpuSample], Stamped[CpuSample], dict[int, tuple[float, float, float]]] | None = None
-
-
-_newest = _Newest()
+# Per-CPU deltas of the newest window pairs: (id(first), id(last)) -> (first, last, deltas). Every GPU of one
+# evaluation reads the same newest sample, and a few first ones (the window's, or since a GPU's work onset).
+CoreDeltas = dict[int, tuple[float, float, float]]
+_DELTAS: dict[tuple[int, int], tuple[Stamped[CpuSample], Stamped[CpuSample], CoreDeltas]] = {}
+_DELTAS_MAX = 32
 
 
-def core_deltas(first: Stamped[CpuSample], last: Stamped[CpuSample]) -> dict[int, tuple[float, float, float]]:
+def core_deltas(first: Stamped[CpuSample], last: Stamped[CpuSample]) -> CoreDeltas:
     """Per CPU between two /proc/stat samples: (busy share, user+nice share, iowait share) of the time that
-    passed; CPUs missing from either sample or with no time accounted are left out. Every GPU of one
-    evaluation reads the same two samples: the newest pair's result is kept (an evaluation of 8 GPUs on a
-    192-CPU host computed it 8 times)."""
-    cached = _newest.pair
+    passed; CPUs missing from either sample or with no time accounted are left out. Kept for the newest
+    pairs: an evaluation of 8 GPUs on a 192-CPU host computed the same 192 subtractions 8 times. The cache
+    holds the samples themselves, so an id is never reused while its entry lives; a full cache is emptied."""
+    key = (id(first), id(last))
+    cached = _DELTAS.get(key)
     if cached is not None and cached[0] is first and cached[1] is last:
         return cached[2]
     c0, c1 = first.value.cpus, last.value.cpus
-    out: dict[int, tuple[float, float, float]] = {}
+    out: CoreDeltas = {}
     for c in c1:
         a, b = c0.get(c), c1[c]
         if a is None:
@@ -255,7 +254,9 @@ def core_deltas(first: Stamped[CpuSample], last: Stamped[CpuSample]) -> dict[int
             continue
         out[c] = (max(0.0, b.busy - a.busy) / tot, max(0.0, (b.user + b.nice) - (a.user + a.nice)) / tot,
                   max(0.0, b.iowait - a.iowait) / tot)
-    _newest.pair = (first, last, out)
+    if len(_DELTAS) >= _DELTAS_MAX:
+        _DELTAS.clear()
+    _DELTAS[key] = (first, last, out)
     return out
 
 
