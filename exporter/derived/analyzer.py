@@ -164,8 +164,9 @@ class Analyzer(Stage):
                "again as soon as a verdict moves or another GPU starts waiting."),
         Option("stable-interval", "duration", 5.0,
                "How often a GPU whose verdict holds is evaluated again. Each run (--collector.derived.interval) "
-               "still checks its newest activity, and evaluates it at once when the activity moved; a waiting "
-               "GPU, or one whose verdict changed within the window, is evaluated every run."),
+               "still checks its newest activity, and evaluates it at once when the activity moved; a GPU whose "
+               "verdict changed within the window (or does not agree with its newest evidence) is evaluated "
+               "every run."),
         Option("quiet-host", "bool", True,
                "While no GPU waits, read /proc/stat and PSI every 1 s and the per-thread, cpufreq and NUMA "
                "passes every 30 s; their configured intervals again as soon as a GPU waits."),
@@ -194,6 +195,11 @@ class Analyzer(Stage):
         self._previous: DerivedState | None = None
         self._gpus: dict[GpuKey, _GpuState] = {}
         self._raised: set[tuple[str, str]] = set()
+
+    @property
+    def state(self) -> DerivedState | None:
+        """The newest published state (what an UNCHANGED run leaves standing)."""
+        return self._previous
 
     def bind(self, engine: EngineReader) -> None:
         """Read ``engine``'s buffers from now on (the pipeline calls this once the engine exists)."""
@@ -256,6 +262,7 @@ class Analyzer(Stage):
         due = {idx for idx in identities if self._due(idx, keys_of[idx], identities[idx], lost, now)}
         shape = (frozenset(identities), frozenset(lost))
         if not due and shape == self._shape and self._previous is not None and now - self._host_t < self.stable_s:
+            self._request_full(now)
             return UNCHANGED  # every verdict holds and no activity moved: the previous state stands
         self._shape = shape
         w = self.windows(now)
@@ -371,15 +378,17 @@ class Analyzer(Stage):
     def _due(self, idx: int, keys: Sequence[GpuKey], ident: GpuIdentity, lost: set[int], now: float) -> bool:
         """Whether GPU ``idx`` is evaluated in this run, or its last evaluation still stands.
 
-        It stands while the GPU is stable -- its last evaluation agreed with the settled verdict, it does not
-        wait, the verdict has not changed within the window, it was evaluated less than --stable-interval ago
-        -- and its newest activity has not moved from what that evaluation saw. A GPU in MIG mode (judged per
+        It stands while the GPU is stable -- its last evaluation agreed with the settled verdict, the verdict
+        has not changed within the window, it was evaluated less than --stable-interval ago -- and its newest
+        activity has not moved from what that evaluation saw. That holds for a waiting GPU too, once its
+        cause has held for the window: its waiting seconds then advance at each evaluation (integrals, exact
+        whenever they are read), its deep evidence keeps being sampled, and a change of shape trips it. A GPU in MIG mode (judged per
         instance), a lost one and a new one are evaluated every run."""
         if idx in lost or keys[0].mig is not None:
             return True
         st = self._gpus[keys[0]]
         j = st.judged
-        if j is None or st.settled is None or j.waiting or not j.agreed:
+        if j is None or st.settled is None or not j.agreed:
             return True
         if now - st.evaluated_t >= self.stable_s - 1e-9 or now - st.settled.since < self.window_s:
             return True
@@ -479,10 +488,7 @@ class Analyzer(Stage):
             self._focus = focus
             self.log.debug("deep_focus_changed", sampler=names.PROC_THREADS,
                            pids=",".join(map(str, sorted(focus))) if focus is not None else "all")
-        if focus is not None and self._deep_slow is not None and self._full_t is not None \
-                and now - self._full_t >= self._deep_slow:
-            self.targets.request_full()
-            self._full_t = now
+        self._request_full(now)
         if current is None or self._deep_slow is None:
             return
         if not waiting:
@@ -492,6 +498,14 @@ class Analyzer(Stage):
         if current != want:
             self._engine.set_interval(names.PROC_THREADS, want)
             self.log.debug("deep_sampling_changed", sampler=names.PROC_THREADS, interval=want, waiting=waiting)
+
+    def _request_full(self, now: float) -> None:
+        """While deep sampling is focused, ask for a full pass once per configured deep interval (also from a
+        run whose evaluations all still stand)."""
+        if self._focus is not None and self._deep_slow is not None and self._full_t is not None \
+                and now - self._full_t >= self._deep_slow:
+            self.targets.request_full()
+            self._full_t = now
 
     def _quiet(self, name: str, configured: float) -> float:
         """Sampler ``name``'s interval while no GPU waits."""

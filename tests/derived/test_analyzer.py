@@ -30,6 +30,7 @@ def run(an: Analyzer, eng: FakeEngine, times: Sequence[float]) -> DerivedState:
         got = an.update()
         if isinstance(got, DerivedState):  # UNCHANGED: the previous state stands
             out = got
+    out = out or an.state
     assert out is not None
     return out
 
