@@ -190,6 +190,47 @@ class Workers:
                 return
 
 
+class _Waiter:
+    """Waits on the event loop for a worker's job: :meth:`finished` is the job future's done callback (any
+    thread), :meth:`wait` the loop side, with a timeout."""
+
+    __slots__ = ("_done", "_fut", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._done = False
+        self._fut: asyncio.Future[None] | None = None
+
+    def finished(self, _future: concurrent.futures.Future[Any]) -> None:
+        # A closed loop: an abandoned call returned after the engine stopped.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._done = True
+        if self._fut is not None and not self._fut.done():
+            self._fut.set_result(None)
+
+    async def wait(self, timeout: float) -> bool:
+        """True once the job is done; False when ``timeout`` seconds passed first."""
+        if self._done:
+            return True
+        fut = self._fut = self._loop.create_future()
+        timer = None if math.isinf(timeout) else self._loop.call_later(max(0.0, timeout), self._expire, fut)
+        try:
+            await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._fut = None
+        return self._done
+
+    @staticmethod
+    def _expire(fut: asyncio.Future[None]) -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+
 class Clock(Protocol):
     """Monotonic seconds and a way to wait for a point in time."""
 
@@ -562,18 +603,21 @@ class Engine:
     async def _call_with_deadline(self, s: Sampler, started: float) -> tuple[Any, BaseException | None, float]:
         """Run ``s`` on a worker; the deadline counts from when a thread starts the call (time spent queued
         behind busy workers is lateness, counted as overruns), and a call never started within one deadline
-        fails too (every thread is stuck)."""
+        fails too (every thread is stuck).
+
+        One hand-off costs one loop future and one timer: the worker's completion wakes the loop with
+        ``call_soon_threadsafe`` (``asyncio.wait_for(asyncio.shield(asyncio.wrap_future(...)))`` made three
+        futures and seven callbacks of each of the ~20 hand-offs a second)."""
         assert self._workers is not None
         job = self._workers.submit(lambda: self._timed_call(s))
-        wrapped = asyncio.wrap_future(job.future)
+        waiter = _Waiter(asyncio.get_running_loop())
+        job.future.add_done_callback(waiter.finished)
         deadline = self.deadline(s)
         wait = deadline
         while True:
-            try:
-                result: tuple[Any, BaseException | None, float] = await asyncio.wait_for(asyncio.shield(wrapped), wait)
+            if await waiter.wait(wait):
+                result: tuple[Any, BaseException | None, float] = job.future.result()
                 return result
-            except asyncio.TimeoutError:
-                pass
             if job.started is not None:
                 wait = job.started + deadline - time.monotonic()
                 if wait > 0:
@@ -587,7 +631,7 @@ class Engine:
                 return None, DeadlineExceededError(
                     f"no worker thread free within {deadline:g} s ({self._workers.abandoned} stuck in blocked "
                     "reads)"), deadline
-            return await asyncio.shield(wrapped)  # it finished just now
+            wait = math.inf  # it finished just now: its result is on the way
 
     def _still_blocked(self, s: Sampler) -> None:
         """A tick skipped because the sampler's abandoned call has not returned: failed, counted, published."""
