@@ -56,9 +56,6 @@ MAX_ABANDONED = 8
 # A tick this late (and far later than any call may take) means the process or the host did not run: a VM
 # pause, SIGSTOP. Its ticks are not "overruns" of a slow sampler; the gap is logged once instead.
 GAP_MIN = 30.0
-# A sleeping sampler looks at its due time again at least this often (seconds), so that an interval shortened
-# by set_interval takes effect within this long, not at the end of the old, longer interval.
-RESCHEDULE_CHECK = 1.0
 
 
 class DeadlineExceededError(CollectorError):
@@ -315,6 +312,10 @@ class Sampler:
     blocked: concurrent.futures.Future[Any] | None = None
     blocked_since: float = 0.0
     cpu_seconds: float = 0.0  # CPU time of the threads that ran it (time.thread_time), all runs
+    # Its task, whether that task is asleep until next_due, and whether set_interval has woken it early.
+    task: asyncio.Task[None] | None = None
+    sleeping: bool = False
+    nudged: bool = False
 
     def status(self) -> SamplerStatus:
         return SamplerStatus(
@@ -452,7 +453,11 @@ class Engine:
         s = self.samplers[name]
         if interval != s.interval:
             s.interval = interval
-            s.next_due = min(s.next_due, (s.last_run or self.clock.now()) + interval)
+            due = min(s.next_due, (s.last_run or self.clock.now()) + interval)
+            if due < s.next_due and s.sleeping and s.task is not None and not s.nudged:
+                s.nudged = True
+                s.task.cancel()  # wake it: it sleeps again until the new due time (_sleep_until_due)
+            s.next_due = due
             want = self._buffer_len(interval, s.spec.history)
             if s.buffer.maxlen is not None and s.buffer.maxlen < want:
                 s.buffer = deque(s.buffer, maxlen=want)
@@ -644,14 +649,25 @@ class Engine:
         self._publish()
 
     async def _sleep_until_due(self, s: Sampler) -> None:
-        """Until ``s.next_due``, looking again at least every ``RESCHEDULE_CHECK`` s: :meth:`set_interval` may
-        move it earlier (a host sampler slowed to 30 s while no GPU waits is wanted at 1 s again as soon as one
-        does), and a sleep for the old due time would keep the old pace until then."""
+        """Until ``s.next_due``. :meth:`set_interval` may move it earlier while the sampler sleeps (a host
+        sampler slowed to 30 s while no GPU waits is wanted at 250 ms again as soon as one does): it then
+        wakes the sleeper (a cancellation of that one sleep, taken back here), which sleeps again until the
+        new due time. No sleeper wakes up just to look at its due time again."""
         while not self._stopping:
-            now = self.clock.now()
-            if now >= s.next_due:
+            if self.clock.now() >= s.next_due:
                 return
-            await self.clock.sleep_until(min(s.next_due, now + RESCHEDULE_CHECK))
+            s.sleeping = True
+            try:
+                await self.clock.sleep_until(s.next_due)
+            except asyncio.CancelledError:
+                if not s.nudged or self._stopping:
+                    raise
+                # Taken back (Python 3.11+ counts cancellation requests; 3.10 has nothing to undo).
+                uncancel = getattr(asyncio.current_task(), "uncancel", None)
+                if uncancel is not None:
+                    uncancel()
+            finally:
+                s.sleeping = s.nudged = False
 
     async def _loop(self, s: Sampler) -> None:
         """Run ``s`` at a fixed rate (no drift); skip and count the ticks a slow run overran."""
@@ -705,10 +721,10 @@ class Engine:
         """Start one task per sampler on the running event loop."""
         self._started_at = self.clock.now()
         self._publish()
-        self._tasks = [
-            asyncio.get_running_loop().create_task(self._supervise(s), name=f"sampler:{n}")
-            for n, s in self.samplers.items()
-        ]
+        loop = asyncio.get_running_loop()
+        for n, s in self.samplers.items():
+            s.task = loop.create_task(self._supervise(s), name=f"sampler:{n}")
+        self._tasks = [s.task for s in self.samplers.values() if s.task is not None]
 
     async def stop(self, timeout: float = 1.5) -> None:
         """Stop the sampler tasks and release collector resources."""

@@ -154,8 +154,25 @@ async def test_an_interval_shortened_while_the_sampler_sleeps_takes_effect_withi
     assert c.calls == 1  # the first run, at start
     eng.set_interval("counting", 0.25)
     await clock.advance(2.0)
-    assert c.calls >= 1 + 4  # at 0.25 s again within RESCHEDULE_CHECK (1 s), not at t=30
+    assert c.calls >= 1 + 7  # woken at once: every 0.25 s from t=1, not at t=30
     await eng.stop()
+
+
+async def test_a_sampler_woken_early_still_stops_cleanly_and_keeps_its_pace() -> None:
+    c = Counting(ctx(interval=30.0))
+    clock = VirtualClock()
+    eng = Engine([c], clock, inline=True)
+    eng.start()
+    await clock.advance(1.0)
+    eng.set_interval("counting", 0.5)
+    eng.set_interval("counting", 0.25)  # a second shortening before it woke: one wake-up
+    await clock.advance(1.0)
+    n = c.calls
+    eng.set_interval("counting", 10.0)  # longer: no wake-up, the current sleep stands
+    await clock.advance(0.5)
+    assert c.calls <= n + 2
+    await eng.stop()
+    assert all(t.done() for t in eng._tasks)
 
 
 class Burning(Collector):

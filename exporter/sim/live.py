@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import os
 import select
+import selectors
 import shutil
 import signal
 import subprocess
@@ -135,7 +136,11 @@ class LiveSimulation:
     @staticmethod
     def _ready(proc: subprocess.Popen[bytes]) -> bool:
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
+        # selectors, not select.select: the daemon keeps many descriptors open (exporter/sources.py KeptFiles),
+        # and select() refuses one numbered 1024 or more.
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            ready = sel.select(READY_TIMEOUT_S)
         return bool(ready) and proc.stdout.readline().strip() == b"ready"
 
     def _supervise(self) -> None:
