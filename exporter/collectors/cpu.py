@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from exporter.collectors import register
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.host import CpuSample, CpuTimes
-from exporter.sampling import Collector, CollectorContext, CollectorError, Option
+from exporter.sampling import CPU_WINDOW_MAX, Collector, CollectorContext, CollectorError, Option, SamplerSpec
 from exporter.snapshot import Snapshot
 from exporter.sources import USER_HZ, read_source, read_text
 
@@ -169,6 +169,11 @@ class CpuCollector(Collector):
         self._state = CpuState()
         self._cpu_set: frozenset[int] = frozenset()
         self._node_of: Mapping[int, int] = MappingProxyType({})
+
+    def samplers(self) -> list[SamplerSpec]:
+        # The derived layer reads a window of at most CPU_WINDOW_MAX (its two ends): 12 s of 192-CPU samples,
+        # not --engine.history's 120 s (480 samples at 250 ms, ~11 MB of tuples).
+        return [SamplerSpec(self.name, self.interval, self.update, history=CPU_WINDOW_MAX + 2.0)]
 
     def update(self) -> CpuSample:
         raw = parse_stat(read_source(self.ctx.proc("stat")))

@@ -99,6 +99,15 @@ def test_capacity_closes_the_least_recently_read_and_sweep_the_idle(tmp_path: Pa
     assert none.read(paths[1]) == b"1\n" and len(none) == 0
 
 
+def test_a_file_longer_than_the_first_page_is_read_whole(tmp_path: Path) -> None:
+    f = tmp_path / "status"
+    f.write_bytes(b"y" * 5000 + b"\n")
+    kept = KeptFiles(capacity=2)
+    assert kept.read(str(f)) == b"y" * 5000 + b"\n"
+    assert kept.read(str(f)) == b"y" * 5000 + b"\n"  # again through the kept descriptor
+    kept.close()
+
+
 def test_a_file_over_the_limit_is_refused_not_read_whole(tmp_path: Path) -> None:
     big = tmp_path / "stat"
     big.write_bytes(b"x" * 5000)
