@@ -543,7 +543,8 @@ class Analyzer(Stage):
             "(no work submitted); rate() is exact over any range.", labels=["gpu", "state"])
         waiting = CounterMetricFamily(
             "gpufeed_gpu_waiting_seconds",
-            "Seconds each GPU spent waiting, attributed to the cause the classifier saw at the time.",
+            "Seconds each GPU spent waiting, attributed to the cause the classifier saw at the time; a cause "
+            "appears with its first waiting second.",
             labels=["gpu", "cause"])
         bottleneck = GaugeMetricFamily(
             "gpufeed_gpu_bottleneck", f"Current verdict per GPU (window {w}, hysteresis): one series, value 1, "
@@ -580,7 +581,10 @@ class Analyzer(Stage):
             for s in STATES:
                 _sample(state, "_total", {**lab, "state": s}, a.state_seconds.get(s, 0.0))
             for c in WAITING_CAUSES:
-                _sample(waiting, "_total", {**lab, "cause": c}, a.waiting_seconds.get(c, 0.0))
+                # A cause appears with its first waiting second (the series budget: five zeros a GPU otherwise);
+                # rate() and increase() over it are exact from its second sample on.
+                if (v := a.waiting_seconds.get(c, 0.0)) > 0.0:
+                    _sample(waiting, "_total", {**lab, "cause": c}, v)
             cum = 0
             for le, n in zip((*map(str, GAP_BUCKETS), "+Inf"), a.gap_buckets, strict=True):
                 cum += n
