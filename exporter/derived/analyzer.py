@@ -382,8 +382,8 @@ class Analyzer(Stage):
         has not changed within the window, it was evaluated less than --stable-interval ago -- and its newest
         activity has not moved from what that evaluation saw. That holds for a waiting GPU too, once its
         cause has held for the window: its waiting seconds then advance at each evaluation (integrals, exact
-        whenever they are read), its deep evidence keeps being sampled, and a change of shape trips it. A GPU in MIG mode (judged per
-        instance), a lost one and a new one are evaluated every run."""
+        whenever they are read), its deep evidence keeps being sampled, and a change of shape trips it. A GPU
+        in MIG mode (judged per instance), a lost one and a new one are evaluated every run."""
         if idx in lost or keys[0].mig is not None:
             return True
         st = self._gpus[keys[0]]
@@ -583,8 +583,8 @@ class Analyzer(Stage):
             for c in WAITING_CAUSES:
                 # A cause appears with its first waiting second (the series budget: five zeros a GPU otherwise);
                 # rate() and increase() over it are exact from its second sample on.
-                if (v := a.waiting_seconds.get(c, 0.0)) > 0.0:
-                    _sample(waiting, "_total", {**lab, "cause": c}, v)
+                if (secs := a.waiting_seconds.get(c, 0.0)) > 0.0:
+                    _sample(waiting, "_total", {**lab, "cause": c}, secs)
             cum = 0
             for le, n in zip((*map(str, GAP_BUCKETS), "+Inf"), a.gap_buckets, strict=True):
                 cum += n
