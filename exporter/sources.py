@@ -6,8 +6,8 @@ broken file -- a 1 GB file mounted over ``/proc/<pid>/stat`` -- must not grow th
 ``OSError`` left as it is so a caller can tell "gone" (ENOENT, ESRCH: a process exited mid-read) from
 "failed". ``read_source`` is the common case: text, with a failure as :class:`CollectorError` naming the
 file and, when asked, a missing file as :class:`NoDataError` (the source does not exist on this host).
-``attribute`` reads a one-value sysfs file that may be absent. :class:`KeptFiles` re-reads small files through
-descriptors kept open (the per-thread files of a deep pass).
+:class:`KeptFiles` re-reads small files through descriptors kept open (the per-thread files of a deep pass,
+cpufreq's attributes).
 """
 
 from __future__ import annotations
@@ -73,14 +73,6 @@ def read_source(path: Path, *, absent: str | None = None, limit: int = MAX_BYTES
         raise CollectorError(f"{path}: {e.strerror or e}") from e
     except OSError as e:
         raise CollectorError(f"{path}: {e.strerror or e}") from e
-
-
-def attribute(path: str | os.PathLike[str]) -> str | None:
-    """A one-value sysfs attribute, stripped; None when it does not exist. Other errors propagate."""
-    try:
-        return read_text(path, limit=CHUNK).strip()
-    except FileNotFoundError:
-        return None
 
 
 # Descriptors all KeptFiles together keep open at most, and the share of the soft RLIMIT_NOFILE they may use.

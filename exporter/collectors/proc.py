@@ -350,10 +350,12 @@ class ProcCollector(Collector):
                 st = self._parse(parse_stat, self._read(d + "stat", True), f"{pid}/task/{tid}", "stat")
             except _GoneError:
                 continue
-            if sched is None and prev is not None and st.utime + st.stime <= prev.utime + prev.stime:
-                ran = False  # no schedstat: the tick-resolution times say it did not run
-            else:
-                ran = prev is None or sched is None or sched[0] != prev.on_cpu
+            if prev is None:
+                ran = True
+            elif sched is not None:
+                ran = sched[0] != prev.on_cpu
+            else:  # no schedstat: the tick-resolution times say whether it ran
+                ran = st.utime + st.stime > prev.utime + prev.stime
             switches = self._switches(d) if ran or prev is None else prev.switches
             yield ThreadStat(tid=tid, comm=st.comm, state=st.state, utime=st.utime, stime=st.stime,
                              processor=st.processor, run_delay=None if sched is None else sched[1],
@@ -362,11 +364,9 @@ class ProcCollector(Collector):
     def _sched(self, d: str) -> tuple[float, float] | None:
         """A thread's (seconds on a CPU, run delay) from its schedstat; None where unreadable (gone -- its stat
         read says so --, or a kernel without CONFIG_SCHED_INFO)."""
-        path = d + "schedstat"
         try:
-            parts = self._kept_deep.read(path).split()
-            return int(parts[0]) / 1e9, int(parts[1]) / 1e9
-        except (OSError, ValueError, IndexError):  # gone, unreadable, too large, garbage
+            return parse_schedstat(self._kept_deep.read(d + "schedstat").decode("ascii", "replace"))
+        except (OSError, ValueError):  # gone, unreadable, too large, garbage
             return None
 
     def _switches(self, d: str) -> tuple[int, int] | None:
