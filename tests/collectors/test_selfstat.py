@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import resource
 import tempfile
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from exporter.collectors.selfstat import SelfCollector, parse_self_stat, parse_self_status
+from exporter.collectors import selfstat
+from exporter.collectors.selfstat import SelfCollector, count_open_fds, parse_self_stat, parse_self_status
 from exporter.sampling import CollectorError
 from exporter.sources import USER_HZ
 from tests.support.hosts import CAPTURE, context, exposition, run_engine, series
@@ -41,6 +44,21 @@ def test_an_open_descriptor_shows_up_in_open_fds_under_the_soft_limit() -> None:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert during.max_fds == (None if soft == resource.RLIM_INFINITY else soft)
     assert during.threads >= 1 and during.resident_bytes > 1 << 20
+
+
+def test_open_fds_are_counted_by_the_fd_directory_size_or_by_listing_it_on_older_kernels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fd_dir = Path("/proc/self/fd")
+    listed = len(os.listdir(fd_dir)) - 1  # listdir's own descriptor is in its listing
+    if os.stat(fd_dir).st_size == 0:
+        pytest.skip("this kernel (< 6.2) does not report open descriptors as the fd directory's size")
+    assert count_open_fds(fd_dir) == listed
+    real_stat = os.stat
+    monkeypatch.setattr(selfstat.os, "stat",
+                        lambda p, *a, **k: SimpleNamespace(st_size=0) if Path(p) == fd_dir else real_stat(p, *a, **k))
+    assert count_open_fds(fd_dir) == listed  # a pre-6.2 kernel: size 0, the directory is listed
+    with pytest.raises(CollectorError, match="no-such-dir"):
+        count_open_fds(Path("/proc/self/no-such-dir"))
 
 
 def test_cpu_seconds_grow_with_work_and_are_exported_per_mode() -> None:
