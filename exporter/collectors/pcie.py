@@ -34,7 +34,7 @@ from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.topology import AerCounts, PcieDevice, PcieLink, PcieSample
 from exporter.sampling import Collector, CollectorContext, NoDataError, Option
 from exporter.snapshot import Snapshot
-from exporter.sources import CHUNK, read_text
+from exporter.sources import CHUNK, KeptFiles, read_text
 
 # PCI class codes (PCI Code and ID Assignment Specification), upper 16 bits of the 24-bit class.
 GPU_CLASSES = frozenset({0x0300, 0x0302})  # VGA-compatible controller, 3D controller
@@ -49,6 +49,7 @@ AER_FILES = (  # sysfs file, its total line, severity label (Documentation/ABI/t
     ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL", "nonfatal"),
     ("aer_dev_fatal", "TOTAL_ERR_FATAL", "fatal"),
 )
+KEPT_ATTRIBUTES = 1024  # per-cycle attributes kept open: 7 per device, ~140 devices before reads go by path
 GTS = 1e9  # sysfs speeds are in GT/s; exported as transfers per second
 # With udev, events drive re-enumeration; a slow safety net still catches a dropped netlink message.
 HOTPLUG_SAFETY_FACTOR = 10
@@ -94,8 +95,9 @@ def role_of(class_code: int) -> str | None:
 
 
 def parse_aer_total(text: str, key: str) -> int:
-    """The ``<key> N`` line of an aer_dev_* file; ValueError when absent or not a number."""
-    for line in text.splitlines():
+    """The ``<key> N`` line of an aer_dev_* file; ValueError when absent or not a number. The kernel writes the
+    total last (drivers/pci/pcie/aer.c), so the lines are searched from the end."""
+    for line in reversed(text.splitlines()):
         name, _, value = line.strip().partition(" ")
         if name == key:
             return int(value.strip(), 10)
@@ -126,7 +128,15 @@ class PcieCollector(Collector):
         self._cycles_since_scan = 0
         self._hotplug_active = False
         self._links: dict[str, tuple[tuple[float | None, int | None], int]] = {}
+        # Link state and AER counters are read every cycle (7 attributes of each of ~24 devices on an 8-GPU
+        # host) through kept descriptors: a sysfs attribute read again from offset 0 is generated again
+        # (Documentation/filesystems/sysfs.rst), so one pread replaces open, read and close. Closed at each
+        # re-enumeration, which is when devices come and go.
+        self._kept = KeptFiles(capacity=KEPT_ATTRIBUTES)
         self.scans = 0
+
+    def close(self) -> None:
+        self._kept.close()
 
     # ---- hotplug interface (called from the event loop thread) ------------------------------------------
 
@@ -158,6 +168,7 @@ class PcieCollector(Collector):
     def update(self) -> PcieSample:
         if self._scan_due():
             self._rescan.clear()
+            self._kept.close()
             try:
                 self._topology = self._enumerate()
             except BaseException:
@@ -400,35 +411,46 @@ class PcieCollector(Collector):
             self._once_warn("pcie_bad_value", str(path / "local_cpulist"), value=raw[:40])
             return frozenset()
 
-    def _speed(self, path: Path) -> float | None:
+    def _sampled(self, path: str) -> str | None:
+        """An attribute read every cycle (through a kept descriptor), like :meth:`_attr`."""
+        try:
+            return self._kept.read(path).decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._once_warn("pcie_attribute_unreadable", path, error=_err(e))
+            return None
+
+    def _speed(self, path: str) -> float | None:
         """A *_link_speed attribute in GT/s ("16.0 GT/s PCIe", "Unknown")."""
-        raw = self._attr(path)
+        raw = self._sampled(path)
         if raw is None:
             return None
         try:
             return linkmath.parse_speed(raw)
         except linkmath.LinkParseError:
-            self._once_warn("pcie_bad_value", str(path), value=raw[:40])
+            self._once_warn("pcie_bad_value", path, value=raw[:40])
             return None
 
-    def _width(self, path: Path) -> int | None:
+    def _width(self, path: str) -> int | None:
         """A *_link_width attribute in lanes."""
-        raw = self._attr(path)
+        raw = self._sampled(path)
         if raw is None:
             return None
         try:
             return linkmath.parse_width(raw)
         except linkmath.LinkParseError:
-            self._once_warn("pcie_bad_value", str(path), value=raw[:40])
+            self._once_warn("pcie_bad_value", path, value=raw[:40])
             return None
 
     def _read_link(self, path: Path) -> PcieLink | None:
         """Negotiated and maximum link state from <dev>/{current,max}_link_{speed,width}; None without PCIe."""
+        base = f"{path}/"
         link = PcieLink(
-            current_speed_gts=self._speed(path / "current_link_speed"),
-            current_width=self._width(path / "current_link_width"),
-            max_speed_gts=self._speed(path / "max_link_speed"),
-            max_width=self._width(path / "max_link_width"),
+            current_speed_gts=self._speed(base + "current_link_speed"),
+            current_width=self._width(base + "current_link_width"),
+            max_speed_gts=self._speed(base + "max_link_speed"),
+            max_width=self._width(base + "max_link_width"),
         )
         if link == PcieLink(None, None, None, None):
             return None  # no link files (VM, integrated endpoint, conventional PCI)
@@ -436,19 +458,19 @@ class PcieCollector(Collector):
 
     def _read_max(self, path: Path) -> tuple[float | None, int | None]:
         """The link capability of an untracked link peer, from <dev>/max_link_{speed,width}."""
-        return self._speed(path / "max_link_speed"), self._width(path / "max_link_width")
+        return self._speed(f"{path}/max_link_speed"), self._width(f"{path}/max_link_width")
 
     def _read_aer(self, path: Path) -> AerCounts | None:
         """AER totals from <dev>/aer_dev_{correctable,nonfatal,fatal}; None without AER (or any unreadable)."""
         totals: list[int] = []
         for fname, key, _ in AER_FILES:
-            raw = self._attr(path / fname)
+            raw = self._sampled(f"{path}/{fname}")
             if raw is None:
                 return None
             try:
                 totals.append(parse_aer_total(raw, key))
             except ValueError:
-                self._once_warn("pcie_bad_value", str(path / fname), value=f"no valid {key} line")
+                self._once_warn("pcie_bad_value", f"{path}/{fname}", value=f"no valid {key} line")
                 return None
         return AerCounts(correctable=totals[0], nonfatal=totals[1], fatal=totals[2])
 

@@ -12,6 +12,7 @@ import pytest
 from exporter import linkmath
 from exporter.collectors.pcie import PcieCollector
 from exporter.samples.topology import PcieLink, PcieSample
+from exporter.sources import KeptFiles
 from exporter.sampling import CollectorContext, NoDataError
 from tests.support.hosts import context, load_tool, snapshot_of
 from tests.support.hosts import family_series as series
@@ -278,14 +279,14 @@ def test_garbage_values_are_omitted_never_guessed() -> None:
 
 
 def test_permission_denied_attribute_is_skipped_and_the_rest_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = PcieCollector._read
+    real = KeptFiles.read  # link state is read every cycle through kept descriptors
 
-    def read(path: Path) -> str:
-        if path.name == "current_link_width" and "0000:41:00.0" in str(path):
-            raise PermissionError(13, "Permission denied", str(path))
-        return real(path)
+    def read(self: KeptFiles, path: str) -> bytes:
+        if path.endswith("/current_link_width") and "0000:41:00.0" in path:
+            raise PermissionError(13, "Permission denied", path)
+        return real(self, path)
 
-    monkeypatch.setattr(PcieCollector, "_read", staticmethod(read))
+    monkeypatch.setattr(KeptFiles, "read", read)
     _, s = sample_of("riser")
     link = s.devices["0000:41:00.0"].link
     assert link is not None and link.current_width is None and link.current_speed_gts == 8.0
@@ -334,6 +335,12 @@ def test_link_files_are_reread_every_cycle_but_devices_enumerated_once(copy_box:
     (root / "sys/bus/pci/devices/0000:41:00.0/current_link_width").write_text("16\n")
     link = c.update().devices["0000:41:00.0"].link
     assert link is not None and link.current_width == 16
+    # Replaced by a rename (the simulator's and a capture tool's way): a new file at the same path.
+    attr = root / "sys/bus/pci/devices/0000:41:00.0/current_link_width"
+    (attr.parent / ".new").write_text("4\n")
+    os.replace(attr.parent / ".new", attr)
+    link = c.update().devices["0000:41:00.0"].link
+    assert link is not None and link.current_width == 4
     assert c.scans == 1
 
 
