@@ -161,26 +161,49 @@ def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int],
         if len(seen) < 2:
             continue
         (t0, p0), (t1, p1) = seen[0], seen[-1]
-        dt = t1 - t0
-        if dt <= 0:
+        if t1 - t0 <= 0:
             continue
-        first = {th.tid: th for th in p0.threads}
-        for th in p1.threads:
-            a = first.get(th.tid)
-            if a is None:
-                continue
-            du, ds = max(0.0, th.utime - a.utime), max(0.0, th.stime - a.stime)
-            cpu = du + ds
-            delay = 0.0
-            if th.run_delay is not None and a.run_delay is not None:
-                delay = min(1.0, max(0.0, th.run_delay - a.run_delay) / dt)
-            nonvol = None
-            if th.switches is not None and a.switches is not None:
-                nonvol = max(0, th.switches[1] - a.switches[1]) / dt
-            out.append(ThreadLoad(pid, th.tid, th.comm, cpu / dt, ds / cpu if cpu > 0 else 0.0, th.state,
-                                  delay, nonvol, context is None or pid in context))
+        out.extend(_process_thread_loads(pid, t0, p0, t1, p1, context is None or pid in context))
     out.sort(key=lambda x: (-x.cores, x.tid))
     return tuple(out)
+
+
+# Thread loads of one process between two deep samples, for the newest pairs: keyed by the samples' ids, and
+# holding the samples so an id is never reused while its entry lives. A stable GPU is evaluated every 5 s
+# while its deep samples change every 30 s: the same 150 threads' subtractions were redone six times.
+_LoadsKey = tuple[int, int, int, float, float, bool]  # pid, id(first), id(last), their times, in a GPU context
+_LOADS: dict[_LoadsKey, tuple[ProcessSample, ProcessSample, tuple[ThreadLoad, ...]]] = {}
+_LOADS_MAX = 256
+
+
+def _process_thread_loads(pid: int, t0: float, p0: ProcessSample, t1: float, p1: ProcessSample,
+                          in_context: bool) -> tuple[ThreadLoad, ...]:
+    key = (pid, id(p0), id(p1), t0, t1, in_context)
+    cached = _LOADS.get(key)
+    if cached is not None and cached[0] is p0 and cached[1] is p1:
+        return cached[2]
+    dt = t1 - t0
+    first = {th.tid: th for th in p0.threads}
+    out: list[ThreadLoad] = []
+    for th in p1.threads:
+        a = first.get(th.tid)
+        if a is None:
+            continue
+        du, ds = max(0.0, th.utime - a.utime), max(0.0, th.stime - a.stime)
+        cpu = du + ds
+        delay = 0.0
+        if th.run_delay is not None and a.run_delay is not None:
+            delay = min(1.0, max(0.0, th.run_delay - a.run_delay) / dt)
+        nonvol = None
+        if th.switches is not None and a.switches is not None:
+            nonvol = max(0, th.switches[1] - a.switches[1]) / dt
+        out.append(ThreadLoad(pid, th.tid, th.comm, cpu / dt, ds / cpu if cpu > 0 else 0.0, th.state,
+                              delay, nonvol, in_context))
+    if len(_LOADS) >= _LOADS_MAX:
+        _LOADS.clear()
+    loads = tuple(out)
+    _LOADS[key] = (p0, p1, loads)
+    return loads
 
 
 def d_state_mean(deep: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> float:
