@@ -272,10 +272,11 @@ def core_deltas(first: Stamped[CpuSample], last: Stamped[CpuSample]) -> CoreDelt
         a, b = c0.get(c), c1[c]
         if a is None:
             continue
-        tot = b.total - a.total
+        busy_a, busy_b = a.busy, b.busy  # each a sum of six fields: once per CPU and sample
+        tot = (busy_b + b.idle + b.iowait) - (busy_a + a.idle + a.iowait)
         if tot <= 0:
             continue
-        out[c] = (max(0.0, b.busy - a.busy) / tot, max(0.0, (b.user + b.nice) - (a.user + a.nice)) / tot,
+        out[c] = (max(0.0, busy_b - busy_a) / tot, max(0.0, (b.user + b.nice) - (a.user + a.nice)) / tot,
                   max(0.0, b.iowait - a.iowait) / tot)
     if len(_DELTAS) >= _DELTAS_MAX:
         _DELTAS.clear()
