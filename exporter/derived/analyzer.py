@@ -64,8 +64,10 @@ TRIP_ACTIVITY = 0.1
 # GPU waits. The PCIe chain (5 s) is not slowed: pcie_link_downgraded judges the hops upstream of a GPU over
 # the classifier's window (15 s), which a 30 s pass would leave empty half of the time -- the series of those
 # hops would come and go.
+# The GPU processes' own counters (proc, 1 s) go to 5 s: CPU time and I/O are cumulative, the CPU shape takes
+# the ends of its 10 s window, and NUMA placement and the process series read the newest sample.
 QUIET_INTERVALS = {
-    names.CPU: 1.0, names.PRESSURE: 1.0,
+    names.CPU: 1.0, names.PRESSURE: 1.0, names.PROC: 5.0,
     names.PROC_THREADS: 30.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
 }
 # Of those, the ones back at their quiet pace while GPUs wait once their verdicts have settled.

@@ -13,7 +13,7 @@ from tests.derived.test_deep_focus import _two_gpus
 from tests.derived.test_scenarios import CONTRACT, assert_settled_within
 from tests.support.engine import analyzer
 
-CONFIGURED = {names.CPU: 0.25, names.PRESSURE: 0.25, names.PROC_THREADS: 5.0, names.CPUFREQ: 5.0,
+CONFIGURED = {names.CPU: 0.25, names.PRESSURE: 0.25, names.PROC: 1.0, names.PROC_THREADS: 5.0, names.CPUFREQ: 5.0,
               names.PCIE: 5.0, names.NUMA: 5.0, names.MEMORY: 1.0}
 
 
