@@ -189,3 +189,57 @@ async def test_a_forward_clock_jump_is_one_logged_gap_not_thousands_of_overruns(
     st = eng.snapshot.status["fast"]
     assert st.overruns < 5, st.overruns
     assert [e["event"] for e in logs].count("sampling_gap") == 1
+
+
+class Named(Fast):
+    """A fast sampler under a name of its own (several due at the same instant)."""
+
+    def __init__(self, ctx: CollectorContext, name: str) -> None:
+        super().__init__(ctx)
+        self.name = name  # type: ignore[misc]
+
+
+async def test_samplers_due_at_the_same_instant_are_handed_to_one_worker_together() -> None:
+    fast = [Named(_ctx(), f"fast{i}") for i in range(4)]
+    eng = Engine(fast, RealClock(), workers=4)
+    eng.start()
+    try:
+        await _until(lambda: min(f.calls for f in fast) >= 6)
+    finally:
+        await eng.stop()
+    # Every tick of the four is one hand-off (a tick may split when the loop ran late: loosely).
+    assert eng.batches >= 4, eng.batches
+    assert all(eng.snapshot.status[f.name].success for f in fast)
+
+
+async def test_a_read_blocked_in_a_batch_delays_the_samplers_due_with_it_but_never_fails_them() -> None:
+    blocked = Blocking(_ctx())
+    fast = [Named(_ctx(), f"fast{i}") for i in range(3)]
+    eng = Engine([blocked, *fast], RealClock(), workers=4, min_deadline=0.3)  # handed off first, as here
+    eng.start()
+    try:
+        await _until(lambda: eng.snapshot.status["blocking"].runs >= 1)
+        assert "DeadlineExceededError" in (eng.snapshot.status["blocking"].error or "")
+        calls = [f.calls for f in fast]
+        await _until(lambda: all(f.calls >= c + 5 for f, c in zip(fast, calls, strict=True)))
+        for f in fast:
+            st = eng.snapshot.status[f.name]
+            assert st.success and st.failures == 0, (f.name, st)
+    finally:
+        blocked.release.set()
+        await eng.stop()
+
+
+async def test_every_interval_ticks_on_one_grid_from_the_start_also_after_it_changes() -> None:
+    clock = VirtualClock(100.0)
+    every = {"quick": 0.25, "slow": 1.0}
+    quick, slow = (Named(CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent"),
+                                          options={"interval": every[n]}), n) for n in every)
+    eng = Engine([quick, slow], clock, inline=True)
+    eng.start()
+    await clock.advance(1.3)
+    eng.set_interval("quick", 1.0)  # slowed (no GPU waits): on the 1 s ticks of the other, not 1.3 + 1.0
+    await clock.advance(3.0)
+    await eng.stop()
+    assert [s.t for s in eng.history("quick")][-3:] == [102.0, 103.0, 104.0]
+    assert [s.t for s in eng.history("slow")][-3:] == [102.0, 103.0, 104.0]
