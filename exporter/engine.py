@@ -66,7 +66,7 @@ MAX_ABANDONED = 8
 GAP_MIN = 30.0
 # A batch of samplers due together that is still running after this long gives its calls not yet started to
 # other workers (each a hand-off of its own), and the loop picks up the results already in.
-BATCH_PATIENCE = 0.025
+BATCH_PATIENCE = 0.1
 
 
 class DeadlineExceededError(CollectorError):
