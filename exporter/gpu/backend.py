@@ -1047,9 +1047,11 @@ class NvmlBackend:
             processes=processes,
             numa_node=g.identity.numa_node,
             clock_event_reasons_supported=supported,
-            fields=MappingProxyType(self._fields(g, now, F.SLOW)),
-            xid_errors=xids, xid_last_seen=xid_seen,
-            mig=MappingProxyType(mig),
+            # As on the fast path: the fields dict itself, and the one shared empty mapping for what is empty
+            # (a proxy per GPU per slow tick is one more object for the cycle collector to traverse).
+            fields=self._fields(g, now, F.SLOW),
+            xid_errors=xids or _NO_FIELDS, xid_last_seen=xid_seen or _NO_FIELDS,
+            mig=MappingProxyType(mig) if mig else _NO_FIELDS,
         )
 
     def _check_mig(self, g: _Gpu) -> None:

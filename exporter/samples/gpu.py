@@ -171,7 +171,8 @@ class GpuSlow:
     numa_node: int | None
     # False when the driver does not report clock-event reasons (then clock_event_reasons is empty).
     clock_event_reasons_supported: bool = True
-    # The slow-path NVML fields of exporter/gpu/fields.py (ECC, row remapping) by key, in base units.
+    # The slow-path NVML fields of exporter/gpu/fields.py (ECC, row remapping) by key, in base units (a plain
+    # dict from the backend, as GpuFast.fields).
     fields: Mapping[str, float] = field(default_factory=_empty)
     # Xid errors NVML reported since gpufeed started (nvmlEventTypeXidCriticalError): count and newest time
     # (the backend's clock) per Xid code; code -1 counts the codes past the per-GPU cap on distinct codes.

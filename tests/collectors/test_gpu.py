@@ -416,3 +416,5 @@ def test_a_gpu_sample_leaves_few_objects_for_the_cycle_collector_per_gpu(rig: Ma
     buffered = [v.gpus[0] for _, v in r.history("gpu_samples") if isinstance(v.gpus.get(0), GpuBuffered)]
     util = buffered[-1].gpu_util
     assert util and 0.0 <= util[0].value <= 1.0 and tracked_inside(util) == [util]
+    slow = [v.gpus[0] for _, v in r.history("gpu_slow") if isinstance(v.gpus.get(0), GpuSlow)][-1]
+    assert tracked_inside(slow.fields) == [] and slow.mig is slow.xid_errors is g.mig, "no Xid, no MIG: shared"
