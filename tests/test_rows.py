@@ -30,6 +30,12 @@ def test_rows_read_back_as_their_named_tuple_with_fields_and_properties() -> Non
     assert not Rows(Point) and max(rows, key=lambda p: p.value) == Point(1.0, 0.5)
 
 
+def test_a_column_reads_one_field_of_every_row_in_order() -> None:
+    rows = Rows(Point, [Point(1.0, 0.5), (2.0, 0.25)])
+    assert list(rows.column("value")) == [0.5, 0.25] and list(rows.column("t")) == [1.0, 2.0]
+    assert list(Rows(Point).column("t")) == []
+
+
 def test_rows_equal_the_tuple_of_the_same_rows_and_hash_like_it() -> None:
     rows = Rows(Point, [Point(1.0, 0.5)])
     assert rows == (Point(1.0, 0.5),) and rows == Rows(Point, [(1.0, 0.5)])

@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from exporter import log, names
 from exporter.collectors import register
 from exporter.cpulist import CpulistError, parse_cpulist
-from exporter.samples.host import ProcessSample, ProcSample, ThreadStat
+from exporter.samples.host import NO_THREADS, ProcessSample, ProcSample, ThreadStat
 from exporter.samples.rows import Rows
 from exporter.sampling import CPU_WINDOW_MAX, Collector, CollectorContext, CollectorError, Option, SamplerSpec
 from exporter.snapshot import Snapshot
@@ -309,7 +309,7 @@ class ProcCollector(Collector):
             # The process is alive but has no io file: a kernel without CONFIG_TASK_IO_ACCOUNTING.
         # One table per process, not one object per thread: the cycle collector does not traverse its rows
         # (exporter/samples/rows.py).
-        threads = Rows(ThreadStat, self._threads(pid)) if deep else ()
+        threads = Rows(ThreadStat, self._threads(pid)) if deep else NO_THREADS
         return ProcessSample(
             pid=pid, comm=stat.comm, state=stat.state, utime=stat.utime, stime=stat.stime,
             num_threads=stat.num_threads, cpus_allowed=cpus, mems_allowed=mems, threads=threads,
@@ -438,7 +438,7 @@ class ProcCollector(Collector):
         for pid, p in sorted({**deep.held, **deep.processes}.items()):
             if pid in deep.workload:
                 continue
-            counts = Counter(STATE_NAMES.get(t.state, t.state) for t in p.threads)
+            counts = Counter(STATE_NAMES.get(s, s) for s in p.threads.column("state"))
             # States with threads only (the host-level series budget): a state absent is 0 to sum/or.
             for state in sorted(counts):
                 threads.add_metric([str(pid), p.comm, state], float(counts[state]))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
+
+from exporter.samples.rows import Rows
 
 # An empty mapping shared by every sample that has nothing there (a default_factory building one per sample
 # leaves a tracked proxy per sample in the ring buffers).
@@ -95,6 +97,9 @@ class ThreadStat(NamedTuple):
     on_cpu: float | None = None
 
 
+NO_THREADS = Rows(ThreadStat)  # a process sample whose threads were not read
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessSample:
     """One process: /proc/<pid>/stat, status and io; ``threads`` is empty unless deep sampling read them.
@@ -110,7 +115,7 @@ class ProcessSample:
     num_threads: int
     cpus_allowed: frozenset[int]
     mems_allowed: frozenset[int]
-    threads: Sequence[ThreadStat]  # a Rows(ThreadStat, ...) from the collector; () when not read
+    threads: Rows[ThreadStat]  # NO_THREADS unless deep sampling read them
     io_rchar: int | None
     io_syscr: int | None
     io_read_bytes: int | None = None  # /proc/<pid>/io read_bytes: bytes that reached the block layer

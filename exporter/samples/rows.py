@@ -14,11 +14,18 @@ and a row read is a short-lived object freed by reference counting.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from functools import partial
-from typing import Any, TypeVar, overload
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Protocol, TypeVar, cast, overload
 
 R = TypeVar("R", bound=tuple[Any, ...])
 K = TypeVar("K")
+
+
+class _Named(Protocol):
+    """What a NamedTuple type has that ``tuple`` has not (mypy cannot bound a TypeVar by NamedTuple)."""
+
+    _fields: tuple[str, ...]
 
 
 class Rows(Sequence[R]):
@@ -46,7 +53,12 @@ class Rows(Sequence[R]):
         return tuple.__new__(self._row, self._rows[i])
 
     def __iter__(self) -> Iterator[R]:
-        return map(partial(tuple.__new__, self._row), self._rows)
+        return map(tuple.__new__, repeat(self._row), self._rows)
+
+    def column(self, name: str) -> Iterator[Any]:
+        """Field ``name`` of every row, in order, without building the rows: for a scan of one field over many
+        rows (a row read costs ~0.3 us; the derived layer counts D-state threads over every deep sample)."""
+        return map(itemgetter(cast(_Named, self._row)._fields.index(name)), self._rows)
 
     def __len__(self) -> int:
         return len(self._rows)
