@@ -55,23 +55,22 @@ def to_times(ticks: Ticks) -> CpuTimes:
 
 
 class TimesView(Mapping[int, CpuTimes]):
-    """Read-only CPU -> :class:`CpuTimes` over tick tuples, converted on first access.
+    """Read-only CPU -> :class:`CpuTimes` over tick tuples, converted on each access.
 
-    A 192-CPU host sampled every 0.25 s would otherwise build 768 frozen objects a second that the derived
-    layer mostly never reads (it compares a window's ends); conversion happens only for what is read.
+    A 192-CPU host sampled every 0.25 s would otherwise build 768 objects a second that the derived layer
+    mostly never reads (it compares a window's ends). Nothing is cached: the tick tuples are exact tuples of
+    ints, which the cycle collector stops tracking, while every CpuTimes kept would be a tracked object in the
+    ring buffer that each full collection traverses (exporter/samples/rows.py); the derived layer keeps the
+    per-CPU deltas it computes from a pair (exporter/derived/hostshape.py core_deltas) instead.
     """
 
-    __slots__ = ("_cache", "_ticks")
+    __slots__ = ("_ticks",)
 
     def __init__(self, ticks: Mapping[int, Ticks]) -> None:
         self._ticks = ticks
-        self._cache: dict[int, CpuTimes] = {}
 
     def __getitem__(self, cpu: int) -> CpuTimes:
-        got = self._cache.get(cpu)
-        if got is None:
-            got = self._cache[cpu] = to_times(self._ticks[cpu])
-        return got
+        return to_times(self._ticks[cpu])
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._ticks)
@@ -190,7 +189,7 @@ class CpuCollector(Collector):
         return CpuSample(
             cpus=TimesView(self._state.cpus),
             node_of=self._node_of,
-            node_totals=MappingProxyType({n: to_times(t) for n, t in self._state.nodes.items()}),
+            node_totals=TimesView(self._state.nodes),
         )
 
     def _read_nodes(self) -> Mapping[int, int]:

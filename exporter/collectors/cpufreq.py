@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator
-from types import MappingProxyType
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter.collectors import register
 from exporter.samples.host import CpufreqCpu, CpufreqSample
+from exporter.samples.rows import RowMap
 from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError
 from exporter.snapshot import Snapshot
 from exporter.sources import KeptFiles
@@ -72,7 +72,7 @@ class CpufreqCollector(Collector):
         self._kept.sweep()
         if not out:
             raise NoDataError(f"no cpufreq directory under {base}/cpu* (no cpufreq driver, typical of VMs)")
-        return CpufreqSample(cpus=MappingProxyType(dict(sorted(out.items()))))
+        return CpufreqSample(cpus=RowMap(CpufreqCpu, sorted(out.items())))
 
     def _read(self, path: str) -> str | None:
         """One cpufreq attribute, stripped; None when the driver does not provide it."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from types import MappingProxyType
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter import log
 from exporter.collectors import register
 from exporter.samples.host import DiskSample, DiskStats
+from exporter.samples.rows import RowMap
 from exporter.sampling import Collector, CollectorContext, CollectorError, Option
 from exporter.snapshot import Snapshot
 from exporter.sources import SECTOR_BYTES, read_source
@@ -98,7 +98,7 @@ class DiskCollector(Collector):
             if not self.exclude.search(name)
             and (name.replace("/", "!") in whole if whole is not None else not PARTITION_FALLBACK.match(name))
         }
-        return DiskSample(devices=MappingProxyType(out))
+        return DiskSample(devices=RowMap(DiskStats, out))
 
     def _whole_devices(self) -> frozenset[str] | None:
         """Names under /sys/block (whole devices only; partitions live below them); None when unreadable."""

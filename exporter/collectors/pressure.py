@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterator
-from types import MappingProxyType
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.collectors import register
 from exporter.samples.host import PressureSample, PressureTotals
+from exporter.samples.rows import RowMap
 from exporter.sampling import Collector, CollectorError, NoDataError
 from exporter.snapshot import Snapshot
 from exporter.sources import read_text
@@ -44,7 +44,7 @@ class PressureCollector(Collector):
             out[res] = self._parse(path.name, text)
         if not out:
             raise NoDataError(f"{self.ctx.proc('pressure')} not present (kernel without PSI)")
-        return PressureSample(resources=MappingProxyType(out))
+        return PressureSample(resources=RowMap(PressureTotals, out))
 
     @staticmethod
     def _parse(res: str, text: str) -> PressureTotals:

@@ -33,7 +33,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from exporter import log, names
 from exporter.collectors import register
 from exporter.cpulist import CpulistError, parse_cpulist
-from exporter.samples.host import ProcessSample, ProcSample, ThreadStat
+from exporter.samples.host import NO_THREADS, ProcessSample, ProcSample, ThreadStat
+from exporter.samples.rows import Rows
 from exporter.sampling import CPU_WINDOW_MAX, Collector, CollectorContext, CollectorError, Option, SamplerSpec
 from exporter.snapshot import Snapshot
 from exporter.sources import GONE, USER_HZ, KeptFiles, SourceTooLargeError
@@ -191,6 +192,7 @@ class ProcCollector(Collector):
         # Each target as the newest deep pass that read it (only the deep sampler's thread touches it).
         self._last_deep: dict[int, ProcessSample] = {}
         self._full_at: dict[int, float] = {}  # pid -> when a deep pass last read every thread's stat
+        self._workload: dict[bool, frozenset[int]] = {False: frozenset(), True: frozenset()}
         self._root = os.fspath(ctx.proc())
         # One set of kept descriptors per sampler (they run on different worker threads).
         self._kept = KeptFiles()
@@ -265,8 +267,13 @@ class ProcCollector(Collector):
                 continue
             log.forget(key)  # parsed again (or a new process with that pid): log the next failure
         direct = self.ctx.targets.pids() | self.static_pids
-        return ProcSample(processes=MappingProxyType(out), deep=deep,
-                          workload=frozenset(p for p in out if p not in direct))
+        workload = frozenset(p for p in out if p not in direct)
+        # The previous pass's set while unchanged: the cycle collector tracks every set, and each sample in the
+        # ring buffer holds one (one slot per sampler: the two run on different threads).
+        if workload == self._workload[deep]:
+            workload = self._workload[deep]
+        self._workload[deep] = workload
+        return ProcSample(processes=MappingProxyType(out), deep=deep, workload=workload)
 
     def _read(self, path: str, deep: bool = False) -> str:
         """One file under /proc (through the sampler's kept descriptors); _GoneError when the process or thread
@@ -300,7 +307,9 @@ class ProcCollector(Collector):
             if not os.path.isdir(base):
                 raise
             # The process is alive but has no io file: a kernel without CONFIG_TASK_IO_ACCOUNTING.
-        threads = tuple(self._threads(pid)) if deep else ()
+        # One table per process, not one object per thread: the cycle collector does not traverse its rows
+        # (exporter/samples/rows.py).
+        threads = Rows(ThreadStat, self._threads(pid)) if deep else NO_THREADS
         return ProcessSample(
             pid=pid, comm=stat.comm, state=stat.state, utime=stat.utime, stime=stat.stime,
             num_threads=stat.num_threads, cpus_allowed=cpus, mems_allowed=mems, threads=threads,
@@ -429,7 +438,7 @@ class ProcCollector(Collector):
         for pid, p in sorted({**deep.held, **deep.processes}.items()):
             if pid in deep.workload:
                 continue
-            counts = Counter(STATE_NAMES.get(t.state, t.state) for t in p.threads)
+            counts = Counter(STATE_NAMES.get(s, s) for s in p.threads.column("state"))
             # States with threads only (the host-level series budget): a state absent is 0 to sum/or.
             for state in sorted(counts):
                 threads.add_metric([str(pid), p.comm, state], float(counts[state]))

@@ -216,7 +216,7 @@ def d_state_mean(deep: Sequence[Stamped[ProcSample]], pids: Collection[int]) -> 
         seen = [p for pid in pids if (p := s.value.processes.get(pid)) is not None and p.threads]
         if not seen:
             continue
-        counts.append(sum(1 for p in seen for th in p.threads if th.state == "D"))
+        counts.append(sum(1 for p in seen for state in p.threads.column("state") if state == "D"))
     return sum(counts) / len(counts) if counts else 0.0
 
 

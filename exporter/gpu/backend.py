@@ -91,6 +91,7 @@ from exporter.samples.gpu import (
     MigSlow,
     UtilPoint,
 )
+from exporter.samples.rows import Rows
 
 NvmlProvider = Callable[[], Any]
 
@@ -260,6 +261,8 @@ class NvmlBackend:
         self._nvml: Any = None
         self._initialised = False
         self._gpus: dict[int, _Gpu] = {}
+        self._identity_map: Mapping[int, GpuIdentity] = _NO_FIELDS
+        self._sets: dict[str, frozenset[int]] = {}  # the sets the previous sample held (see _kept)
         self._unavailable: str | None = None
         self._init_failed: str | None = None
         self._init_backoff = min(self._backoff_min, retry_unavailable_s)
@@ -314,7 +317,15 @@ class NvmlBackend:
     def identities(self) -> Mapping[int, GpuIdentity]:
         """Every GPU enumerated so far."""
         with self._lock:
-            return MappingProxyType({i: g.identity for i, g in self._gpus.items()})
+            return self._identities()
+
+    def _identities(self) -> Mapping[int, GpuIdentity]:  # under self._lock
+        """Every GPU's identity: the previous mapping while no identity changed, as every sample holds one (a
+        new one per sample would be two more objects per sample for the cycle collector to traverse)."""
+        known = self._identity_map
+        if len(known) != len(self._gpus) or any(known.get(i) is not g.identity for i, g in self._gpus.items()):
+            known = self._identity_map = MappingProxyType({i: g.identity for i, g in self._gpus.items()})
+        return known
 
     def close(self) -> None:
         """Stop the Xid watcher, free GPM samples and shut NVML down."""
@@ -343,12 +354,22 @@ class NvmlBackend:
                 except _GpuLostError:
                     self._mark_lost(g, self._clock())
             return GpuSample(
-                identities=MappingProxyType({i: g.identity for i, g in self._gpus.items()}),
+                identities=self._identities(),
                 gpus=MappingProxyType(out),
-                lost=frozenset(i for i, g in self._gpus.items() if g.lost),
+                lost=self._kept("lost", frozenset(i for i, g in self._gpus.items() if g.lost)),
                 calls=self.calls.snapshot(),
-                steady=frozenset(i for i, g in self._gpus.items() if not g.lost and g.pace.steady_now),
+                steady=self._kept("steady", frozenset(
+                    i for i, g in self._gpus.items() if not g.lost and g.pace.steady_now)),
             )
+
+    def _kept(self, name: str, value: frozenset[int]) -> frozenset[int]:  # under self._lock
+        """``value``, or the equal set a previous sample holds: the cycle collector tracks every set, so a new one
+        per sample would be one more object per sample in the ring buffers."""
+        old = self._sets.get(name)
+        if old == value:
+            return old
+        self._sets[name] = value
+        return value
 
     def _ensure_init(self) -> None:
         if self._initialised:
@@ -748,7 +769,8 @@ class NvmlBackend:
             power_mw = self._opt(g, "nvmlDeviceGetPowerUsage", nvml.nvmlDeviceGetPowerUsage, h)
             if power_mw is not None:
                 values["power"] = float(power_mw) * power.scale
-        return self._gpm_values(g, None if g.identity.mig_mode else g.gpm, fields=MappingProxyType(values),
+        # The dict itself, not a proxy over it: see GpuFast.fields.
+        return self._gpm_values(g, None if g.identity.mig_mode else g.gpm, fields=values,
                                 sm_clock_hz=float(clock) * 1e6 if clock is not None else None,
                                 mig=MappingProxyType(mig) if mig else _NO_FIELDS)
 
@@ -944,7 +966,7 @@ class NvmlBackend:
         busy = g.util.seconds if util is not None else None
         return GpuBuffered(gpu_util=util or (), memory_util=mem or (), busy_seconds=busy)
 
-    def _samples(self, g: _Gpu, kind: int, integ: SampleIntegrator, now: float) -> tuple[UtilPoint, ...] | None:
+    def _samples(self, g: _Gpu, kind: int, integ: SampleIntegrator, now: float) -> Rows[UtilPoint] | None:
         """New samples of one kind since the last seen timestamp; None when the GPU gives none at all."""
         nvml = self._nvml
         name = "nvmlDeviceGetSamples"
@@ -957,7 +979,7 @@ class NvmlBackend:
             if code(e) == ERR_NOT_FOUND:  # empty buffer: normal on an idle GPU
                 g.unknown_streak = 0
                 integ.gapped = False
-                return ()
+                return Rows(UtilPoint)
             self._failed(g, key, e)
             if key in g.disabled:
                 return self._rates_fallback(g, kind, integ, now)
@@ -965,9 +987,9 @@ class NvmlBackend:
         g.unknown_streak = 0
         pts = [(int(s.timeStamp), float(sample_value(s.sampleValue, _vt))) for s in raw]
         new = integ.add(pts)
-        return tuple(UtilPoint(t=ts / 1e6, value=min(max(v, 0.0), 100.0) / 100.0) for ts, v in new)
+        return Rows(UtilPoint, ((ts / 1e6, min(max(v, 0.0), 100.0) / 100.0) for ts, v in new))
 
-    def _rates_fallback(self, g: _Gpu, kind: int, integ: SampleIntegrator, now: float) -> tuple[UtilPoint, ...] | None:
+    def _rates_fallback(self, g: _Gpu, kind: int, integ: SampleIntegrator, now: float) -> Rows[UtilPoint] | None:
         """Without buffered samples: nvmlDeviceGetUtilizationRates, integrated on our clock (sample-and-hold)."""
         rates = self._opt(g, "nvmlDeviceGetUtilizationRates", self._nvml.nvmlDeviceGetUtilizationRates, g.handle)
         if rates is None:
@@ -975,7 +997,7 @@ class NvmlBackend:
         pct = float(rates.gpu if kind == C.GPU_UTILIZATION_SAMPLES else rates.memory)
         ts = int(now * 1e6)
         new = integ.add([(ts, pct)])
-        return tuple(UtilPoint(t=t / 1e6, value=min(max(v, 0.0), 100.0) / 100.0) for t, v in new)
+        return Rows(UtilPoint, ((t / 1e6, min(max(v, 0.0), 100.0) / 100.0) for t, v in new))
 
     # ---- slow path ----------------------------------------------------------------------------------------------
 
@@ -1025,9 +1047,11 @@ class NvmlBackend:
             processes=processes,
             numa_node=g.identity.numa_node,
             clock_event_reasons_supported=supported,
-            fields=MappingProxyType(self._fields(g, now, F.SLOW)),
-            xid_errors=xids, xid_last_seen=xid_seen,
-            mig=MappingProxyType(mig),
+            # As on the fast path: the fields dict itself, and the one shared empty mapping for what is empty
+            # (a proxy per GPU per slow tick is one more object for the cycle collector to traverse).
+            fields=self._fields(g, now, F.SLOW),
+            xid_errors=xids or _NO_FIELDS, xid_last_seen=xid_seen or _NO_FIELDS,
+            mig=MappingProxyType(mig) if mig else _NO_FIELDS,
         )
 
     def _check_mig(self, g: _Gpu) -> None:

@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import Any
 
 from exporter.samples.gpu import CallHistogram
+from exporter.samples.rows import RowMap
 
 BUCKETS = (1e-3, 1e-2)
 READS, PROCESSES, DEVICE = "reads", "processes", "device"
@@ -65,7 +66,7 @@ class CallTimes:
         self._counts: dict[str, list[int]] = {}
         self._sums: dict[str, float] = {}
         self._version = 0
-        self._snap: tuple[int, Mapping[str, CallHistogram]] = (0, MappingProxyType({}))
+        self._snap: tuple[int, Mapping[str, CallHistogram]] = (0, RowMap(CallHistogram))
 
     def observe(self, name: str, seconds: float) -> None:
         """Count one call of NVML function ``name`` that took ``seconds``."""
@@ -89,11 +90,15 @@ class CallTimes:
             self.observe(name, time.perf_counter() - t0)
 
     def snapshot(self) -> Mapping[str, CallHistogram]:
-        """Every kind seen so far: cumulative bucket counts (+Inf last) and the sum; immutable."""
+        """Every kind seen so far: cumulative bucket counts (+Inf last) and the sum; immutable.
+
+        Every GpuSample holds one (a call comes between any two samples), so it is a RowMap: one object the
+        cycle collector tracks per sample, not a mapping and a histogram per kind (exporter/samples/rows.py).
+        """
         with self._lock:
             if self._snap[0] == self._version:
                 return self._snap[1]
-            out: dict[str, CallHistogram] = {}
+            out: dict[str, tuple[tuple[int, ...], float]] = {}
             for kind in KINDS:
                 counts = self._counts.get(kind)
                 if counts is None:
@@ -102,7 +107,7 @@ class CallTimes:
                 for n in counts:
                     total += n
                     cum.append(total)
-                out[kind] = CallHistogram(counts=tuple(cum), sum_s=self._sums[kind])
-            snap = MappingProxyType(out)
+                out[kind] = (tuple(cum), self._sums[kind])
+            snap = RowMap(CallHistogram, out)
             self._snap = (self._version, snap)
             return snap

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from exporter.gpu.fields import THROTTLE_KEYS
 
+# One empty mapping for every sample that has nothing there: a default_factory building one per sample left a
+# tracked proxy per GPU per tick in the ring buffers, for the cycle collector to traverse (issue 14).
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
 
 def _empty() -> Mapping[Any, Any]:
-    return MappingProxyType({})
+    return _EMPTY
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -68,7 +72,9 @@ class GpuFast:
     SM_UTIL and GRAPHICS_UTIL, "time any compute/graphics app was active") and are None without GPM; the
     driver-sample integral of utilisation, available on every GPU, is ``GpuBuffered.busy_seconds``.
     ``fields`` holds every NVML field of the table in ``exporter/gpu/fields.py`` by key, in base units
-    (counters unwrapped and cumulative); the properties below name the ones the derived layer reads.
+    (counters unwrapped and cumulative); the properties below name the ones the derived layer reads. The
+    backend passes a plain dict, never changed after: a dict of floats is not tracked by the cycle collector,
+    while a MappingProxyType around it would be one more tracked object per GPU per tick (issue 14).
 
     ``counter_t`` is the time (the backend's clock: engine time) up to which the GPM integrals
     ``sm_active_seconds`` / ``busy_seconds`` were integrated -- the time of the newer GPM sample of the
@@ -165,7 +171,8 @@ class GpuSlow:
     numa_node: int | None
     # False when the driver does not report clock-event reasons (then clock_event_reasons is empty).
     clock_event_reasons_supported: bool = True
-    # The slow-path NVML fields of exporter/gpu/fields.py (ECC, row remapping) by key, in base units.
+    # The slow-path NVML fields of exporter/gpu/fields.py (ECC, row remapping) by key, in base units (a plain
+    # dict from the backend, as GpuFast.fields).
     fields: Mapping[str, float] = field(default_factory=_empty)
     # Xid errors NVML reported since gpufeed started (nvmlEventTypeXidCriticalError): count and newest time
     # (the backend's clock) per Xid code; code -1 counts the codes past the per-GPU cap on distinct codes.
@@ -174,9 +181,11 @@ class GpuSlow:
     mig: Mapping[int, MigSlow] = field(default_factory=_empty)
 
 
-@dataclass(frozen=True, slots=True)
-class UtilPoint:
-    """One driver-buffered utilisation sample (timestamp from the driver, seconds; value 0..1)."""
+class UtilPoint(NamedTuple):
+    """One driver-buffered utilisation sample (timestamp from the driver, seconds; value 0..1).
+
+    A row type (exporter/samples/rows.py): GpuBuffered keeps its points in a Rows table.
+    """
 
     t: float
     value: float
@@ -184,10 +193,11 @@ class UtilPoint:
 
 @dataclass(frozen=True, slots=True)
 class GpuBuffered:
-    """Buffered samples (default 1 s) of one GPU since the previous read, from nvmlDeviceGetSamples."""
+    """Buffered samples (default 1 s) of one GPU since the previous read, from nvmlDeviceGetSamples (the
+    backend gives Rows(UtilPoint, ...) tables, or () when there are none)."""
 
-    gpu_util: tuple[UtilPoint, ...]
-    memory_util: tuple[UtilPoint, ...]
+    gpu_util: Sequence[UtilPoint]
+    memory_util: Sequence[UtilPoint]
     # Integral of the utilisation samples over driver time (seconds a kernel was executing), monotonic;
     # None when the GPU gives no samples.
     busy_seconds: float | None = None
@@ -204,10 +214,12 @@ class HeldFast:
     t: float
 
 
-@dataclass(frozen=True, slots=True)
-class CallHistogram:
+class CallHistogram(NamedTuple):
     """Durations of one kind of NVML call since the backend started: ``counts`` per bucket (cumulative, one per
-    upper bound of ``exporter.gpu.calls.BUCKETS`` then +Inf, the last being the number of calls), their sum."""
+    upper bound of ``exporter.gpu.calls.BUCKETS`` then +Inf, the last being the number of calls), their sum.
+
+    A row type (exporter/samples/rows.py): GpuSample.calls is a RowMap of them.
+    """
 
     counts: tuple[int, ...]
     sum_s: float
@@ -219,7 +231,9 @@ class GpuSample:
     (GpuFast or HeldFast, GpuSlow or GpuBuffered); ``identities`` and ``lost`` are shared by all three
     samplers; ``steady`` (fast path only) names the GPUs read at the steady rate.
     ``calls`` is the NVML call-duration histogram per call kind (exporter/gpu/calls.py) when the sample was
-    taken: one accumulator behind every sampler's sample, so the newest sample has the most calls."""
+    taken: one accumulator behind every sampler's sample, so the newest sample has the most calls (a RowMap of
+    CallHistogram from the backend). ``identities`` is the same mapping from sample to sample while no GPU's
+    identity changes."""
 
     identities: Mapping[int, GpuIdentity]
     gpus: Mapping[int, object]

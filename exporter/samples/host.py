@@ -5,11 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from exporter.samples.rows import Rows
+
+# An empty mapping shared by every sample that has nothing there (a default_factory building one per sample
+# leaves a tracked proxy per sample in the ring buffers).
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class PressureTotals:
-    """Cumulative stall time of one PSI resource, seconds (``full`` is None for cpu on older kernels)."""
+class PressureTotals(NamedTuple):
+    """Cumulative stall time of one PSI resource, seconds (``full`` is None for cpu on older kernels).
+
+    A row type (exporter/samples/rows.py): the pressure collector's PressureSample.resources is a RowMap.
+    """
 
     some: float
     full: float | None
@@ -22,9 +31,11 @@ class PressureSample:
     resources: Mapping[str, PressureTotals]
 
 
-@dataclass(frozen=True, slots=True)
-class CpuTimes:
-    """Cumulative seconds one CPU spent in each mode, from a ``cpuN`` line of /proc/stat."""
+class CpuTimes(NamedTuple):
+    """Cumulative seconds one CPU spent in each mode, from a ``cpuN`` line of /proc/stat.
+
+    A row type (exporter/samples/rows.py): a CpuSample keeps its CPUs as tick tuples and builds these on read.
+    """
 
     user: float
     nice: float
@@ -47,7 +58,7 @@ class CpuTimes:
 
 
 def _no_nodes() -> Mapping[int, CpuTimes]:
-    return MappingProxyType({})
+    return _EMPTY
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +76,11 @@ class CpuSample:
     node_totals: Mapping[int, CpuTimes] = field(default_factory=_no_nodes)
 
 
-@dataclass(frozen=True, slots=True)
-class ThreadStat:
-    """One thread of a process, from /proc/<pid>/task/<tid>/stat (times in seconds, cumulative)."""
+class ThreadStat(NamedTuple):
+    """One thread of a process, from /proc/<pid>/task/<tid>/stat (times in seconds, cumulative).
+
+    A row type (exporter/samples/rows.py): ProcessSample.threads stores them as exact tuples.
+    """
 
     tid: int
     comm: str
@@ -82,6 +95,9 @@ class ThreadStat:
     # Cumulative seconds on a CPU (schedstat's first field, nanosecond resolution): how a pass tells that the
     # thread has not run since the previous one. None when schedstat is not readable.
     on_cpu: float | None = None
+
+
+NO_THREADS = Rows(ThreadStat)  # a process sample whose threads were not read
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +115,7 @@ class ProcessSample:
     num_threads: int
     cpus_allowed: frozenset[int]
     mems_allowed: frozenset[int]
-    threads: tuple[ThreadStat, ...]
+    threads: Rows[ThreadStat]  # NO_THREADS unless deep sampling read them
     io_rchar: int | None
     io_syscr: int | None
     io_read_bytes: int | None = None  # /proc/<pid>/io read_bytes: bytes that reached the block layer
@@ -117,15 +133,17 @@ class ProcSample:
 
     processes: Mapping[int, ProcessSample]
     deep: bool
-    held: Mapping[int, ProcessSample] = field(default_factory=lambda: MappingProxyType({}))
+    held: Mapping[int, ProcessSample] = field(default_factory=lambda: _EMPTY)
     # Pids read only as part of a GPU's workload (no GPU context): analysed, not exported one series per pid
     # (a trainer with 8 data-loader workers per GPU would multiply the per-process series by nine).
     workload: frozenset[int] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class CpufreqCpu:
-    """cpufreq state of one CPU (frequencies in Hz; None when the file is absent)."""
+class CpufreqCpu(NamedTuple):
+    """cpufreq state of one CPU (frequencies in Hz; None when the file is absent).
+
+    A row type (exporter/samples/rows.py): CpufreqSample.cpus is a RowMap of them.
+    """
 
     governor: str | None
     cur_hz: float | None
@@ -134,7 +152,7 @@ class CpufreqCpu:
 
 @dataclass(frozen=True, slots=True)
 class CpufreqSample:
-    """cpufreq per CPU."""
+    """cpufreq per CPU (a RowMap(CpufreqCpu, ...) from the collector)."""
 
     cpus: Mapping[int, CpufreqCpu]
 
@@ -151,9 +169,11 @@ class MemorySample:
     oom_kills: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class DiskStats:
-    """One whole block device from /proc/diskstats (counters cumulative; times in seconds)."""
+class DiskStats(NamedTuple):
+    """One whole block device from /proc/diskstats (counters cumulative; times in seconds).
+
+    A row type (exporter/samples/rows.py): DiskSample.devices is a RowMap of them.
+    """
 
     reads: int
     read_bytes: int

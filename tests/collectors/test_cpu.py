@@ -9,6 +9,7 @@ from pathlib import Path
 from exporter.collectors.cpu import MODES, CpuCollector, CpuState, parse_stat
 from exporter.samples.host import CpuSample
 from exporter.sources import USER_HZ
+from tests.support.gctrack import tracked_inside
 from tests.support.hosts import CAPTURE, LARGE, exposition, make, run_engine, series
 
 
@@ -41,6 +42,16 @@ def test_sample_keeps_every_core_for_the_derived_layer_with_its_node() -> None:
     raw = parse_stat((LARGE / "proc" / "stat").read_text())
     assert sample.cpus[17].user == raw[17][0] / USER_HZ
     assert sample.cpus[17].iowait == raw[17][4] / USER_HZ
+
+
+def test_a_cpu_sample_is_two_objects_for_the_cycle_collector_however_many_cpus() -> None:
+    # Issue 14: a CpuTimes kept per CPU per sample (a 192-CPU host, 4 samples a second) made full collections
+    # traverse thousands of objects; the per-CPU and per-node ticks are exact tuples of ints, untracked.
+    eng = run_engine(make("cpu", LARGE))
+    sample: CpuSample = eng.snapshot.value("cpu")
+    assert sample.cpus[17].busy > 0 and sample.node_totals[1].total > 0
+    assert tracked_inside(sample.cpus) == [sample.cpus]
+    assert tracked_inside(sample.node_totals) == [sample.node_totals]
 
 
 def test_per_core_option_exports_every_cpu_and_mode() -> None:

@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 
 from exporter.collectors.gpu import identity_hostname
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuSample, GpuSlow
+from tests.support.gctrack import tracked_inside
 from tests.support.gpurig import Rig, device
 
 MakeRig = Callable[..., Rig]
@@ -397,3 +398,23 @@ def test_fast_tick_early_by_jitter_waits_instead_of_skipping_the_gpm_pair() -> N
     assert fake.calls["nvmlGpmMetricsGet"] == 19, "no pair skipped"
     assert fake.gpm_short_pairs == 0
     assert len(slept) == 9 and all(abs(s - 0.003) < 1e-9 for s in slept)
+
+
+def test_a_gpu_sample_leaves_few_objects_for_the_cycle_collector_per_gpu(rig: MakeRig) -> None:
+    # Issue 14: every object a sample keeps in the ring buffers is traversed by each full collection.
+    r = rig([device(0), device(1)])
+    r.rates(0, {"gpu_util": 0.8, "mem_util": 0.25})
+    r.run_until(5.0)
+    fast = [v for _, v in r.history("gpu")]
+    assert len(fast) >= 2 and fast[-1].identities is fast[-2].identities, "identities shared while unchanged"
+    g = fast[-1].gpus[0]
+    assert isinstance(g, GpuFast) and g.fields and tracked_inside(g.fields) == []
+    prev = fast[-2].gpus[0]
+    assert isinstance(prev, GpuFast) and g.mig is prev.mig, "one empty MIG mapping for every sample"
+    calls = fast[-1].calls
+    assert calls["reads"].counts[-1] > 0 and tracked_inside(calls) == [calls]
+    buffered = [v.gpus[0] for _, v in r.history("gpu_samples") if isinstance(v.gpus.get(0), GpuBuffered)]
+    util = buffered[-1].gpu_util
+    assert util and 0.0 <= util[0].value <= 1.0 and tracked_inside(util) == [util]
+    slow = [v.gpus[0] for _, v in r.history("gpu_slow") if isinstance(v.gpus.get(0), GpuSlow)][-1]
+    assert tracked_inside(slow.fields) == [] and slow.mig is slow.xid_errors is g.mig, "no Xid, no MIG: shared"

@@ -16,6 +16,7 @@ from exporter.engine import Engine, VirtualClock
 from exporter.samples.host import ProcSample
 from exporter.sampling import Targets
 from exporter.sources import USER_HZ
+from tests.support.gctrack import tracked_inside
 from tests.support.hosts import CAPTURE, LARGE, exposition, make, run_engine, series
 
 GPU = 4242
@@ -53,6 +54,14 @@ def test_gpu_process_with_150_threads_hot_launch_thread_and_three_in_d_state() -
     assert s['gpufeed_process_threads{comm="python3",pid="4242",state="disk_sleep"}'] == 3
     assert s['gpufeed_process_threads{comm="python3",pid="4242",state="running"}'] == 1
     assert s['gpufeed_process_read_syscalls_total{comm="python3",pid="4242"}'] == 246913580
+
+
+def test_a_deep_pass_keeps_each_process_threads_as_one_object_for_the_cycle_collector() -> None:
+    # Issue 14: one tracked object per thread per pass, kept in the ring buffer, made full collections slow.
+    eng = run_engine(make("proc", LARGE, pids=(GPU,)))
+    deep: ProcSample = eng.snapshot.value("proc_threads")
+    threads = deep.processes[GPU].threads
+    assert len(threads) == 150 and tracked_inside(threads) == [threads]
 
 
 def test_shallow_sampler_reads_no_threads() -> None:

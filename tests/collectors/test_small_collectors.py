@@ -16,6 +16,7 @@ from exporter.collectors.nfs import parse_nfs
 from exporter.config import ConfigError, resolve
 from exporter.samples.host import CpufreqSample, DiskSample, MemorySample, NfsSample, PressureSample
 from exporter.sampling import NoDataError
+from tests.support.gctrack import tracked_inside
 from tests.support.hosts import CAPTURE, LARGE, exposition, make, run_engine, series
 
 
@@ -109,6 +110,12 @@ def test_governors_are_counted_and_frequency_ratio_summarised() -> None:
     assert s['gpufeed_cpufreq_governor_cpus{governor="performance"}'] == 188
     assert s["gpufeed_cpufreq_current_ratio_min"] == 1_200_000 / 3_800_000
     assert 0 < s["gpufeed_cpufreq_current_ratio_max"] <= 3_700_000 / 3_800_000
+
+def test_a_cpufreq_sample_is_one_object_for_the_cycle_collector_however_many_cpus() -> None:
+    eng = run_engine(make("cpufreq", LARGE))
+    f: CpufreqSample = eng.snapshot.value("cpufreq")
+    assert f.cpus[5].governor is not None and tracked_inside(f.cpus) == [f.cpus]
+
 
 def test_vm_without_cpufreq_is_not_available() -> None:
     eng = run_engine(make("cpufreq", CAPTURE))  # this machine is a VM: no cpufreq directories

@@ -17,6 +17,7 @@ from exporter.samples.host import (
     ProcSample,
     ThreadStat,
 )
+from exporter.samples.rows import Rows
 from exporter.samples.topology import PcieDevice, PcieLink, PcieSample
 from exporter.snapshot import Stamped
 
@@ -148,7 +149,7 @@ def proc_window(
             ths.append(ThreadStat(pid + k, comm, ld.state, ld.user * el, ld.system * el, k))
         ut = sum(x.utime for x in ths)
         st = sum(x.stime for x in ths)
-        p = ProcessSample(pid, comm, "R", ut, st, n_threads, cpus_allowed, frozenset({0}), tuple(ths),
+        p = ProcessSample(pid, comm, "R", ut, st, n_threads, cpus_allowed, frozenset({0}), Rows(ThreadStat, ths),
                           int(read_bytes_per_s * el), int(read_calls_per_s * el))
         out.append(Stamped(t, ProcSample(MappingProxyType({pid: p}), True)))
         t += dt
