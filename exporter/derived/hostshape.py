@@ -163,7 +163,7 @@ def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int],
         (t0, p0), (t1, p1) = seen[0], seen[-1]
         if t1 - t0 <= 0:
             continue
-        out.extend(_process_thread_loads(pid, t0, p0, t1, p1, context is None or pid in context))
+        out.extend(_process_thread_loads(pid, t0, p0, t1, p1, in_context=context is None or pid in context))
     out.sort(key=lambda x: (-x.cores, x.tid))
     return tuple(out)
 
@@ -176,7 +176,7 @@ _LOADS: dict[_LoadsKey, tuple[ProcessSample, ProcessSample, tuple[ThreadLoad, ..
 _LOADS_MAX = 256
 
 
-def _process_thread_loads(pid: int, t0: float, p0: ProcessSample, t1: float, p1: ProcessSample,
+def _process_thread_loads(pid: int, t0: float, p0: ProcessSample, t1: float, p1: ProcessSample, *,
                           in_context: bool) -> tuple[ThreadLoad, ...]:
     key = (pid, id(p0), id(p1), t0, t1, in_context)
     cached = _LOADS.get(key)

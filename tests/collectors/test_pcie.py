@@ -12,8 +12,8 @@ import pytest
 from exporter import linkmath
 from exporter.collectors.pcie import PcieCollector
 from exporter.samples.topology import PcieLink, PcieSample
-from exporter.sources import KeptFiles
 from exporter.sampling import CollectorContext, NoDataError
+from exporter.sources import KeptFiles
 from tests.support.hosts import context, load_tool, snapshot_of
 from tests.support.hosts import family_series as series
 from tests.support.hosts import family_value as value

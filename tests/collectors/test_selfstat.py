@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from exporter.collectors import selfstat
 from exporter.collectors.selfstat import SelfCollector, count_open_fds, parse_self_stat, parse_self_status
 from exporter.sampling import CollectorError
 from exporter.sources import USER_HZ
@@ -54,7 +53,7 @@ def test_open_fds_are_counted_by_the_fd_directory_size_or_by_listing_it_on_older
         pytest.skip("this kernel (< 6.2) does not report open descriptors as the fd directory's size")
     assert count_open_fds(fd_dir) == listed
     real_stat = os.stat
-    monkeypatch.setattr(selfstat.os, "stat",
+    monkeypatch.setattr(os, "stat",
                         lambda p, *a, **k: SimpleNamespace(st_size=0) if Path(p) == fd_dir else real_stat(p, *a, **k))
     assert count_open_fds(fd_dir) == listed  # a pre-6.2 kernel: size 0, the directory is listed
     with pytest.raises(CollectorError, match="no-such-dir"):
