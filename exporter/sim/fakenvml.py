@@ -716,6 +716,8 @@ class FakeNvml:
     def state(self) -> dict[str, Any]:
         """A deep copy of the current (normalised) state."""
         with self._lock:
+            if self._exchange is not None:
+                self._exchange.settle_all()
             return copy.deepcopy(self._state)
 
     @property
@@ -727,7 +729,7 @@ class FakeNvml:
     def _maybe_reload(self) -> None:
         if self._exchange is not None:
             try:
-                got = self._exchange.poll()
+                got = self._exchange.poll(settle=False)  # the sample buffers: when read (_buffer)
             except (OSError, ValueError, StateError):
                 self.reload_errors += 1
                 return
@@ -822,6 +824,13 @@ class FakeNvml:
             raise nvml_error(err)
         if fn in dev["unsupported"]:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _buffer(self, dev: Mapping[str, Any], key: str) -> Any:
+        """``dev[key]``, one of the driver's sample buffers, brought up to the newest state taken: from the
+        exchange they are applied when read (exchange.DEFERRED), not at every new state."""
+        if self._exchange is not None:
+            self._exchange.settle(dev, key)
+        return dev[key]
 
     def _now_us(self) -> int:
         return round(float(self._state["t"]) * 1e6)
@@ -1089,9 +1098,9 @@ class FakeNvml:
         """``(valueType, [c_nvmlSample_t])`` newer than ``timeStamp`` µs; NOT_FOUND when there are none."""
         dev = self._device(device, "nvmlDeviceGetSamples")
         if sampling_type == C.GPU_UTILIZATION_SAMPLES:
-            buf = dev["util_samples"]
+            buf = self._buffer(dev, "util_samples")
         elif sampling_type == C.MEMORY_UTILIZATION_SAMPLES:
-            buf = dev["mem_util_samples"]
+            buf = self._buffer(dev, "mem_util_samples")
         else:
             raise AssertionError(f"FakeNvml: nvmlDeviceGetSamples type {sampling_type} not modelled")
         since = int(timeStamp)
@@ -1110,8 +1119,9 @@ class FakeNvml:
         """``c_nvmlUtilization_t`` from the newest buffered samples (0 when the buffers are empty)."""
         dev = self._device(handle, "nvmlDeviceGetUtilizationRates")
         u = pynvml.c_nvmlUtilization_t()
-        u.gpu = int(dev["util_samples"][-1][1]) if dev["util_samples"] else 0
-        u.memory = int(dev["mem_util_samples"][-1][1]) if dev["mem_util_samples"] else 0
+        util, mem = self._buffer(dev, "util_samples"), self._buffer(dev, "mem_util_samples")
+        u.gpu = int(util[-1][1]) if util else 0
+        u.memory = int(mem[-1][1]) if mem else 0
         return u
 
     # ---- slow path ----------------------------------------------------------------------------------------------
@@ -1210,7 +1220,7 @@ class FakeNvml:
         """``c_nvmlProcessUtilizationSample_t`` newer than ``timeStamp``; NOT_FOUND when none."""
         dev = self._device(handle, "nvmlDeviceGetProcessUtilization")
         out = []
-        for p in dev["process_util"]:
+        for p in self._buffer(dev, "process_util"):
             if int(p["ts_us"]) > int(timeStamp):
                 s = pynvml.c_nvmlProcessUtilizationSample_t()
                 s.pid, s.timeStamp = int(p["pid"]) % (1 << 32), int(p["ts_us"])

@@ -231,3 +231,41 @@ def test_new_numbers_wake_event_waiters_only_when_an_xid_event_may_come_due(tmp_
     w.write(s3)
     assert fake.nvmlDeviceGetPowerUsage(h) == 150500 and cond.notified == 2
     assert fake.nvmlEventSetWait_v2(es, 0).eventData == 79
+
+
+def test_the_sample_buffers_are_applied_when_read_and_never_stale(tmp_path: Path) -> None:
+    # More than half of the numbers, read once a second against 10-20 new states: a new state moves them into
+    # the fake's buffers only when a call reads them, and that call sees the newest state taken.
+    w = exchange.Writer(tmp_path)
+    s0 = _state(2)
+    for d in s0["devices"]:
+        d["util_samples"] = [[1_000_000 + i, i] for i in range(12)]
+        d["process_util"] = [{"pid": 7, "ts_us": 1_000_000, "sm_pct": 5, "mem_pct": 1}]
+    w.write(s0)
+    fake = FakeNvml.from_exchange(tmp_path)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(1)
+    reader = fake._exchange
+    assert reader is not None
+    s1 = copy.deepcopy(s0)
+    for d in s1["devices"]:  # the buffers slide by one sample
+        d["util_samples"] = [*d["util_samples"][1:], [1_000_012, 99]]
+        d["process_util"][0].update(ts_us=1_000_012, sm_pct=42)
+    s1["devices"][1]["power_w"] = 200.0
+    w.write(s1)
+    before = reader.assigned
+    assert fake.nvmlDeviceGetPowerUsage(h) == 200000
+    assert reader.assigned - before == 1, "the buffers wait for a read"
+    _, samples = fake.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 1_000_010)
+    assert [(x.timeStamp, x.sampleValue.uiVal) for x in samples] == [(1_000_011, 11), (1_000_012, 99)]
+    assert reader.assigned - before == 1 + 2 * 12, "only the buffer read"
+    assert fake.nvmlDeviceGetUtilizationRates(h).gpu == 99
+    assert [p.smUtil for p in fake.nvmlDeviceGetProcessUtilization(h, 0)] == [42]
+    s2 = copy.deepcopy(s1)
+    s2["devices"][1]["util_samples"][-1][1] = 55
+    w.write(s2)  # read again at once: the newest state, not the one applied before
+    assert fake.nvmlDeviceGetUtilizationRates(h).gpu == 55
+    assert fake.state == s2, "the state hook sees every buffer"
+    r = exchange.Reader(tmp_path, normalize_state)
+    got = r.poll()
+    assert got is not None and got[0] == s2  # poll() settles everything by default
