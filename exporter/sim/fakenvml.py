@@ -243,6 +243,7 @@ _GPM_RATIO = {
 }
 _GPM_BYTES = {C.GPM_PCIE_TX_PER_SEC: "pcie_tx_bytes", C.GPM_PCIE_RX_PER_SEC: "pcie_rx_bytes"}
 _GPM_KEYS = (*_GPM_RATIO.values(), *_GPM_BYTES.values())
+_GPM_MAX_METRICS = pynvml.c_nvmlGpmMetricsGet_t.metrics.size // ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
 
 _FORWARDED_PREFIXES = ("NVML_", "nvmlClocksEventReason", "nvmlClocksThrottleReason", "nvmlEventType", "NVMLError",
                        "c_nvml", "nvmlPciInfo", "struct_c_nvml", "nvmlFriendlyObject", "nvmlStructToFriendlyObject")
@@ -526,6 +527,10 @@ SAMPLE = struct.Struct("<QQ")
 # Of a c_nvmlGpmMetric_t (exporter.gpu.binding.GPM_METRIC): nvmlReturn u32 @4 and value double @8, what the
 # driver writes back (metricId is the caller's, metricInfo is left as it was).
 GPM_RESULT = struct.Struct("<Id")
+# The head of a c_nvmlGpmMetricsGet_t: version u32, numMetrics u32, sample1 and sample2 pointers (native), then
+# the metrics array; read as the driver does, without building a pointer object per sample through pynvml.
+GPM_REQUEST = struct.Struct("@IIPP")
+GPM_METRICS_AT = GPM_REQUEST.size
 _M64 = (1 << 64) - 1
 
 
@@ -583,6 +588,13 @@ class _Opaque:
         if entry is None or entry[0] is not ptr:  # a copy (a struct field read back): by the address it holds
             addr = _address(ptr) if isinstance(ptr, self._pointer) else None
             entry = self._by_address.get(addr) if addr is not None else None
+        if entry is None or entry[1].freed:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return entry[1]
+
+    def at(self, address: int) -> Any:
+        """The object at ``address`` (a pointer read out of a struct's memory), as :meth:`get` answers."""
+        entry = self._by_address.get(address)
         if entry is None or entry[1].freed:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return entry[1]
@@ -1037,9 +1049,10 @@ class FakeNvml:
         mg = metricsGet
         if not isinstance(mg, pynvml.c_nvmlGpmMetricsGet_t):
             raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet wants a c_nvmlGpmMetricsGet_t, not {mg!r}")
-        if mg.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+        version, n, first, second = GPM_REQUEST.unpack_from(mg, 0)
+        if version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        s1, s2 = self._sample(mg.sample1), self._sample(mg.sample2)
+        s1, s2 = self._samples.at(first), self._samples.at(second)
         if s1.source is None or s1.source != s2.source:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = s2.t - s1.t
@@ -1047,24 +1060,22 @@ class FakeNvml:
             self.gpm_short_pairs += 1
         # Read and written through the metrics' memory, as the driver does (GPM_METRIC, GPM_RESULT), in order:
         # an unmodelled metric raises after the ones before it were answered, as before.
-        metrics = mg.metrics
-        n = mg.numMetrics
-        if not 0 <= n <= len(metrics):
+        if n > _GPM_MAX_METRICS:
             raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet numMetrics {n} outside the request's metrics array")
         v1, v2 = s1.values, s2.values
         for i in range(n):
-            at = i * GPM_METRIC.size
-            mid = GPM_METRIC.unpack_from(metrics, at)[0]
+            at = GPM_METRICS_AT + i * GPM_METRIC.size
+            mid = GPM_METRIC.unpack_from(mg, at)[0]
             ratio, counter = _GPM_RATIO.get(mid), _GPM_BYTES.get(mid)
             if ratio is None and counter is None:
                 raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet asked for unmodelled GPM metric {mid}")
             if dt <= 0:
-                GPM_RESULT.pack_into(metrics, at + 4, ERR_INVALID_ARGUMENT, 0.0)
+                GPM_RESULT.pack_into(mg, at + 4, ERR_INVALID_ARGUMENT, 0.0)
             elif ratio is not None:
-                GPM_RESULT.pack_into(metrics, at + 4, SUCCESS, 100.0 * (v2[ratio] - v1[ratio]) / dt)
+                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, 100.0 * (v2[ratio] - v1[ratio]) / dt)
             else:
                 assert counter is not None
-                GPM_RESULT.pack_into(metrics, at + 4, SUCCESS, (v2[counter] - v1[counter]) / dt / C.MIB)
+                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, (v2[counter] - v1[counter]) / dt / C.MIB)
         return mg
 
     @_api

@@ -121,6 +121,11 @@ def test_the_raw_field_value_and_gpm_metric_buffers_match_the_bindings_struct_la
     assert _ends(fakenvml.SAMPLE.format) == [o + n for _, o, n in _offsets(pynvml.c_nvmlSample_t)]
     assert [(o, n) for _, o, n in _offsets(pynvml.c_nvmlGpmMetric_t)][1:3] == [(4, 4), (8, 8)]
     assert _ends(fakenvml.GPM_RESULT.format) == [8 - 4, 16 - 4]  # nvmlReturn, value: packed at offset 4
+    head = _offsets(pynvml.c_nvmlGpmMetricsGet_t)
+    assert [name for name, *_ in head] == ["version", "numMetrics", "sample1", "sample2", "metrics"]
+    assert [o + n for _, o, n in head[:4]] == [struct.calcsize("@" + fakenvml.GPM_REQUEST.format[1:][:k])
+                                              for k in range(1, 5)]
+    assert head[4][1] == fakenvml.GPM_METRICS_AT
     # The metrics array the fast unpacking reads sits inside the real request struct.
     mg = pynvml.c_nvmlGpmMetricsGet_t()
     assert isinstance(mg.metrics, ctypes.Array) and ctypes.sizeof(mg.metrics._type_) == binding.GPM_METRIC.size
