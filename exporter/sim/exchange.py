@@ -11,18 +11,26 @@ state is split in two, in the directory the simulator and the daemon share:
   travel as their NVML bitmask, a number). The reader validates it in full, as
   before; it is also what a person reads to see the simulated driver's state.
 - ``nvml.bin``, the *values*: every number of the state (ints as int64, floats as float64), in the order a
-  depth-first walk of the normalised state meets them, in a fixed binary layout mapped into memory, behind a
-  sequence lock. The writer bumps the sequence to odd, writes, bumps it to even; a reader copies the block and
-  keeps it only if the sequence was even and unchanged around the copy. Checking whether anything changed is
-  one 8-byte read of mapped memory (no system call); a change costs an unpack and one assignment per number.
+  depth-first walk of the normalised state meets them -- except the numbers of the driver's sample buffers
+  (:data:`DEFERRED`), which come after all the others of their type -- in a fixed binary layout mapped into
+  memory, behind a sequence lock. The writer bumps the sequence to odd, writes, bumps it to even; a reader
+  copies the block and keeps it only if the sequence was even and unchanged around the copy. Checking whether
+  anything changed is one 8-byte read of mapped memory (no system call); a change costs an unpack, a
+  comparison with the words it applied last (in C: ``map(operator.ne)``), and one assignment per number that
+  *moved* -- a 50 ms step
+  of the 8-GPU bench host moves ~80 of its ~770 numbers (~360 when the driver's sample buffers slide), and
+  assigning all of them was most of what the daemon paid the simulator. The sample buffers are more than
+  half of the numbers and read once a second (nvmlDeviceGetSamples), against 10-20 new states a second: a
+  reader may defer them (``poll(settle=False)``), keeping their bytes, and apply one buffer when it is read
+  (:meth:`Reader.settle`) -- never stale, since the read applies the newest state the reader took.
 
 Layout of ``nvml.bin`` (little endian)::
 
-    0   8s  magic b"GPUFEED1"
+    0   8s  magic b"GPUFEED2"
     8   Q   sequence (odd while the writer is inside a write)
     16  Q   shape id: bumped with every new nvml.json; a reader whose shape is older reloads the JSON first
     24  I   number of int64 values      28  I  number of float64 values
-    32  ... the int64 values, then the float64 values
+    32  ... the int64 values, then the float64 values (each: the others first, then the DEFERRED ones)
 
 The file is sized for the values of the current shape, so a new shape with more numbers grows it: the writer
 truncates it larger before it writes, a reader maps it again when its size changed. Both sides walk the
@@ -32,11 +40,15 @@ stable because ``normalize_state`` is idempotent and keeps key order.
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
+import operator
 import os
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -44,24 +56,44 @@ from exporter.gpu.constants import CLOCK_EVENT_REASONS, encode_reasons
 
 SHAPE_FILE = "nvml.json"
 VALUES_FILE = "nvml.bin"
-MAGIC = b"GPUFEED1"
+MAGIC = b"GPUFEED2"  # 2: the DEFERRED numbers last
 _HEADER = struct.Struct("<8sQQII")
 _SEQ = struct.Struct("<Q")
 _SEQ_AT = 8
+_EMPTY = struct.Struct("<")
 
 # A slot is where one number lives: (container, key-or-index).
 Slot = tuple[Any, Any]
 REASONS = "clock_event_reasons"
+# Keys whose numbers a reader may apply only when they are read: the driver's sample buffers.
+DEFERRED = frozenset({"util_samples", "mem_util_samples", "process_util"})
 
 
-def walk(state: Any) -> tuple[list[Slot], list[Slot], list[Any]]:
-    """The int slots, the float slots, and the shape signature of ``state`` (everything but the numbers).
+@dataclass
+class Region:
+    """The numbers under one DEFERRED key of one mapping: slots ``ints[i0:i1]`` and ``floats[f0:f1]``."""
+
+    container: Any
+    key: str
+    i0: int
+    i1: int
+    f0: int
+    f1: int
+    gen: int = -1  # the reader's deferred generation last applied
+    applied: bytes = b""  # its words then
+
+
+def walk(state: Any, regions: list[Region] | None = None) -> tuple[list[Slot], list[Slot], list[Any]]:
+    """The int slots, the float slots (each: the DEFERRED ones last), and the shape signature of ``state``
+    (everything but the numbers); ``regions``, if given, receives each DEFERRED key's slot ranges.
 
     A device's ``clock_event_reasons`` (a list of names) is a number too: its NVML bitmask, an int slot (the
     reasons of a waiting GPU flip with every idle gap, and as shape each flip cost a JSON parse and a full
-    validation). Both sides encode and decode it (:func:`reasons_slots`)."""
-    ints: list[Slot] = []
-    floats: list[Slot] = []
+    validation). The writer encodes it, the reader decodes it (:func:`_reasons_of`)."""
+    eager: tuple[list[Slot], list[Slot]] = ([], [])
+    deferred: tuple[list[Slot], list[Slot]] = ([], [])
+    ints, floats = eager
+    found: list[tuple[Any, str, int, int, int, int]] = []
     shape: list[Any] = []
 
     def visit(node: Any) -> None:
@@ -77,6 +109,7 @@ def walk(state: Any) -> tuple[list[Slot], list[Slot], list[Any]]:
                 leaf(node, i, v)
 
     def leaf(container: Any, key: Any, v: Any) -> None:
+        nonlocal ints, floats
         if key == REASONS and isinstance(v, list):
             shape.append("r")
             ints.append((container, key))
@@ -88,20 +121,35 @@ def walk(state: Any) -> tuple[list[Slot], list[Slot], list[Any]]:
         elif isinstance(v, float):
             shape.append("f")
             floats.append((container, key))
+        elif key in DEFERRED and isinstance(container, dict) and ints is eager[0]:
+            ints, floats = deferred
+            i0, f0 = len(ints), len(floats)
+            visit(v)
+            found.append((container, key, i0, len(ints), f0, len(floats)))
+            ints, floats = eager
         else:
             visit(v)
 
     visit(state)
-    return ints, floats, shape
-
-
-def reasons_slots(ints: list[Slot]) -> list[Slot]:
-    """The int slots that hold a reason list (encoded as its bitmask)."""
-    return [(c, k) for c, k in ints if k == REASONS]
+    n_int, n_float = len(eager[0]), len(eager[1])
+    if regions is not None:
+        regions.extend(Region(c, k, n_int + i0, n_int + i1, n_float + f0, n_float + f1)
+                       for c, k, i0, i1, f0, f1 in found)
+    return eager[0] + deferred[0], eager[1] + deferred[1], shape
 
 
 def _int_of(v: Any) -> int:
     return encode_reasons(v) if isinstance(v, list) else int(v)
+
+
+@functools.lru_cache(maxsize=256)
+def _reason_names(mask: int) -> tuple[str, ...]:
+    return tuple(name for name, bit in CLOCK_EVENT_REASONS.items() if mask & bit)
+
+
+def _reasons_of(mask: int) -> list[str]:
+    """The reason names of a bitmask, in CLOCK_EVENT_REASONS order (a fresh list: the state's own)."""
+    return list(_reason_names(mask))
 
 
 class Writer:
@@ -166,8 +214,22 @@ class Reader:
         self.state: dict[str, Any] | None = None
         self._ints: list[Slot] = []
         self._floats: list[Slot] = []
-        self._reasons: list[Slot] = []
+        # The shape's slots, ints then floats, as parallel lists (an assignment is then two indexings); the
+        # positions of the reason slots; the raw words of the block last applied (None: apply every slot).
+        self._containers: list[Any] = []
+        self._keys: list[Any] = []
+        self._reasons: frozenset[int] = frozenset()
+        self._applied: tuple[int, ...] | None = None
+        # The layout of the current shape: eager ints, eager floats (the others are DEFERRED), their formats.
+        self._eager = (0, 0)
+        self._formats: tuple[struct.Struct, struct.Struct, struct.Struct] = (_EMPTY, _EMPTY, _EMPTY)
+        # DEFERRED buffers: by (id of the mapping, key); the deferred words of the newest state taken (ints,
+        # floats) and its generation; a region is current when its gen is the reader's.
+        self._regions: dict[tuple[int, str], Region] = {}
+        self._deferred: tuple[bytes, bytes] = (b"", b"")
+        self._deferred_gen = 0
         self.shape_loads = 0  # JSON shapes read (tests: value changes must not read JSON)
+        self.assigned = 0  # numbers written into the state (tests: only the ones that moved)
 
     def _mapped(self) -> mmap.mmap | None:
         if self._map is None:
@@ -196,9 +258,11 @@ class Reader:
         magic, _, shape_id, _, _ = _HEADER.unpack_from(m, 0)
         return bool(magic != MAGIC or shape_id != self._shape_id)
 
-    def poll(self) -> tuple[dict[str, Any], bool] | None:
+    def poll(self, settle: bool = True) -> tuple[dict[str, Any], bool] | None:
         """None: nothing new (or a write in progress: the previous state stands). Raises OSError/ValueError
-        (and the shape loader's errors) for an unreadable or invalid exchange; the caller keeps its state."""
+        (and the shape loader's errors) for an unreadable or invalid exchange; the caller keeps its state.
+        ``settle=False``: the DEFERRED buffers of a change of values are applied only by :meth:`settle` (a new
+        shape applies everything)."""
         m = self._mapped()
         if m is None:
             raise OSError(f"{self.dir / VALUES_FILE}: missing or empty")
@@ -213,35 +277,90 @@ class Reader:
             m = self._remap()  # the writer grew the file for a larger shape
             if m is None or end > len(m):
                 return None
-        block = m[_HEADER.size:end]
+        new_shape = shape_id != self._shape_id or (n_int, n_float) != (len(self._ints), len(self._floats))
+        if new_shape:
+            loaded = self._load(seq, n_int, n_float)
+            if loaded is None:
+                return None  # the JSON of a newer shape than these values (or older): poll again
+            state, ints, floats, regions = loaded
+            ne_int, ne_float = _eager_counts(n_int, n_float, regions)
+            formats = struct.Struct(f"<{ne_int}q"), struct.Struct(f"<{ne_float}q"), struct.Struct(f"<{ne_float}d")
+        else:
+            (ne_int, ne_float), formats = self._eager, self._formats
+        # Straight from the mapped memory (unpack copies), then the sequence again: a torn copy is dropped. The
+        # eager numbers: ints, floats as their words (compared) and as floats; the DEFERRED ones: their bytes.
+        at_floats = _HEADER.size + 8 * n_int
+        raw = formats[0].unpack_from(m, _HEADER.size) + formats[1].unpack_from(m, at_floats)
+        floats_v = formats[2].unpack_from(m, at_floats)
+        deferred = (m[_HEADER.size + 8 * ne_int:at_floats], m[at_floats + 8 * ne_float:end])
         (again,) = _SEQ.unpack_from(m, _SEQ_AT)
         if again != seq:
             return None  # written meanwhile: the next poll reads the newer one
-        new_shape = shape_id != self._shape_id or (n_int, n_float) != (len(self._ints), len(self._floats))
         if new_shape:
-            try:
-                with open(self.dir / SHAPE_FILE, encoding="utf-8") as f:
-                    state = self._load_shape(json.load(f))
-            except (OSError, ValueError):
-                self._seq = seq  # one error per state published, not one per call until the next
-                raise
-            self.shape_loads += 1
-            ints, floats, _ = walk(state)
-            if (len(ints), len(floats)) != (n_int, n_float):
-                return None  # the JSON of a newer shape than these values (or older): poll again
             self.state, self._ints, self._floats, self._shape_id = state, ints, floats, shape_id
-            self._reasons = reasons_slots(ints)
-        ints_v = struct.unpack_from(f"<{n_int}q", block, 0)
-        floats_v = struct.unpack_from(f"<{n_float}d", block, 8 * n_int)
-        for (c, k), v in zip(self._ints, ints_v, strict=True):
-            c[k] = v
-        for (c, k), v in zip(self._floats, floats_v, strict=True):
-            c[k] = v
-        for c, k in self._reasons:
-            c[k] = [name for name, bit in CLOCK_EVENT_REASONS.items() if c[k] & bit]
-        self._seq = seq
+            self._eager, self._formats = (ne_int, ne_float), formats
+            slots = ints[:ne_int] + floats[:ne_float]
+            self._containers, self._keys = [c for c, _ in slots], [k for _, k in slots]
+            self._reasons = frozenset(i for i, (_, k) in enumerate(slots) if k == REASONS)
+            self._regions = {(id(r.container), r.key): r for r in regions}
+            self._applied = None
+        # Compared as raw words (a float's bits: -0.0 is not 0.0, a NaN equals itself); ints are their own word.
+        values = raw[:ne_int] + floats_v
+        prev = self._applied
+        every = range(ne_int + ne_float)
+        moved = every if prev is None else list(compress(every, map(operator.ne, raw, prev)))
+        containers, keys, reasons = self._containers, self._keys, self._reasons
+        for i in moved:
+            containers[i][keys[i]] = _reasons_of(values[i]) if i in reasons else values[i]
+        self.assigned += len(moved)
+        self._applied, self._seq = raw, seq
+        self._deferred, self._deferred_gen = deferred, self._deferred_gen + 1
+        if settle or new_shape:
+            self.settle_all()
         assert self.state is not None
         return self.state, new_shape
+
+    def _load(self, seq: int, n_int: int,
+              n_float: int) -> tuple[dict[str, Any], list[Slot], list[Slot], list[Region]] | None:
+        """The validated state of nvml.json, its slots and DEFERRED regions; None when its numbers are not these
+        (a JSON newer or older than the values)."""
+        try:
+            with open(self.dir / SHAPE_FILE, encoding="utf-8") as f:
+                state = self._load_shape(json.load(f))
+        except (OSError, ValueError):
+            self._seq = seq  # one error per state published, not one per call until the next
+            raise
+        self.shape_loads += 1
+        regions: list[Region] = []
+        ints, floats, _ = walk(state, regions)
+        if (len(ints), len(floats)) != (n_int, n_float):
+            return None
+        return state, ints, floats, regions
+
+    def settle(self, container: Any, key: str) -> None:
+        """Apply the newest numbers of ``container[key]``, a DEFERRED buffer (nothing for any other key)."""
+        r = self._regions.get((id(container), key))
+        if r is not None and r.gen != self._deferred_gen:
+            self._apply(r)
+
+    def settle_all(self) -> None:
+        """Apply every deferred buffer: the state is then wholly the newest one taken."""
+        for r in self._regions.values():
+            if r.gen != self._deferred_gen:
+                self._apply(r)
+
+    def _apply(self, r: Region) -> None:
+        ne_int, ne_float = self._eager
+        d_ints, d_floats = self._deferred
+        words = d_ints[8 * (r.i0 - ne_int):8 * (r.i1 - ne_int)] + d_floats[8 * (r.f0 - ne_float):8 * (r.f1 - ne_float)]
+        if words != r.applied:
+            n_i = r.i1 - r.i0
+            values = struct.unpack(f"<{n_i}q{r.f1 - r.f0}d", words)
+            for (c, k), v in zip(self._ints[r.i0:r.i1] + self._floats[r.f0:r.f1], values, strict=True):
+                c[k] = v
+            self.assigned += len(values)
+            r.applied = words
+        r.gen = self._deferred_gen
 
     def close(self) -> None:
         if self._map is not None:
@@ -250,6 +369,11 @@ class Reader:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _eager_counts(n_int: int, n_float: int, regions: list[Region]) -> tuple[int, int]:
+    """How many ints and floats come before the DEFERRED ones."""
+    return n_int - sum(r.i1 - r.i0 for r in regions), n_float - sum(r.f1 - r.f0 for r in regions)
 
 
 def sequence(directory: Path) -> int:

@@ -138,6 +138,7 @@ import functools
 import json
 import math
 import os
+import struct
 import threading
 import time
 from collections import Counter
@@ -152,7 +153,15 @@ import pynvml
 from exporter.cpulist import parse_cpulist
 from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
 from exporter.gpu import fields
-from exporter.gpu.binding import FIELD_VALUE
+from exporter.gpu.binding import (
+    ERR_INVALID_ARGUMENT,
+    ERR_NOT_SUPPORTED,
+    FIELD_VALUE,
+    GPM_METRIC,
+    SUCCESS,
+    VT_UINT,
+    VT_ULL,
+)
 from exporter.sim.exchange import Reader
 
 TOP_KEYS = frozenset({"t", "driver_version", "init_error", "devices"})
@@ -233,6 +242,8 @@ _GPM_RATIO = {
     C.GPM_DRAM_BW_UTIL: "dram_active_integral",
 }
 _GPM_BYTES = {C.GPM_PCIE_TX_PER_SEC: "pcie_tx_bytes", C.GPM_PCIE_RX_PER_SEC: "pcie_rx_bytes"}
+_GPM_KEYS = (*_GPM_RATIO.values(), *_GPM_BYTES.values())
+_GPM_MAX_METRICS = pynvml.c_nvmlGpmMetricsGet_t.metrics.size // ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
 
 _FORWARDED_PREFIXES = ("NVML_", "nvmlClocksEventReason", "nvmlClocksThrottleReason", "nvmlEventType", "NVMLError",
                        "c_nvml", "nvmlPciInfo", "struct_c_nvml", "nvmlFriendlyObject", "nvmlStructToFriendlyObject")
@@ -509,6 +520,31 @@ def _address(ptr: object) -> int | None:
     return ctypes.cast(ptr, c_void_p).value
 
 
+# c_nvmlSample_t: timeStamp u64 @0, sampleValue (8-byte union, uiVal its low 4 bytes) @8 -- 16 bytes. The fake
+# fills the driver's buffers through their memory, as the driver does; per-attribute writes through pynvml's
+# Python hooks cost ~3 us a sample (tests/gpu/test_binding_conformance.py ties the layout to the binding).
+SAMPLE = struct.Struct("<QQ")
+# Of a c_nvmlGpmMetric_t (exporter.gpu.binding.GPM_METRIC): nvmlReturn u32 @4 and value double @8, what the
+# driver writes back (metricId is the caller's, metricInfo is left as it was).
+GPM_RESULT = struct.Struct("<Id")
+# The head of a c_nvmlGpmMetricsGet_t: version u32, numMetrics u32, sample1 and sample2 pointers (native), then
+# the metrics array; read as the driver does, without building a pointer object per sample through pynvml.
+GPM_REQUEST = struct.Struct("@IIPP")
+GPM_METRICS_AT = GPM_REQUEST.size
+_M64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class _FieldPlan:
+    """How to answer one nvmlDeviceGetFieldValues request of one device: per requested field, ``(fieldId,
+    scopeId, state key head, subkey or None, fake_scale, width)`` -- width 32/64 bits, 0 for the device's
+    pcie_counter_bits (a number: read at every call), head None for a field the device answers NOT_SUPPORTED --
+    and the struct that packs the whole array in one call."""
+
+    items: tuple[tuple[int, int, str | None, str | None, float, int], ...]
+    packer: struct.Struct
+
+
 @dataclass(frozen=True)
 class _HandleKey:
     """What a device handle stands for: a GPU (by UUID: NVML handles stay valid across re-init) or one of its
@@ -535,16 +571,30 @@ class _Opaque:
     def __init__(self, struct: type[Any], pointer: type[Any]) -> None:
         self._struct, self._pointer = struct, pointer
         self._by_address: dict[int, tuple[Any, Any]] = {}
+        # By id() of the pointer object handed out (kept alive here, so the id is not reused): the caller passing
+        # that very object back is found without reading the address it holds (ctypes.cast, ~1 us).
+        self._by_id: dict[int, tuple[Any, Any]] = {}
 
     def new(self, obj: Any) -> Any:
         struct = self._struct()
         self._by_address[ctypes.addressof(struct)] = (struct, obj)
-        return ctypes.pointer(struct)
+        ptr = ctypes.pointer(struct)
+        self._by_id[id(ptr)] = (ptr, obj)
+        return ptr
 
     def get(self, ptr: object) -> Any:
         """The object behind ``ptr``; INVALID_ARGUMENT for anything else or a freed one, as NVML answers."""
-        addr = _address(ptr) if isinstance(ptr, self._pointer) else None
-        entry = self._by_address.get(addr) if addr is not None else None
+        entry = self._by_id.get(id(ptr))
+        if entry is None or entry[0] is not ptr:  # a copy (a struct field read back): by the address it holds
+            addr = _address(ptr) if isinstance(ptr, self._pointer) else None
+            entry = self._by_address.get(addr) if addr is not None else None
+        if entry is None or entry[1].freed:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return entry[1]
+
+    def at(self, address: int) -> Any:
+        """The object at ``address`` (a pointer read out of a struct's memory), as :meth:`get` answers."""
+        entry = self._by_address.get(address)
         if entry is None or entry[1].freed:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return entry[1]
@@ -600,9 +650,15 @@ class FakeNvml:
         self._event_sets = _Opaque(pynvml.struct_c_nvmlEventSet_t, pynvml.c_nvmlEventSet_t)
         # Per device UUID: (time of the newest event delivered, how many events at exactly that time were).
         self._xid_delivered: dict[str, tuple[float, int]] = {}
+        # Derived from the state's shape, rebuilt by _install (a shape changes only through it): the devices by
+        # UUID, whether any has Xid events, and nvmlDeviceGetFieldValues' plans per (UUID, request).
+        self._by_uuid: dict[str, dict[str, Any]] = {}
+        self._has_events = False
+        self._field_plans: dict[tuple[str, tuple[Any, ...]], _FieldPlan] = {}
         self.calls: Counter[str] = Counter()
         self.gpm_short_pairs = 0
         self.reload_errors = 0
+        self._index()
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> FakeNvml:
@@ -638,25 +694,42 @@ class FakeNvml:
         """Serve ``norm`` (normalised) from now on."""
         with self._lock:
             self._state = norm
+            self._index()
             for dev in norm["devices"]:
                 if not dev["lost"]:
                     self._lost_calls.pop(dev["uuid"], None)
-            self._values_changed()
+            self._rewind()
+            self._cond.notify_all()  # a new shape may bring an event, a lost GPU
+
+    def _index(self) -> None:  # under self._lock
+        """What the calls look up, derived from the state's shape once rather than at every call."""
+        self._by_uuid = {d["uuid"]: d for d in self._state["devices"]}
+        self._has_events = any(d["xid_events"] for d in self._state["devices"])
+        self._field_plans.clear()
 
     def _values_changed(self) -> None:  # under self._lock
-        """The state's numbers moved (its time among them): wake event waiters; after time went back (a test or
-        a looping simulator restarted the clock), deliver Xid events from the new time on."""
-        t = float(self._state["t"])
-        for dev in self._state["devices"]:
-            done = self._xid_delivered.get(dev["uuid"])
-            if done is not None and done[0] > t:
-                self._xid_delivered.pop(dev["uuid"])
-        self._cond.notify_all()
+        """The state's numbers moved (its time among them): wake event waiters when an event may have come due.
+        Without events none can: waking the watcher thread at every new state (~70 us of CPU on a VM each, 10-20
+        a second) was a cost of the simulation that the real blocking call never has."""
+        self._rewind()
+        if self._has_events:
+            self._cond.notify_all()
+
+    def _rewind(self) -> None:  # under self._lock
+        """After time went back (a test or a looping simulator restarted the clock), deliver Xid events from the
+        new time on."""
+        if self._xid_delivered:
+            t = float(self._state["t"])
+            for uuid, done in list(self._xid_delivered.items()):
+                if done[0] > t:
+                    del self._xid_delivered[uuid]
 
     @property
     def state(self) -> dict[str, Any]:
         """A deep copy of the current (normalised) state."""
         with self._lock:
+            if self._exchange is not None:
+                self._exchange.settle_all()
             return copy.deepcopy(self._state)
 
     @property
@@ -668,7 +741,7 @@ class FakeNvml:
     def _maybe_reload(self) -> None:
         if self._exchange is not None:
             try:
-                got = self._exchange.poll()
+                got = self._exchange.poll(settle=False)  # the sample buffers: when read (_buffer)
             except (OSError, ValueError, StateError):
                 self.reload_errors += 1
                 return
@@ -701,7 +774,9 @@ class FakeNvml:
         if name in _BANNED:
             raise AssertionError(f"FakeNvml: {name} must never be called: {_BANNED[name]}")
         if name.startswith(_FORWARDED_PREFIXES):
-            return getattr(pynvml, name)
+            value = getattr(pynvml, name)
+            self.__dict__[name] = value  # the binding's own object; found without this lookup from now on
+            return value
         raise AssertionError(f"FakeNvml: unexpected call {name} (not modelled by the fake)")
 
     # ---- internals ------------------------------------------------------------------------------------------
@@ -730,7 +805,7 @@ class FakeNvml:
         if key is None:
             raise AssertionError(f"FakeNvml: {fn} got a handle that is not from nvmlDeviceGetHandleByIndex or "
                                  f"nvmlDeviceGetMigDeviceHandleByIndex: {handle!r}")
-        dev: dict[str, Any] | None = next((d for d in self._state["devices"] if d["uuid"] == key.uuid), None)
+        dev = self._by_uuid.get(key.uuid)
         if dev is None:  # the device left the bus between enumeration and this call
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         if key.gi is not None and fn not in MIG_HANDLE_CALLS:
@@ -761,6 +836,13 @@ class FakeNvml:
             raise nvml_error(err)
         if fn in dev["unsupported"]:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _buffer(self, dev: Mapping[str, Any], key: str) -> Any:
+        """``dev[key]``, one of the driver's sample buffers, brought up to the newest state taken: from the
+        exchange they are applied when read (exchange.DEFERRED), not at every new state."""
+        if self._exchange is not None:
+            self._exchange.settle(dev, key)
+        return dev[key]
 
     def _now_us(self) -> int:
         return round(float(self._state["t"]) * 1e6)
@@ -871,29 +953,49 @@ class FakeNvml:
 
     # ---- fast path ------------------------------------------------------------------------------------------
 
-    @_api
-    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:  # noqa: N802, N803
-        """An array of ``c_nvmlFieldValue_t`` with per-field nvmlReturn, like the binding returns."""
-        dev = self._device(handle, "nvmlDeviceGetFieldValues")
-        arr = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
-        now = self._now_us()
-        # Filled as the driver does, through the struct's memory (the layout test ties this format to the
-        # binding's c_nvmlFieldValue_t); per-attribute writes through pynvml's hooks were most of the cost.
-        packed = bytearray()
+    def _field_plan(self, dev: Mapping[str, Any], fieldIds: list[Any]) -> _FieldPlan:  # noqa: N803
+        """The plan of a request (AssertionError for a field the fake does not model, every call: not cached)."""
+        items: list[tuple[int, int, str | None, str | None, float, int]] = []
         for requested in fieldIds:
             fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
             if f"field:{fid}" in dev["unsupported"]:
-                packed += FIELD_VALUE.pack(fid, scope, now, 0, 0, pynvml.NVML_ERROR_NOT_SUPPORTED, 0)
+                items.append((fid, scope, None, None, 1.0, 0))
                 continue
             f = fields.BY_ID.get(fid)
             if f is None:
                 raise AssertionError(f"FakeNvml: nvmlDeviceGetFieldValues asked for unmodelled field id {fid}")
-            raw = _state_value(dev, f.state_key)
-            value = round(float(raw) * f.fake_scale) if f.fake_scale != 1.0 else int(raw)
-            bits = {fields.PCIE: dev["pcie_counter_bits"], fields.UINT: 32}.get(f.value_type, 64)
-            vt = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT if bits == 32 else pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-            packed += FIELD_VALUE.pack(fid, scope, now, 0, vt, pynvml.NVML_SUCCESS, value % (1 << bits))
-        ctypes.memmove(arr, bytes(packed), len(packed))
+            head, _, rest = f.state_key.partition(".")
+            width = {fields.PCIE: 0, fields.UINT: 32}.get(f.value_type, 64)
+            items.append((fid, scope, head, rest or None, f.fake_scale, width))
+        return _FieldPlan(tuple(items), struct.Struct("<" + FIELD_VALUE.format.lstrip("<") * len(items)))
+
+    @_api
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:  # noqa: N802, N803
+        """An array of ``c_nvmlFieldValue_t`` with per-field nvmlReturn, like the binding returns."""
+        dev = self._device(handle, "nvmlDeviceGetFieldValues")
+        try:
+            request = (dev["uuid"], tuple(fieldIds))
+            plan = self._field_plans.get(request)
+        except TypeError:  # an unhashable request (a list of lists): planned afresh
+            request, plan = None, None
+        if plan is None:
+            plan = self._field_plan(dev, fieldIds)
+            if request is not None:
+                self._field_plans[request] = plan
+        arr = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        now = self._now_us()
+        # Filled as the driver does, through the struct's memory, in one call (the layout test ties FIELD_VALUE
+        # to the binding's c_nvmlFieldValue_t); per-attribute writes through pynvml's hooks were most of the cost.
+        out: list[int] = []
+        for fid, scope, head, rest, scale, width in plan.items:
+            if head is None:
+                out += (fid, scope, now, 0, 0, ERR_NOT_SUPPORTED, 0)
+                continue
+            raw = dev[head] if rest is None else dev[head].get(rest, 0)
+            value = round(float(raw) * scale) if scale != 1.0 else int(raw)
+            bits = width or dev["pcie_counter_bits"]
+            out += (fid, scope, now, 0, VT_UINT if bits == 32 else VT_ULL, SUCCESS, value % (1 << bits))
+        plan.packer.pack_into(arr, 0, *out)
         return arr
 
     @_api
@@ -919,7 +1021,7 @@ class FakeNvml:
 
     def _snapshot(self, sample: _GpmSample, source: tuple[str, int | None], values: Mapping[str, Any]) -> None:
         sample.source, sample.t = source, float(self._state["t"])
-        sample.values = {k: float(values[k]) for k in (*_GPM_RATIO.values(), *_GPM_BYTES.values())}
+        sample.values = {k: float(values[k]) for k in _GPM_KEYS}
 
     @_api
     def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:  # noqa: N802, N803
@@ -947,28 +1049,33 @@ class FakeNvml:
         mg = metricsGet
         if not isinstance(mg, pynvml.c_nvmlGpmMetricsGet_t):
             raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet wants a c_nvmlGpmMetricsGet_t, not {mg!r}")
-        if mg.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+        version, n, first, second = GPM_REQUEST.unpack_from(mg, 0)
+        if version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        s1, s2 = self._sample(mg.sample1), self._sample(mg.sample2)
+        s1, s2 = self._samples.at(first), self._samples.at(second)
         if s1.source is None or s1.source != s2.source:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = s2.t - s1.t
         if 0 < dt < C.GPM_MIN_PAIR_SECONDS - 1e-6:
             self.gpm_short_pairs += 1
-        for m in mg.metrics[: mg.numMetrics]:
-            mid = int(m.metricId)
-            if mid not in _GPM_RATIO and mid not in _GPM_BYTES:
+        # Read and written through the metrics' memory, as the driver does (GPM_METRIC, GPM_RESULT), in order:
+        # an unmodelled metric raises after the ones before it were answered, as before.
+        if n > _GPM_MAX_METRICS:
+            raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet numMetrics {n} outside the request's metrics array")
+        v1, v2 = s1.values, s2.values
+        for i in range(n):
+            at = GPM_METRICS_AT + i * GPM_METRIC.size
+            mid = GPM_METRIC.unpack_from(mg, at)[0]
+            ratio, counter = _GPM_RATIO.get(mid), _GPM_BYTES.get(mid)
+            if ratio is None and counter is None:
                 raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet asked for unmodelled GPM metric {mid}")
             if dt <= 0:
-                m.nvmlReturn, m.value = pynvml.NVML_ERROR_INVALID_ARGUMENT, 0.0
-                continue
-            m.nvmlReturn = pynvml.NVML_SUCCESS
-            if mid in _GPM_RATIO:
-                k = _GPM_RATIO[mid]
-                m.value = 100.0 * (s2.values[k] - s1.values[k]) / dt
+                GPM_RESULT.pack_into(mg, at + 4, ERR_INVALID_ARGUMENT, 0.0)
+            elif ratio is not None:
+                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, 100.0 * (v2[ratio] - v1[ratio]) / dt)
             else:
-                k = _GPM_BYTES[mid]
-                m.value = (s2.values[k] - s1.values[k]) / dt / C.MIB
+                assert counter is not None
+                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, (v2[counter] - v1[counter]) / dt / C.MIB)
         return mg
 
     @_api
@@ -1002,29 +1109,30 @@ class FakeNvml:
         """``(valueType, [c_nvmlSample_t])`` newer than ``timeStamp`` µs; NOT_FOUND when there are none."""
         dev = self._device(device, "nvmlDeviceGetSamples")
         if sampling_type == C.GPU_UTILIZATION_SAMPLES:
-            buf = dev["util_samples"]
+            buf = self._buffer(dev, "util_samples")
         elif sampling_type == C.MEMORY_UTILIZATION_SAMPLES:
-            buf = dev["mem_util_samples"]
+            buf = self._buffer(dev, "mem_util_samples")
         else:
             raise AssertionError(f"FakeNvml: nvmlDeviceGetSamples type {sampling_type} not modelled")
-        out = []
-        for ts, val in buf:
-            if int(ts) > int(timeStamp):
-                s = pynvml.c_nvmlSample_t()
-                s.timeStamp = int(ts)
-                s.sampleValue.uiVal = int(val)
-                out.append(s)
-        if not out:
+        since = int(timeStamp)
+        # What the driver copies out: the newer entries in the buffer's order, into a c_nvmlSample_t array the
+        # binding slices into its list (``c_samples[0:count]``), the value as uiVal (ctypes' truncation: mod 2**32).
+        newer = [(int(ts) & _M64, int(val) & 0xFFFFFFFF) for ts, val in buf if int(ts) > since]
+        if not newer:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, out)
+        arr = (pynvml.c_nvmlSample_t * len(newer))()
+        for i, (ts, val) in enumerate(newer):
+            SAMPLE.pack_into(arr, i * SAMPLE.size, ts, val)
+        return (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, arr[0 : len(newer)])
 
     @_api
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:  # noqa: N802
         """``c_nvmlUtilization_t`` from the newest buffered samples (0 when the buffers are empty)."""
         dev = self._device(handle, "nvmlDeviceGetUtilizationRates")
         u = pynvml.c_nvmlUtilization_t()
-        u.gpu = int(dev["util_samples"][-1][1]) if dev["util_samples"] else 0
-        u.memory = int(dev["mem_util_samples"][-1][1]) if dev["mem_util_samples"] else 0
+        util, mem = self._buffer(dev, "util_samples"), self._buffer(dev, "mem_util_samples")
+        u.gpu = int(util[-1][1]) if util else 0
+        u.memory = int(mem[-1][1]) if mem else 0
         return u
 
     # ---- slow path ----------------------------------------------------------------------------------------------
@@ -1123,7 +1231,7 @@ class FakeNvml:
         """``c_nvmlProcessUtilizationSample_t`` newer than ``timeStamp``; NOT_FOUND when none."""
         dev = self._device(handle, "nvmlDeviceGetProcessUtilization")
         out = []
-        for p in dev["process_util"]:
+        for p in self._buffer(dev, "process_util"):
             if int(p["ts_us"]) > int(timeStamp):
                 s = pynvml.c_nvmlProcessUtilizationSample_t()
                 s.pid, s.timeStamp = int(p["pid"]) % (1 << 32), int(p["ts_us"])

@@ -17,6 +17,7 @@ import pynvml
 import pytest
 
 from exporter.gpu import binding, constants
+from exporter.sim import fakenvml
 from exporter.sim.fakenvml import FakeNvml
 from tests.support.nvmlsurface import backend_functions, backend_uses, problems, uses_in
 
@@ -115,6 +116,16 @@ def test_the_raw_field_value_and_gpm_metric_buffers_match_the_bindings_struct_la
     assert [name for name, *_ in pynvml.c_nvmlFieldValue_t._fields_] == [
         "fieldId", "scopeId", "timestamp", "latencyUsec", "valueType", "nvmlReturn", "value"]
     assert [name for name, *_ in pynvml.c_nvmlGpmMetric_t._fields_] == ["metricId", "nvmlReturn", "value", "metricInfo"]
+    # The fake fills the driver's sample buffers and GPM results through their memory the same way.
+    assert ctypes.sizeof(pynvml.c_nvmlSample_t) == fakenvml.SAMPLE.size
+    assert _ends(fakenvml.SAMPLE.format) == [o + n for _, o, n in _offsets(pynvml.c_nvmlSample_t)]
+    assert [(o, n) for _, o, n in _offsets(pynvml.c_nvmlGpmMetric_t)][1:3] == [(4, 4), (8, 8)]
+    assert _ends(fakenvml.GPM_RESULT.format) == [8 - 4, 16 - 4]  # nvmlReturn, value: packed at offset 4
+    head = _offsets(pynvml.c_nvmlGpmMetricsGet_t)
+    assert [name for name, *_ in head] == ["version", "numMetrics", "sample1", "sample2", "metrics"]
+    assert [o + n for _, o, n in head[:4]] == [struct.calcsize("@" + fakenvml.GPM_REQUEST.format[1:][:k])
+                                              for k in range(1, 5)]
+    assert head[4][1] == fakenvml.GPM_METRICS_AT
     # The metrics array the fast unpacking reads sits inside the real request struct.
     mg = pynvml.c_nvmlGpmMetricsGet_t()
     assert isinstance(mg.metrics, ctypes.Array) and ctypes.sizeof(mg.metrics._type_) == binding.GPM_METRIC.size
@@ -187,3 +198,12 @@ def test_the_fake_returns_the_bindings_own_types() -> None:
     fake.set_state({"t": 1.0, "devices": [{"pci_bus_id": "0000:82:00.0", "sm_active_integral": 0.5}]})
     mg.sample2 = fake.nvmlGpmSampleGet(h, fake.nvmlGpmSampleAlloc())
     assert fake.nvmlGpmMetricsGet(mg).metrics[0].value == pytest.approx(50.0)
+    assert (mg.metrics[0].nvmlReturn, mg.metrics[0].metricId) == (pynvml.NVML_SUCCESS, pynvml.NVML_GPM_METRIC_SM_UTIL)
+    # The driver's sample buffer: what the binding returns, c_samples[0:count], a list of c_nvmlSample_t.
+    fake.set_state({"devices": [{"pci_bus_id": "0000:82:00.0", "util_samples": [[10, 5], [20, 70], [30, 99]]}]})
+    vt, samples = fake.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 10)
+    assert vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT and isinstance(samples, list)
+    assert all(isinstance(x, pynvml.c_nvmlSample_t) for x in samples)
+    assert [(x.timeStamp, x.sampleValue.uiVal) for x in samples] == [(20, 70), (30, 99)]
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        fake.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 30)

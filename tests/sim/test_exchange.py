@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +160,112 @@ def test_an_invalid_shape_keeps_the_previous_state_and_is_counted(tmp_path: Path
     assert fake.nvmlDeviceGetCount() == 2
     assert fake.reload_errors == 1  # once per state published, not once per call
     json.loads((tmp_path / exchange.SHAPE_FILE).read_text())  # the shape file itself is whole JSON
+
+
+def test_a_change_of_values_assigns_only_the_numbers_that_moved(tmp_path: Path) -> None:
+    # The reader compares the new words with the ones it applied: a 50 ms step moves a tenth of the numbers.
+    w = exchange.Writer(tmp_path)
+    s0 = _state(3)
+    w.write(s0)
+    r = exchange.Reader(tmp_path, normalize_state)
+    assert r.poll() is not None
+    first = r.assigned
+    ints, floats, _ = exchange.walk(s0)
+    assert first == len(ints) + len(floats), "a new shape applies every number"
+    s1 = copy.deepcopy(s0)
+    s1["devices"][2]["power_w"] = 300.0
+    s1["devices"][0]["pcie_rx_bytes"] = 1 << 40
+    w.write(s1)
+    got = r.poll()
+    assert got is not None and got[0] == s1 and r.assigned - first == 2
+    w.write(s1)  # a new sequence, the same numbers
+    got = r.poll()
+    assert got is not None and got[0] == s1 and r.assigned - first == 2
+
+
+def test_a_float_is_compared_by_its_bits(tmp_path: Path) -> None:
+    # -0.0 == 0.0 for Python, not for the driver's bytes: the reader must not keep the old sign.
+    w = exchange.Writer(tmp_path)
+    s0 = _state(1)
+    s0["devices"][0]["power_w"] = 0.0
+    w.write(s0)
+    r = exchange.Reader(tmp_path, normalize_state)
+    assert r.poll() is not None
+    s1 = copy.deepcopy(s0)
+    s1["devices"][0]["power_w"] = -0.0
+    w.write(s1)
+    got = r.poll()
+    assert got is not None and math.copysign(1.0, got[0]["devices"][0]["power_w"]) == -1.0
+
+
+class _CountingCondition(threading.Condition):
+    notified = 0
+
+    def notify_all(self) -> None:
+        self.notified += 1
+        super().notify_all()
+
+
+def test_new_numbers_wake_event_waiters_only_when_an_xid_event_may_come_due(tmp_path: Path) -> None:
+    # The real nvmlEventSetWait_v2 blocks in the driver for free; waking the watcher thread at every new state
+    # was a cost only the simulation paid. A pending event must still be delivered as soon as t reaches it.
+    w = exchange.Writer(tmp_path)
+    s0 = _advanced(_state(), 0.1)
+    w.write(s0)
+    fake = FakeNvml.from_exchange(tmp_path)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    fake._cond = cond = _CountingCondition(fake._lock)
+    s1 = _advanced(s0, 0.5)
+    w.write(s1)
+    assert fake.nvmlDeviceGetPowerUsage(h) == 140500 and cond.notified == 0
+    s2 = copy.deepcopy(s1)
+    s2["devices"][0]["xid_events"] = [{"t": 3.0, "xid": 79}]  # a new shape: waiters are woken
+    w.write(s2)
+    es = fake.nvmlEventSetCreate()
+    fake.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
+    assert cond.notified == 1
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        fake.nvmlEventSetWait_v2(es, 0)  # t = 1.6: not due yet
+    s3 = _advanced(s2, 2.0)  # t = 3.6: new numbers, and now they matter
+    w.write(s3)
+    assert fake.nvmlDeviceGetPowerUsage(h) == 150500 and cond.notified == 2
+    assert fake.nvmlEventSetWait_v2(es, 0).eventData == 79
+
+
+def test_the_sample_buffers_are_applied_when_read_and_never_stale(tmp_path: Path) -> None:
+    # More than half of the numbers, read once a second against 10-20 new states: a new state moves them into
+    # the fake's buffers only when a call reads them, and that call sees the newest state taken.
+    w = exchange.Writer(tmp_path)
+    s0 = _state(2)
+    for d in s0["devices"]:
+        d["util_samples"] = [[1_000_000 + i, i] for i in range(12)]
+        d["process_util"] = [{"pid": 7, "ts_us": 1_000_000, "sm_pct": 5, "mem_pct": 1}]
+    w.write(s0)
+    fake = FakeNvml.from_exchange(tmp_path)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(1)
+    reader = fake._exchange
+    assert reader is not None
+    s1 = copy.deepcopy(s0)
+    for d in s1["devices"]:  # the buffers slide by one sample
+        d["util_samples"] = [*d["util_samples"][1:], [1_000_012, 99]]
+        d["process_util"][0].update(ts_us=1_000_012, sm_pct=42)
+    s1["devices"][1]["power_w"] = 200.0
+    w.write(s1)
+    before = reader.assigned
+    assert fake.nvmlDeviceGetPowerUsage(h) == 200000
+    assert reader.assigned - before == 1, "the buffers wait for a read"
+    _, samples = fake.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 1_000_010)
+    assert [(x.timeStamp, x.sampleValue.uiVal) for x in samples] == [(1_000_011, 11), (1_000_012, 99)]
+    assert reader.assigned - before == 1 + 2 * 12, "only the buffer read"
+    assert fake.nvmlDeviceGetUtilizationRates(h).gpu == 99
+    assert [p.smUtil for p in fake.nvmlDeviceGetProcessUtilization(h, 0)] == [42]
+    s2 = copy.deepcopy(s1)
+    s2["devices"][1]["util_samples"][-1][1] = 55
+    w.write(s2)  # read again at once: the newest state, not the one applied before
+    assert fake.nvmlDeviceGetUtilizationRates(h).gpu == 55
+    assert fake.state == s2, "the state hook sees every buffer"
+    r = exchange.Reader(tmp_path, normalize_state)
+    got = r.poll()
+    assert got is not None and got[0] == s2  # poll() settles everything by default

@@ -91,3 +91,34 @@ def test_from_file_reloads_on_change_and_keeps_last_good_state(tmp_path: Path) -
     p.write_text("{not json")
     assert f.nvmlDeviceGetCount() == 2
     assert f.reload_errors == 1
+
+
+def test_a_new_state_is_seen_by_the_next_field_values_call_planned_or_not() -> None:
+    # The fake plans a request once per state shape: a field made unsupported, a counter's width, a new value
+    # must all show at the very next call.
+    f = FakeNvml({"devices": [dict(DEV, pcie_tx_bytes=(1 << 32) + 7, pcie_replays=3)]})
+    f.nvmlInit()
+    h = f.nvmlDeviceGetHandleByIndex(0)
+    req = [197, 94]
+    arr = f.nvmlDeviceGetFieldValues(h, req)
+    assert (arr[0].value.uiVal, arr[1].value.uiVal) == (7, 3)
+    f.set_state({"devices": [dict(DEV, pcie_tx_bytes=(1 << 32) + 8, pcie_counter_bits=64,
+                                  unsupported=["field:94"])]})
+    arr = f.nvmlDeviceGetFieldValues(h, req)
+    assert (arr[0].valueType, arr[0].value.ullVal) == (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, (1 << 32) + 8)
+    assert arr[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    with pytest.raises(AssertionError, match="unmodelled field id 1234"):
+        f.nvmlDeviceGetFieldValues(h, [197, 1234])
+    with pytest.raises(AssertionError, match="unmodelled field id 1234"):
+        f.nvmlDeviceGetFieldValues(h, [197, 1234])  # every time: a failed plan is not kept
+
+
+def test_forwarded_constants_are_the_bindings_own_objects_every_time() -> None:
+    f = FakeNvml({"devices": [DEV]})
+    assert f.NVML_CLOCK_SM is pynvml.NVML_CLOCK_SM and f.NVML_CLOCK_SM is pynvml.NVML_CLOCK_SM
+    assert f.c_nvmlGpmMetricsGet_t is pynvml.c_nvmlGpmMetricsGet_t
+    for _ in range(2):
+        with pytest.raises(AttributeError):
+            _ = f.nvmlNoSuchFunction
+        with pytest.raises(AssertionError, match="not modelled"):
+            _ = f.nvmlDeviceGetFanSpeed
