@@ -168,20 +168,20 @@ def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int],
     return tuple(out)
 
 
-# Thread loads of one process between two deep samples, for the newest pairs: keyed by the samples' ids, and
-# holding the samples so an id is never reused while its entry lives. A stable GPU is evaluated every 5 s
-# while its deep samples change every 30 s: the same 150 threads' subtractions were redone six times.
-_LoadsKey = tuple[int, int, int, float, float, bool]  # pid, id(first), id(last), their times, in a GPU context
-_LOADS: dict[_LoadsKey, tuple[ProcessSample, ProcessSample, tuple[ThreadLoad, ...]]] = {}
-_LOADS_MAX = 256
+# Thread loads of one process between two deep samples, kept for its newest pair only (one entry per
+# process, holding the samples so an id is never reused while it lives): a stable GPU is evaluated every 5 s
+# while its deep samples change every 30 s, and the same 150 threads' subtractions were redone six times. One
+# entry per process bounds what it keeps to one evaluation's loads (a 256-pair cache held ~7,000 ThreadLoad
+# objects that every full collection traversed).
+_LOADS: dict[int, tuple[ProcessSample, ProcessSample, float, float, bool, tuple[ThreadLoad, ...]]] = {}
+_LOADS_MAX = 512  # processes; past it (a host churning through workers) the cache is emptied
 
 
 def _process_thread_loads(pid: int, t0: float, p0: ProcessSample, t1: float, p1: ProcessSample, *,
                           in_context: bool) -> tuple[ThreadLoad, ...]:
-    key = (pid, id(p0), id(p1), t0, t1, in_context)
-    cached = _LOADS.get(key)
-    if cached is not None and cached[0] is p0 and cached[1] is p1:
-        return cached[2]
+    cached = _LOADS.get(pid)
+    if cached is not None and cached[0] is p0 and cached[1] is p1 and cached[2:5] == (t0, t1, in_context):
+        return cached[5]
     dt = t1 - t0
     first = {th.tid: th for th in p0.threads}
     out: list[ThreadLoad] = []
@@ -199,10 +199,10 @@ def _process_thread_loads(pid: int, t0: float, p0: ProcessSample, t1: float, p1:
             nonvol = max(0, th.switches[1] - a.switches[1]) / dt
         out.append(ThreadLoad(pid, th.tid, th.comm, cpu / dt, ds / cpu if cpu > 0 else 0.0, th.state,
                               delay, nonvol, in_context))
-    if len(_LOADS) >= _LOADS_MAX:
+    if len(_LOADS) >= _LOADS_MAX and pid not in _LOADS:
         _LOADS.clear()
     loads = tuple(out)
-    _LOADS[key] = (p0, p1, loads)
+    _LOADS[pid] = (p0, p1, t0, t1, in_context, loads)
     return loads
 
 
