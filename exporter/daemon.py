@@ -215,7 +215,7 @@ def run_daemon(
     deadline = time.monotonic() + 0.5
     for t in threading.enumerate():
         if t is not threading.main_thread() and not t.daemon:
-            t.join(max(0.0, deadline - time.monotonic()))  # idle pool workers exit at once
+            t.join(max(0.0, deadline - time.monotonic()))  # an idle sampler thread exits at once
     stuck = [t.name for t in threading.enumerate()
              if t is not threading.main_thread() and not t.daemon and t.is_alive()]
     if stuck:

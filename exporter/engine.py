@@ -1,41 +1,46 @@
 """The sampling engine: runs every sampler at its own interval, keeps bounded history, publishes snapshots.
 
-Blocking samplers run in a small pool of worker threads (:class:`Workers`) so a slow read (a hung NFS mount
-behind /proc, a wedged driver call) never stalls the other samplers or the HTTP server. A sampler never
-blocks forever: each call has a deadline (``DEADLINE_INTERVALS`` x its interval, at least ``DEADLINE_MIN``).
-Past it the engine stops waiting, records the sampler as failed (``gpufeed_collector_success`` 0, its
-samples dropped from exposition, ``gpufeed_sampler_last_success_timestamp_seconds`` frozen), and the
-worker -- a Python thread cannot be killed -- is abandoned to finish the call on its own while a fresh
-thread takes its place in the pool. A sampler whose abandoned call is still blocked is not called again
-until that call returns (a second call would block on the same hung source and pile up threads); never more
-than the pool's size plus ``MAX_ABANDONED`` sampler threads exist (``gpufeed_sampler_abandoned_threads``
-counts the stuck ones).
+Blocking samplers (every collector's reads) run on one sampler thread with a schedule of its own: it sleeps
+until the next tick of the grid every interval shares (multiples of each interval from the engine's start),
+runs every sampler due then in turn, shortest interval first, and records the results itself. The event loop
+is not involved: one wake-up of one thread per tick, where handing each call to a worker and back cost two
+thread wake-ups, a loop future and a few callbacks per call (~70 us of CPU a wake-up measured on a 2-CPU VM;
+a throwaway experiment running every sampler inline took 0.7-1.7 points of a core off the two-waiting
+benchmark). Non-blocking samplers (the derived layer, pure CPU over the buffers) run on the event loop.
 
-Samplers due at the same instant are handed to one worker together (:meth:`Engine._flush`): every
-interval is laid on one grid from the engine's start, so the 1 s samplers, the 5 s ones and every fourth
-250 ms tick fall due together, and each hand-off costs two thread wake-ups and a few loop callbacks (~70 us of
-CPU a wake-up measured on a 2-CPU VM; 8 of the 10 hand-offs a second of an 8-GPU host with every GPU working
-ran at the same instant). A batch still running after ``BATCH_PATIENCE`` (one slow or blocked call in it)
-hands its calls not yet started to other workers, one each: a hung read delays the samplers due with it by
-that long, never fails them.
+A slow read (a hung NFS mount behind /proc, a wedged driver call) never stalls the other samplers or the HTTP
+server. A watchdog thread looks at the sampler thread ``PATIENCE`` after each tick starts: one still inside
+the same call then is replaced -- a fresh thread takes over the schedule and runs what is due, and the old
+one, when its call returns, records that result and ends. A hung read therefore delays the samplers due
+with it by ``PATIENCE`` and never fails them. A sampler never blocks forever: each call has a deadline
+(``DEADLINE_INTERVALS`` x its interval, at least ``DEADLINE_MIN``). Past it the engine stops waiting, records
+the sampler as failed (``gpufeed_collector_success`` 0, its samples dropped from exposition,
+``gpufeed_sampler_last_success_timestamp_seconds`` frozen), and the thread -- a Python thread cannot be
+killed -- is left to finish the call on its own. A sampler whose abandoned call is still blocked is not
+called again until that call returns (a second call would block on the same hung source and pile up
+threads); its ticks are counted as failed overruns meanwhile. Never more than ``1 + MAX_ABANDONED`` sampler
+threads exist (``gpufeed_sampler_abandoned_threads`` counts the stuck calls); with every one of them stuck,
+samplers due wait, and fail once they have waited a deadline.
+
 ``alive()`` (``/healthz``) keeps reporting the engine, not the sources: a sampler whose ticks keep being
 handled is alive even while its source is blocked -- that is ``gpufeed_collector_success 0`` and
 ``GpufeedSamplesStale``, not a restart (a process with a thread in uninterruptible sleep cannot even exit
 until the read returns).
 
-Time comes from an injectable clock: the daemon uses the monotonic clock, tests and ``diagnose --scenario``
-a virtual one.
+Engine state (buffers, statuses, intervals, the schedule) is guarded by one lock: the sampler thread records
+under it, the event loop reads windows and snapshots under it. Time comes from an injectable clock: the
+daemon uses the monotonic clock (or scenario time under ``--simulate-speed``), tests and ``diagnose
+--scenario`` a virtual one -- with a virtual clock every sampler runs inline (``inline=True``), as threads
+cannot wait for virtual time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import heapq
 import itertools
 import math
-import queue
 import threading
 import time
 from collections import deque
@@ -50,7 +55,7 @@ from exporter.snapshot import SamplerStatus, Snapshot, Stamped
 
 _log = log.get_logger(component="engine")
 
-# Restart backoff of a crashed sampler task: doubles per crash up to the max; reset after a quiet period.
+# Restart backoff of a crashed sampler: doubles per crash up to the max; reset after a quiet period.
 BACKOFF_START = 1.0
 BACKOFF_MAX = 60.0
 BACKOFF_RESET = 300.0
@@ -58,246 +63,44 @@ BACKOFF_RESET = 300.0
 # less than DEADLINE_MIN (a first nvmlInit on a host without persistence mode takes seconds).
 DEADLINE_MIN = 5.0
 DEADLINE_INTERVALS = 5.0
-# Threads that may be left inside calls past their deadline, beyond the pool's own: never more than
-# workers + MAX_ABANDONED sampler threads exist (with every sampler stuck, the rest queue for the pool).
+# Threads that may be left inside slow or abandoned calls beside the sampler thread: never more than
+# 1 + MAX_ABANDONED sampler threads exist.
 MAX_ABANDONED = 8
 # A tick this late (and far later than any call may take) means the process or the host did not run: a VM
 # pause, SIGSTOP. Its ticks are not "overruns" of a slow sampler; the gap is logged once instead.
 GAP_MIN = 30.0
-# A batch of samplers due together that is still running after this long gives its calls not yet started to
-# other workers (each a hand-off of its own), and the loop picks up the results already in.
-BATCH_PATIENCE = 0.1
+# A sampler thread still inside one call this long is replaced by a fresh one, which runs what is due: a slow
+# or blocked read delays the samplers due with it by this much, never more.
+PATIENCE = 0.1
+# The watchdog's longest sleep (it is woken early by schedule changes and by stop).
+WATCH_MAX = 1.0
 
 
 class DeadlineExceededError(CollectorError):
     """A sampler call did not return within its deadline (a blocked read); the sampler is marked failed."""
 
 
-class Job:
-    """One blocking call: the function, the future its result goes to, when a thread started it (monotonic
-    seconds; None while queued) and whether it was abandoned."""
+class _Runner:
+    """One sampler thread: its thread and the call it is inside (None between calls)."""
 
-    __slots__ = ("abandoned", "fn", "future", "started")
+    __slots__ = ("current", "thread")
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self.started: float | None = None
+    def __init__(self) -> None:
+        self.current: _Call | None = None
+        self.thread: threading.Thread | None = None
+
+
+class _Call:
+    """One sampler call in flight: the thread running it, when it started (monotonic seconds, and the engine's
+    clock), and whether it was abandoned at its deadline."""
+
+    __slots__ = ("abandoned", "runner", "started", "t")
+
+    def __init__(self, runner: _Runner, t: float) -> None:
+        self.runner = runner
+        self.started = time.monotonic()
+        self.t = t
         self.abandoned = False
-
-
-class Batch:
-    """Calls one worker runs in turn (:meth:`Workers.submit_batch`); ``on_done`` runs on that worker once
-    none is left (after the last, or after the rest was given to other workers)."""
-
-    __slots__ = ("jobs", "on_done")
-
-    def __init__(self, jobs: Iterable[Job], on_done: Callable[[], None] | None = None) -> None:
-        self.jobs: deque[Job] = deque(jobs)
-        self.on_done = on_done
-
-
-class Workers:
-    """Threads that run blocking sampler calls, replaceable when one is stuck (see the module docstring).
-
-    Up to ``size`` threads take calls from one queue, started on demand. :meth:`abandon` takes a thread stuck
-    in a call out of the pool and starts a replacement, as long as there are fewer than ``size +
-    max_abandoned`` threads in all; when the call finally returns, the thread rejoins the pool if it has room,
-    else ends.
-    """
-
-    def __init__(self, size: int, *, max_abandoned: int = MAX_ABANDONED, name: str = "sampler") -> None:
-        self.size = size
-        self.max_abandoned = max_abandoned
-        self.name = name
-        self._jobs: queue.SimpleQueue[Job | Batch | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._live = 0  # threads in the pool (taking calls)
-        self._idle = 0  # of those, waiting for a call
-        self._queued = 0  # calls submitted and not yet taken by a thread
-        self._abandoned = 0  # threads out of the pool, still inside an abandoned call
-        self._running: dict[concurrent.futures.Future[Any], Job] = {}
-        self._seq = itertools.count(1)
-        self._closed = False
-
-    @property
-    def abandoned(self) -> int:
-        """Threads currently stuck in abandoned calls."""
-        return self._abandoned
-
-    def submit(self, fn: Callable[[], Any]) -> Job:
-        """Queue ``fn``; the job's future gets the result (``fn`` must not raise)."""
-        job = Job(fn)
-        self.submit_job(job)
-        return job
-
-    def submit_job(self, job: Job) -> None:
-        """Queue ``job``, to run on a thread of its own."""
-        with self._lock:
-            self._put(job)
-
-    def submit_batch(self, jobs: Sequence[Job], on_done: Callable[[], None] | None = None) -> Batch:
-        """Queue ``jobs`` to run in turn on one thread (one wake-up); :meth:`spread` gives the ones not yet
-        started to other threads."""
-        batch = Batch(jobs, on_done)
-        with self._lock:
-            self._put(batch)
-        return batch
-
-    def spread(self, batch: Batch) -> list[Job]:
-        """Take the calls of ``batch`` not yet started off its thread and queue each on its own."""
-        with self._lock:
-            rest = list(batch.jobs)
-            batch.jobs.clear()
-            if not self._closed:
-                for job in rest:
-                    self._put(job)
-        return rest
-
-    def _put(self, item: Job | Batch) -> None:  # under self._lock
-        if self._closed:
-            raise RuntimeError("workers closed")
-        self._jobs.put(item)
-        self._queued += 1
-        # An idle thread may not have taken the call queued before this one yet: spawn unless there are more
-        # idle threads than calls waiting (else a call can queue behind one that blocks).
-        if self._queued > self._idle and self._live < self.size and self._room():
-            self._spawn()
-
-    def _room(self) -> bool:  # under self._lock
-        """Whether one more thread may start: never more than ``size + max_abandoned`` threads in all."""
-        return self._live + self._abandoned < self.size + self.max_abandoned
-
-    def abandon(self, future: concurrent.futures.Future[Any]) -> bool:
-        """Stop waiting for ``future``: cancelled if still queued (False), else its thread leaves the pool and a
-        fresh one takes its place (True: a thread is now stuck on its own)."""
-        if future.cancel():
-            return False
-        with self._lock:
-            job = self._running.get(future)
-            if job is None or job.abandoned:  # finished meanwhile
-                return False
-            job.abandoned = True
-            self._live -= 1
-            self._abandoned += 1
-            if self._closed:
-                return True
-            if self._room():
-                self._spawn()
-                return True
-        if log.once(("sampler_thread_limit", self.name)):
-            _log.error("sampler_thread_limit", stuck=self._abandoned, limit=self.size + self.max_abandoned,
-                       note="no replacement thread started; samplers queue for the remaining ones")
-        return True
-
-    def shutdown(self) -> None:
-        """Let idle threads end; threads inside a call end when it returns."""
-        with self._lock:
-            self._closed = True
-            n = self._live
-        for _ in range(n):
-            self._jobs.put(None)
-
-    def _spawn(self) -> None:  # under self._lock
-        self._live += 1
-        threading.Thread(target=self._work, name=f"{self.name}-{next(self._seq)}", daemon=False).start()
-
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            item = self._jobs.get()
-            with self._lock:
-                self._idle -= 1
-                if item is None:
-                    self._live -= 1
-                    return
-                self._queued -= 1
-            if isinstance(item, Job):
-                if self._run(item):
-                    return
-                continue
-            leave = False
-            while not leave:
-                with self._lock:
-                    job = item.jobs.popleft() if item.jobs else None
-                if job is None:
-                    break
-                leave = self._run(job)
-            if item.on_done is not None:
-                item.on_done()
-            if leave:
-                return
-
-    def _run(self, job: Job) -> bool:
-        """Run one job on this thread; True when the thread must leave the pool (its call was abandoned and
-        the pool is full again)."""
-        with self._lock:
-            if not job.future.set_running_or_notify_cancel():
-                return False  # abandoned while queued
-            self._running[job.future] = job
-            job.started = time.monotonic()
-        try:
-            result = job.fn()
-        except BaseException as e:  # fn is the engine's _call, which catches Exception; be safe anyway
-            result = (None, e, 0.0)
-        with self._lock:
-            del self._running[job.future]
-            leave = False
-            if job.abandoned:
-                self._abandoned -= 1
-                leave = self._closed or self._live >= self.size
-                if not leave:
-                    self._live += 1  # rejoin the pool
-        job.future.set_result(result)
-        return leave
-
-
-class _Waiter:
-    """Waits on the event loop for a worker's job: :meth:`finished` is the job future's done callback (any
-    thread), :meth:`poll` the loop's look at it (a batch's end), :meth:`wait` the loop side, with a timeout."""
-
-    __slots__ = ("_done", "_fut", "_job", "_loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, job: concurrent.futures.Future[Any]) -> None:
-        self._loop = loop
-        self._job = job
-        self._done = False
-        self._fut: asyncio.Future[None] | None = None
-
-    def poll(self) -> None:
-        """On the loop: wake the waiting side if the job is done."""
-        if self._job.done():
-            self._wake()
-
-    def finished(self, _future: concurrent.futures.Future[Any]) -> None:
-        # A closed loop: an abandoned call returned after the engine stopped.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        self._done = True
-        if self._fut is not None and not self._fut.done():
-            self._fut.set_result(None)
-
-    async def wait(self, timeout: float) -> bool:
-        """True once the job is done; False when ``timeout`` seconds passed first."""
-        if self._done or self._job.done():
-            return True
-        fut = self._fut = self._loop.create_future()
-        timer = None if math.isinf(timeout) else self._loop.call_later(max(0.0, timeout), self._expire, fut)
-        try:
-            await fut
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._fut = None
-        return self._done or self._job.done()
-
-    @staticmethod
-    def _expire(fut: asyncio.Future[None]) -> None:
-        if not fut.done():
-            fut.set_result(None)
 
 
 class Clock(Protocol):
@@ -313,6 +116,10 @@ class RealClock:
 
     def now(self) -> float:
         return time.monotonic()
+
+    def delay(self, t: float) -> float:
+        """Real seconds until ``t`` (what a thread waits for it)."""
+        return t - time.monotonic()
 
     async def sleep_until(self, t: float) -> None:
         delay = t - time.monotonic()
@@ -363,7 +170,7 @@ class VirtualClock:
 
 @dataclass
 class Sampler:
-    """Runtime state of one sampler (mutable; only the engine touches it)."""
+    """Runtime state of one sampler (mutable; only the engine touches it, under its lock)."""
 
     spec: SamplerSpec
     collector: str
@@ -380,11 +187,17 @@ class Sampler:
     last_run: float | None = None
     last_success: float | None = None
     last_error: str | None = None
-    # The call abandoned at its deadline and still running, and when it started: no new call meanwhile.
-    blocked: concurrent.futures.Future[Any] | None = None
+    # On a sampler thread: the call in flight, and the one abandoned at its deadline and still running (no new
+    # call meanwhile) with when it started.
+    running: _Call | None = None
+    blocked: _Call | None = None
     blocked_since: float = 0.0
     cpu_seconds: float = 0.0  # CPU time of the threads that ran it (time.thread_time), all runs
-    # Its task, whether that task is asleep until next_due, and whether set_interval has woken it early.
+    # Crash restarts on a sampler thread: the next backoff and when the last crash was.
+    backoff: float = BACKOFF_START
+    crashed_at: float = -math.inf
+    # On the event loop: its task, whether that task is asleep until next_due, and whether set_interval has
+    # woken it early.
     task: asyncio.Task[None] | None = None
     sleeping: bool = False
     nudged: bool = False
@@ -418,7 +231,6 @@ class Engine:
         *,
         history_seconds: float = 120.0,
         inline: bool = False,
-        workers: int = 4,
         on_publish: Callable[[], None] | None = None,
         min_deadline: float = DEADLINE_MIN,
         max_abandoned: int = MAX_ABANDONED,
@@ -429,8 +241,12 @@ class Engine:
         self.inline = inline
         self.min_deadline = min_deadline
         self.deadline_intervals = DEADLINE_INTERVALS
+        self.max_abandoned = max_abandoned
         self._on_publish = on_publish
-        self._workers = None if inline else Workers(workers, max_abandoned=max_abandoned)
+        self._delay: Callable[[float], float] | None = getattr(self.clock, "delay", None)
+        if not inline and self._delay is None:
+            raise TypeError(f"{type(self.clock).__name__} has no real-time delay(): sampler threads cannot wait "
+                            "for it; use inline=True")
         self._gap_logged_at = -math.inf
         self.samplers: dict[str, Sampler] = {}
         for c in self.stages:
@@ -446,6 +262,14 @@ class Engine:
         for each in self.samplers.values():
             if each.spec.pace is not None:
                 self._paced.setdefault(each.collector, []).append(each)
+        # Blocking samplers run on the sampler thread (unless inline); the others on the event loop.
+        self._threaded = [] if inline else [s for s in self.samplers.values() if s.spec.blocking]
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._runner: _Runner | None = None
+        self._threads = 0  # sampler threads alive: the runner and replaced ones still inside a call
+        self._watchdog: threading.Thread | None = None
+        self._seq = itertools.count(1)
         self._version = 0
         self._latest: dict[str, Stamped[Any]] = {}
         self._snapshot = Snapshot(version=0, t=self.clock.now())
@@ -453,9 +277,8 @@ class Engine:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._started_at: float | None = None
-        # Hand-offs of this loop iteration, flushed together (_flush): (interval, job, waiter).
-        self._pending: list[tuple[float, Job, _Waiter]] | None = None
-        self.batches = 0  # hand-offs of more than one call (tests, bench)
+        self.wakeups = 0  # sampler-thread wake-ups that ran a sampler (tests, bench)
+        self.batches = 0  # of those, the ones that ran more than one
 
     def _buffer_len(self, interval: float, history: float | None = None) -> int:
         # Bounded: enough samples to cover the history horizon (the sampler's own, when it declares a shorter
@@ -471,28 +294,28 @@ class Engine:
 
     @property
     def abandoned_threads(self) -> int:
-        """Worker threads stuck in calls that passed their deadline."""
-        return 0 if self._workers is None else self._workers.abandoned
+        """Sampler threads stuck in calls that passed their deadline."""
+        return sum(1 for s in self._threaded if s.blocked is not None)
 
-    # ---- read side -------------------------------------------------------------------------------------
+    # ---- read side (any thread) ----------------------------------------------------------------------------
 
     @property
     def snapshot(self) -> Snapshot:
         """The newest snapshot: every sampler's newest sample and status as of the last run.
 
         Built when read, not at every run (25 runs a second on an 8-GPU host; a reader -- the renderer, the
-        analyzer -- looks once a second or once a scrape). Read on the event loop's thread, which is the one
-        that records runs."""
-        if self._stale:
-            self._stale = False
-            self._snapshot = Snapshot(
-                version=self._version,
-                t=self.clock.now(),
-                latest=MappingProxyType(dict(self._latest)),
-                status=MappingProxyType({n: s.status() for n, s in self.samplers.items()}),
-                abandoned_threads=self.abandoned_threads,
-            )
-        return self._snapshot
+        analyzer -- looks once a second or once a scrape)."""
+        with self._lock:
+            if self._stale:
+                self._stale = False
+                self._snapshot = Snapshot(
+                    version=self._version,
+                    t=self.clock.now(),
+                    latest=MappingProxyType(dict(self._latest)),
+                    status=MappingProxyType({n: s.status() for n, s in self.samplers.items()}),
+                    abandoned_threads=self.abandoned_threads,
+                )
+            return self._snapshot
 
     @property
     def version(self) -> int:
@@ -503,7 +326,10 @@ class Engine:
     def history(self, name: str) -> Sequence[Stamped[Any]]:
         """Every buffered sample of sampler ``name``, oldest first."""
         s = self.samplers.get(name)
-        return () if s is None else tuple(s.buffer)
+        if s is None:
+            return ()
+        with self._lock:
+            return tuple(s.buffer)
 
     def window(self, name: str, seconds: float, now: float | None = None) -> Sequence[Stamped[Any]]:
         """Buffered samples of ``name`` taken within the last ``seconds``."""
@@ -515,10 +341,11 @@ class Engine:
         # From the newest back (a buffer is in time order): the cost is the window's, not the buffer's -- the
         # tripwire reads a few seconds of a 1,200-sample GPU buffer for every GPU every second.
         out = []
-        for x in reversed(s.buffer):
-            if x.t < start:
-                break
-            out.append(x)
+        with self._lock:
+            for x in reversed(s.buffer):
+                if x.t < start:
+                    break
+                out.append(x)
         out.reverse()
         return tuple(out)
 
@@ -534,7 +361,7 @@ class Engine:
     def _grid(self, t: float, interval: float, *, before: bool = False) -> float:
         """The first tick of ``interval`` at or after ``t`` (the last at or before it with ``before``) on the
         grid every sampler shares -- multiples of its interval from the engine's start --, so that samplers due
-        together are handed off together."""
+        together run in one wake-up."""
         origin = self._started_at
         if origin is None or interval <= 0:
             return t
@@ -542,24 +369,34 @@ class Engine:
         return origin + (math.floor(k + 1e-6) if before else math.ceil(k - 1e-6)) * interval
 
     def set_interval(self, name: str, interval: float) -> None:
-        """Change a sampler's interval from its next run on (adaptive depth)."""
+        """Change a sampler's interval from its next run on (adaptive depth); any thread, but a sampler on the
+        event loop is woken early only when called there."""
         s = self.samplers[name]
-        if interval != s.interval:
+        with self._lock:
+            if interval == s.interval:
+                return
             s.interval = interval
             due = min(s.next_due, self._grid((s.last_run or self.clock.now()) + interval, interval))
-            if due < s.next_due and s.sleeping and s.task is not None and not s.nudged:
-                s.nudged = True
-                s.task.cancel()  # wake it: it sleeps again until the new due time (_sleep_until_due)
+            moved = due < s.next_due
             s.next_due = due
             want = self._buffer_len(interval, s.spec.history)
             if s.buffer.maxlen is not None and s.buffer.maxlen < want:
                 s.buffer = deque(s.buffer, maxlen=want)
+            if moved and s in self._threaded:
+                self._cond.notify_all()  # the sampler thread sleeps until the old due time
+                return
+        if moved and s.sleeping and s.task is not None and not s.nudged:
+            s.nudged = True
+            s.task.cancel()  # wake it: it sleeps again until the new due time (_sleep_until_due)
 
     def alive(self, now: float | None = None) -> bool:
-        """True while every sampler task is running and none is stuck far past its interval."""
+        """True while every sampler task and thread is running and none is stuck far past its interval."""
         now = self.clock.now() if now is None else now
-        if self._tasks and any(t.done() for t in self._tasks) and not self._stopping:
-            return False
+        if not self._stopping:
+            if self._tasks and any(t.done() for t in self._tasks):
+                return False
+            if self._watchdog is not None and not self._watchdog.is_alive():
+                return False
         for s in self.samplers.values():
             started = self._started_at if self._started_at is not None else now
             ref = s.last_run if s.last_run is not None else started
@@ -567,10 +404,10 @@ class Engine:
                 return False
         return True
 
-    # ---- execution ---------------------------------------------------------------------------------------
+    # ---- recording (under the lock) ------------------------------------------------------------------------
 
     def _record(self, s: Sampler, started: float, value: Any, error: BaseException | None, took: float) -> None:
-        """Store the outcome of one run of ``s`` and publish a new snapshot."""
+        """Store the outcome of one run of ``s`` and publish a new snapshot (under the lock)."""
         s.runs += 1
         s.duration = took
         s.last_run = self.clock.now()
@@ -629,11 +466,47 @@ class Engine:
                 self.set_interval(p.spec.name, want)
 
     def _publish(self) -> None:
-        """A new version exists; the snapshot itself is built when it is next read."""
+        """A new version exists; the snapshot itself is built when it is next read. ``on_publish`` runs on the
+        thread that recorded (the daemon's is thread-safe and cheap: exporter/pacing.py)."""
         self._version += 1
         self._stale = True
         if self._on_publish is not None:
             self._on_publish()
+
+    def _still_blocked(self, s: Sampler) -> None:
+        """A tick skipped because the sampler's abandoned call has not returned: failed, counted, published."""
+        s.success = False
+        s.last_error = (f"DeadlineExceededError: previous call still blocked after "
+                        f"{self.clock.now() - s.blocked_since:.0f} s; not called again until it returns")
+        s.overruns += 1
+        s.last_run = self.clock.now()  # the tick was handled: the engine is alive, the source is not
+        self._latest.pop(s.spec.name, None)
+        self._publish()
+
+    def _advance(self, s: Sampler) -> None:
+        """Move ``s`` to the grid's next tick after a run (one interval on, or sooner once after the interval
+        changed), skipping and counting the ticks a late or slow run missed."""
+        s.next_due = self._grid(s.next_due, s.interval, before=True) + s.interval
+        now = self.clock.now()
+        if s.next_due >= now:
+            return
+        behind = now - s.next_due
+        missed = math.ceil(behind / s.interval)
+        s.next_due += missed * s.interval
+        if behind > max(GAP_MIN, 2 * self.deadline(s)):
+            # Far later than any call may take: the process or host was not running (a VM pause, SIGSTOP).
+            # Counting its ticks as overruns (29,978 for an hour at 100 ms) would blame the samplers; the gap is
+            # logged once per pause instead.
+            if now - self._gap_logged_at > GAP_MIN:
+                self._gap_logged_at = now
+                _log.warning("sampling_gap", seconds=round(behind, 1), sampler=s.spec.name,
+                             note="the process did not run (VM paused, SIGSTOP?); not counted as overruns")
+            return
+        # _record counted the ticks the run itself overran; ticks lost because the run started late (a busy
+        # sampler thread, a busy event loop) are missed samples too and must be visible.
+        late = missed - int(s.duration // s.interval)
+        if late > 0:
+            s.overruns += late
 
     @staticmethod
     def _call(fn: Callable[[], Any]) -> tuple[Any, BaseException | None, float]:
@@ -653,12 +526,15 @@ class Engine:
         finally:
             s.cpu_seconds += time.thread_time() - c0
 
+    # ---- inline and virtual-time execution -----------------------------------------------------------------
+
     def run_once(self, name: str) -> None:
         """Run sampler ``name`` now, inline (tests and virtual-time drivers)."""
         s = self.samplers[name]
         started = self.clock.now()
         value, err, took = self._timed_call(s)
-        self._record(s, started, value, err, took)
+        with self._lock:
+            self._record(s, started, value, err, took)
 
     def run_until(self, until: float) -> None:
         """Synchronous virtual-time driver: run every sampler due up to ``until`` in time order.
@@ -682,107 +558,7 @@ class Engine:
             s.next_due += s.interval
         clock.set(max(clock.now(), until))
 
-    async def _run_async(self, s: Sampler) -> None:
-        started = self.clock.now()
-        if not (s.spec.blocking and self._workers is not None):
-            value, err, took = self._timed_call(s)
-            self._record(s, started, value, err, took)
-            return
-        if s.blocked is not None:
-            if not s.blocked.done():
-                self._still_blocked(s)
-                return
-            s.blocked = None
-            _log.info("sampler_unblocked", collector=s.collector, sampler=s.spec.name,
-                      blocked_s=round(self.clock.now() - s.blocked_since, 1))
-        value, err, took = await self._call_with_deadline(s, started)
-        self._record(s, started, value, err, took)
-
-    async def _call_with_deadline(self, s: Sampler, started: float) -> tuple[Any, BaseException | None, float]:
-        """Run ``s`` on a worker; the deadline counts from when a thread starts the call (time spent queued
-        behind busy workers is lateness, counted as overruns), and a call never started within one deadline
-        fails too (every thread is stuck).
-
-        One hand-off costs one loop future and one timer: the worker's completion wakes the loop with
-        ``call_soon_threadsafe`` (``asyncio.wait_for(asyncio.shield(asyncio.wrap_future(...)))`` made three
-        futures and seven callbacks of each of the ~20 hand-offs a second)."""
-        assert self._workers is not None
-        job = Job(lambda: self._timed_call(s))
-        waiter = _Waiter(asyncio.get_running_loop(), job.future)
-        if self._pending is None:
-            self._pending = []
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append((s.interval, job, waiter))
-        deadline = self.deadline(s)
-        wait = deadline
-        while True:
-            if await waiter.wait(wait):
-                result: tuple[Any, BaseException | None, float] = job.future.result()
-                return result
-            if job.started is not None:
-                wait = job.started + deadline - time.monotonic()
-                if wait > 0:
-                    continue  # it waited in the queue first: its own deadline is not over yet
-            if self._workers.abandon(job.future):
-                s.blocked, s.blocked_since = job.future, started
-                return None, DeadlineExceededError(
-                    f"no result within {deadline:g} s (a blocked read: hung NFS, a FIFO or a wedged driver call?);"
-                    " worker thread replaced"), deadline
-            if job.future.cancelled():
-                return None, DeadlineExceededError(
-                    f"no worker thread free within {deadline:g} s ({self._workers.abandoned} stuck in blocked "
-                    "reads)"), deadline
-            wait = math.inf  # it finished just now: its result is on the way
-
-    def _flush(self) -> None:
-        """Hand this loop iteration's calls to the workers: one alone, several as one batch, shortest interval
-        first (the GPU's fast path before the 1 s host sources). One completion wakes the loop for the whole
-        batch; a batch still running after ``BATCH_PATIENCE`` gives what it has not started to other workers
-        (a blocked read must not hold the samplers due with it) and the loop takes the results already in."""
-        pending, self._pending = self._pending or [], None
-        assert self._workers is not None
-        if len(pending) == 1:
-            _, job, waiter = pending[0]
-            job.future.add_done_callback(waiter.finished)
-            self._workers.submit_job(job)
-            return
-        if not pending:
-            return
-        pending.sort(key=lambda p: p[0])
-        loop = asyncio.get_running_loop()
-        waiters = {id(job): waiter for _, job, waiter in pending}
-        timer: asyncio.TimerHandle | None = None
-
-        def finish() -> None:  # on the loop
-            if timer is not None:
-                timer.cancel()
-            for w in waiters.values():
-                w.poll()
-
-        def done() -> None:  # on the worker, after the batch's last call
-            with contextlib.suppress(RuntimeError):  # the loop closed (engine stopped meanwhile)
-                loop.call_soon_threadsafe(finish)
-
-        def impatient() -> None:  # on the loop
-            assert self._workers is not None
-            for job in self._workers.spread(batch):
-                job.future.add_done_callback(waiters[id(job)].finished)
-            for w in waiters.values():
-                w.poll()
-
-        self.batches += 1
-        batch = self._workers.submit_batch([job for _, job, _ in pending], on_done=done)
-        timer = loop.call_later(BATCH_PATIENCE, impatient)
-
-    def _still_blocked(self, s: Sampler) -> None:
-        """A tick skipped because the sampler's abandoned call has not returned: failed, counted, published."""
-        s.success = False
-        s.last_error = (f"DeadlineExceededError: previous call still blocked after "
-                        f"{self.clock.now() - s.blocked_since:.0f} s; not called again until it returns")
-        s.overruns += 1
-        s.last_run = self.clock.now()  # the tick was handled: the engine is alive, the source is not
-        self._latest.pop(s.spec.name, None)
-        self._publish()
+    # ---- the event loop: non-blocking samplers, and every sampler when inline ------------------------------
 
     async def _sleep_until_due(self, s: Sampler) -> None:
         """Until ``s.next_due``. :meth:`set_interval` may move it earlier while the sampler sleeps (a host
@@ -806,7 +582,7 @@ class Engine:
                 s.sleeping = s.nudged = False
 
     async def _loop(self, s: Sampler) -> None:
-        """Run ``s`` at a fixed rate on the shared grid (no drift); skip and count the ticks a slow run
+        """Run ``s`` inline at a fixed rate on the shared grid (no drift); skip and count the ticks a slow run
         overran."""
         # The grid's tick at or before now: the first run is at once (at start, or restarted after a crash).
         s.next_due = self._grid(self.clock.now(), s.interval, before=True)
@@ -814,28 +590,11 @@ class Engine:
             await self._sleep_until_due(s)
             if self._stopping:
                 return
-            await self._run_async(s)
-            # The grid's next tick: one interval on, or sooner once after the interval changed.
-            s.next_due = self._grid(s.next_due, s.interval, before=True) + s.interval
-            now = self.clock.now()
-            if s.next_due < now:
-                behind = now - s.next_due
-                missed = math.ceil(behind / s.interval)
-                s.next_due += missed * s.interval
-                if behind > max(GAP_MIN, 2 * self.deadline(s)):
-                    # Far later than any call may take: the process or host was not running (a VM pause,
-                    # SIGSTOP). Counting its ticks as overruns (29,978 for an hour at 100 ms) would blame the
-                    # samplers; the gap is logged once per pause instead.
-                    if now - self._gap_logged_at > GAP_MIN:
-                        self._gap_logged_at = now
-                        _log.warning("sampling_gap", seconds=round(behind, 1), sampler=s.spec.name,
-                                     note="the process did not run (VM paused, SIGSTOP?); not counted as overruns")
-                    continue
-                # _record counted the ticks the run itself overran; ticks lost because the run started late
-                # (a busy event loop, a full worker pool) are missed samples too and must be visible.
-                late = missed - int(s.duration // s.interval)
-                if late > 0:
-                    s.overruns += late
+            started = self.clock.now()
+            value, err, took = self._timed_call(s)
+            with self._lock:
+                self._record(s, started, value, err, took)
+                self._advance(s)
 
     async def _supervise(self, s: Sampler) -> None:
         """Restart a crashed sampler loop with exponential backoff (a bug must not kill sampling)."""
@@ -850,31 +609,208 @@ class Engine:
             except Exception as e:
                 if time.monotonic() - started > BACKOFF_RESET:
                     backoff = BACKOFF_START  # it ran fine for a while: a new, rare crash restarts quickly
-                s.restarts += 1
-                self._publish()  # make the restart visible (gpufeed_sampler_restarts_total) right away
+                with self._lock:
+                    s.restarts += 1
+                    self._publish()  # make the restart visible (gpufeed_sampler_restarts_total) right away
                 _log.error("sampler_crashed", sampler=s.spec.name, error=repr(e), restart_in=backoff, exc_info=e)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
 
+    # ---- the sampler thread ----------------------------------------------------------------------------------
+
+    def _due(self, now: float) -> list[Sampler]:  # under the lock
+        """Threaded samplers due at ``now`` that no thread is running (an abandoned call's sampler is due: its
+        tick is handled as still blocked), shortest interval first (the GPU's fast path before the 1 s host
+        sources)."""
+        due = [s for s in self._threaded
+               if s.next_due <= now + 1e-9 and (s.running is None or s.running.abandoned)]
+        if len(due) > 1:
+            due.sort(key=lambda s: (s.interval, s.spec.name))
+        return due
+
+    def _sleep_for(self, now: float) -> float:  # under the lock
+        """Real seconds from ``now`` to the next tick of a sampler no thread is running."""
+        assert self._delay is not None
+        nxt = min((s.next_due for s in self._threaded if s.running is None or s.running.abandoned),
+                  default=now + WATCH_MAX)
+        return max(0.0, self._delay(nxt))
+
+    def _spawn_runner(self) -> None:  # under the lock
+        """Start a sampler thread and make it the one that runs the schedule."""
+        me = _Runner()
+        me.thread = threading.Thread(target=self._run_samplers, args=(me,), name=f"sampler-{next(self._seq)}",
+                                     daemon=False)
+        self._runner = me
+        self._threads += 1
+        me.thread.start()
+
+    def _run_samplers(self, me: _Runner) -> None:
+        """A sampler thread: sleeps until the next tick, runs every sampler due in turn and records each
+        result; until the engine stops or the watchdog gave the schedule to another thread."""
+        with self._cond:
+            try:
+                while not self._stopping and self._runner is me:
+                    now = self.clock.now()
+                    due = self._due(now)
+                    if not due:
+                        self._cond.wait(self._sleep_for(now))
+                        continue
+                    ran = 0
+                    for s in due:
+                        if self._stopping or self._runner is not me:
+                            break
+                        if s.running is not None and not s.running.abandoned:
+                            continue  # a replaced thread is still running it
+                        ran += 1
+                        self._tick(me, s)
+                    self.wakeups += 1
+                    self.batches += ran > 1
+            finally:
+                self._threads -= 1
+                if self._runner is me:  # ended other than by replacement: the watchdog starts another
+                    self._runner = None
+                    self._cond.notify_all()
+
+    def _tick(self, me: _Runner, s: Sampler) -> None:  # under the lock; released around the call
+        """One tick of ``s`` on this thread; a crash of the engine's own code around the call (a bug) is
+        logged, counted and retried after a backoff."""
+        try:
+            if s.blocked is not None:  # its abandoned call has not returned
+                self._still_blocked(s)
+                self._advance(s)
+                return
+            call = s.running = me.current = _Call(me, self.clock.now())
+            self._cond.release()
+            try:
+                value, err, took = self._timed_call(s)
+            finally:
+                self._cond.acquire()
+                s.running = me.current = None
+            if call.abandoned:  # failed at its deadline meanwhile: the late return's result is dropped
+                s.blocked = None
+                _log.info("sampler_unblocked", collector=s.collector, sampler=s.spec.name,
+                          blocked_s=round(self.clock.now() - s.blocked_since, 1))
+                return
+            self._record(s, call.t, value, err, took)
+            self._advance(s)
+        except Exception as e:
+            self._crashed(s, e)
+
+    def _crashed(self, s: Sampler, e: Exception) -> None:  # under the lock
+        now = time.monotonic()
+        if now - s.crashed_at > BACKOFF_RESET:
+            s.backoff = BACKOFF_START  # it ran fine for a while: a new, rare crash restarts quickly
+        s.crashed_at = now
+        s.restarts += 1
+        _log.error("sampler_crashed", sampler=s.spec.name, error=repr(e), restart_in=s.backoff, exc_info=e)
+        s.next_due = self.clock.now() + s.backoff
+        s.backoff = min(s.backoff * 2, BACKOFF_MAX)
+        self._publish()  # make the restart visible (gpufeed_sampler_restarts_total) right away
+
+    def _watch(self) -> None:
+        """The watchdog: replaces a sampler thread that is inside one call for ``PATIENCE`` (or that ended),
+        fails calls past their deadline and samplers that could not start within one. It looks ``PATIENCE``
+        after each tick, or at a call's deadline, whichever comes first."""
+        with self._cond:
+            while not self._stopping:
+                wake = self._check(time.monotonic())
+                self._cond.wait(max(0.001, wake))
+
+    def _check(self, mono: float) -> float:  # under the lock
+        """One look (see :meth:`_watch`); seconds until the next."""
+        wake = WATCH_MAX
+        for s in self._threaded:
+            c = s.running
+            if c is None or c.abandoned:
+                continue
+            left = c.started + self.deadline(s) - mono
+            if left <= 0:
+                self._abandon(s, c)
+            else:
+                wake = min(wake, left)
+        r = self._runner
+        if r is None:
+            self._replace("ended")
+            return min(wake, PATIENCE)
+        c = r.current
+        if c is not None:
+            left = c.started + PATIENCE - mono
+            if left > 0:
+                return min(wake, left)
+            if self._replace("slow") is None:
+                self._starved()
+                return min(wake, PATIENCE)
+        # Between calls (or just replaced): look again PATIENCE after the next tick starts.
+        return min(wake, self._sleep_for(self.clock.now()) + PATIENCE)
+
+    def _replace(self, why: str) -> _Runner | None:  # under the lock
+        """Give the schedule to a fresh sampler thread (the old one, if inside a call, ends after it); None when
+        ``1 + max_abandoned`` threads exist already."""
+        if self._threads >= 1 + self.max_abandoned:
+            if log.once(("sampler_thread_limit",)):
+                _log.error("sampler_thread_limit", stuck=self._threads, limit=1 + self.max_abandoned,
+                           note="no sampler thread started; samplers due wait for one")
+            return None
+        _log.debug("sampler_thread_replaced", reason=why)
+        self._spawn_runner()
+        return self._runner
+
+    def _abandon(self, s: Sampler, c: _Call) -> None:  # under the lock
+        """``s``'s call ``c`` passed its deadline: the sampler fails, and is not called again until it returns."""
+        deadline = self.deadline(s)
+        c.abandoned = True
+        s.blocked, s.blocked_since = c, c.t
+        self._record(s, c.t, None, DeadlineExceededError(
+            f"no result within {deadline:g} s (a blocked read: hung NFS, a FIFO or a wedged driver call?); "
+            "sampler thread replaced"), deadline)
+        self._advance(s)
+
+    def _starved(self) -> None:  # under the lock
+        """Every sampler thread is inside a call and no more may start: a sampler due for a deadline fails."""
+        now = self.clock.now()
+        for s in self._threaded:
+            if s.running is None and now - s.next_due >= self.deadline(s):
+                self._record(s, now, None, DeadlineExceededError(
+                    f"no sampler thread free within {self.deadline(s):g} s ({self._threads} inside calls)"),
+                    self.deadline(s))
+                self._advance(s)
+
+    # ---- start and stop ------------------------------------------------------------------------------------
+
     def start(self) -> None:
-        """Start one task per sampler on the running event loop."""
+        """Start the sampler thread and its watchdog, and one task per event-loop sampler on the running loop."""
         self._started_at = self.clock.now()
-        self._publish()
+        with self._lock:
+            self._publish()
         loop = asyncio.get_running_loop()
         for n, s in self.samplers.items():
-            s.task = loop.create_task(self._supervise(s), name=f"sampler:{n}")
+            if s not in self._threaded:
+                s.task = loop.create_task(self._supervise(s), name=f"sampler:{n}")
         self._tasks = [s.task for s in self.samplers.values() if s.task is not None]
+        if self._threaded:
+            with self._lock:
+                for s in self._threaded:
+                    s.next_due = self._started_at
+                self._spawn_runner()
+            self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
+            self._watchdog.start()
 
     async def stop(self, timeout: float = 1.5) -> None:
-        """Stop the sampler tasks and release collector resources."""
+        """Stop the sampler tasks and threads and release collector resources."""
         self._stopping = True
+        with self._lock:
+            self._cond.notify_all()
+            runner = self._runner
         for t in self._tasks:
             t.cancel()
         if self._tasks:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout)
-        if self._workers is not None:
-            self._workers.shutdown()
+        # The sampler thread ends after its current call (one inside a blocked read is left to it).
+        end = time.monotonic() + timeout
+        while runner is not None and runner.thread is not None and runner.thread.is_alive() \
+                and time.monotonic() < end:
+            await asyncio.sleep(0.01)
         for c in self.stages:
             try:
                 c.close()

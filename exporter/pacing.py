@@ -101,9 +101,9 @@ class ScrapeForecast:
 class RenderPacer:
     """Renders the payload (``render``, on the event loop that owns the snapshot) about once per scrape.
 
-    ``changed()`` is called on that loop at every publish; ``scraped()`` from the HTTP thread at every scrape
-    of the metrics path. ``version()`` is the newest published version and ``rendered()`` the version of the
-    payload served now: a render is only ever done when they differ.
+    ``changed()`` is called at every publish, from the thread that published; ``scraped()`` from the HTTP
+    thread at every scrape of the metrics path. ``version()`` is the newest published version and
+    ``rendered()`` the version of the payload served now: a render is only ever done when they differ.
     """
 
     def __init__(
@@ -131,14 +131,40 @@ class RenderPacer:
         self.last_render = self.clock.now()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
+        self._idle = False  # run() waits for a change: changed() must wake it
+        self._loop_thread: int | None = None
         self._wake = asyncio.Event()
         self._lock = threading.Lock()
         self._pending: concurrent.futures.Future[None] | None = None  # the render stale scrapes wait for
         self._urgent = False
 
     def changed(self) -> None:
-        """A new snapshot version exists (event-loop thread)."""
-        self._changed.set()
+        """A new snapshot version exists (any thread: the engine's sampler thread records most of them). Wakes
+        the pacer only while it waits for a change -- once per render at most; otherwise the version it reads
+        when it is due says what changed."""
+        if not self._idle:
+            return
+        self._idle = False
+        loop = self._loop
+        if loop is None:
+            return
+        if self._loop_thread == threading.get_ident():
+            self._changed.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(self._changed.set)
+
+    async def _wait_for_change(self) -> None:
+        """Until a version newer than the rendered one is published."""
+        while self._version() == self._rendered():
+            self._changed.clear()
+            self._idle = True
+            try:
+                # Read again after announcing: a publish between the first look and here would not wake us.
+                if self._version() == self._rendered():
+                    await self._changed.wait()
+            finally:
+                self._idle = False
 
     def due(self, now: float) -> float:
         """When the next render should start: before the earliest forecast scrape, within the spacing rules."""
@@ -195,9 +221,10 @@ class RenderPacer:
     async def run(self) -> None:
         """Render when due (or asked for by a stale scrape) while something new was published; forever."""
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         try:
             while True:
-                await self._changed.wait()
+                await self._wait_for_change()
                 now = self.clock.now()
                 if not self._urgent:
                     due = self.due(now)
@@ -210,7 +237,6 @@ class RenderPacer:
                 if self._urgent:
                     self.on_demand += 1
                 self._urgent = False
-                self._changed.clear()
                 try:
                     self._render()
                 finally:

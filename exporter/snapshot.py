@@ -54,7 +54,7 @@ class Snapshot:
     t: float
     latest: Mapping[str, Stamped[Any]] = field(default_factory=_empty)
     status: Mapping[str, SamplerStatus] = field(default_factory=_empty)
-    abandoned_threads: int = 0  # worker threads stuck in calls past their deadline (exporter.engine.Workers)
+    abandoned_threads: int = 0  # sampler threads stuck in calls past their deadline (exporter.engine)
 
     def value(self, sampler: str) -> Any:
         """The newest sample value of ``sampler``, or None."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -209,8 +211,25 @@ def test_each_collectors_own_cpu_seconds_are_counted_over_all_its_samplers() -> 
     assert sample.value == status["burn_a"].cpu_seconds + status["burn_b"].cpu_seconds
 
 
-async def test_a_sampler_run_on_a_worker_thread_is_charged_that_threads_cpu() -> None:
-    eng = Engine([Burning(ctx())], RealClock())
-    await eng._run_async(eng.samplers["burn_a"])  # blocking: runs on a worker, not this thread
-    assert eng.snapshot.status["burn_a"].cpu_seconds >= 0.005
-    await eng.stop()
+async def test_a_sampler_run_on_the_sampler_thread_is_charged_that_threads_cpu() -> None:
+    burning = Burning(ctx())
+    threads: set[int] = set()
+    burn = burning._burn
+
+    def tracked() -> int:
+        threads.add(threading.get_ident())
+        return burn()
+
+    burning._burn = tracked  # type: ignore[method-assign]
+    eng = Engine([burning], RealClock())
+    eng.start()
+    try:
+        deadline = time.monotonic() + 5
+        while eng.snapshot.status["burn_a"].runs < 1 or eng.snapshot.status["burn_b"].runs < 1:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+    finally:
+        await eng.stop()
+    # burn_a (blocking) ran on the sampler thread, burn_b (not blocking) on this one: each charged its own.
+    assert threading.get_ident() in threads and len(threads) == 2
+    assert all(eng.snapshot.status[n].cpu_seconds >= 0.005 for n in ("burn_a", "burn_b"))

@@ -59,6 +59,14 @@ class ScaledClock:
         """The base clock's time at which scenario time ``t`` is reached."""
         return self.origin + t / self.speed
 
+    def delay(self, t: float) -> float:
+        """Real seconds until scenario time ``t`` (the base clock's ``delay``; TypeError for a base without one,
+        a virtual clock)."""
+        delay = getattr(self.base, "delay", None)
+        if delay is None:
+            raise TypeError(f"{type(self.base).__name__} has no real-time delay()")
+        return float(delay(self.to_base(t)))
+
     async def sleep_until(self, t: float) -> None:
         await self.base.sleep_until(self.to_base(t))
 
