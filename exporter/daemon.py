@@ -25,10 +25,13 @@ from exporter.webconfig import WebConfigError, WebConfigManager
 
 _log = log.get_logger(component="daemon")
 
-# The collector's thresholds once the daemon runs (CPython's default is 700, 10, 10). A young collection
-# every 700 allocations ran ~50 times a second here (every sample is a few containers), and each tenth
-# of a tenth of them was a full one, traversing every object alive.
-GC_THRESHOLDS = (20_000, 20, 10)
+# The collector's thresholds once the daemon runs (CPython's default is 700, 10, 10). The young threshold
+# must stay small: in steady state every sample buffered evicts one as big, so the young generation's count
+# (allocations minus deallocations) rarely climbs -- at 20,000 a young collection came once or twice a
+# minute and then traversed everything buffered since (10-17 ms, and the row tuples of exporter/samples/rows.py
+# stay tracked until a collection first sees them). At 1,000 on the 8-GPU benchmark host: a young collection
+# about every 2 s at 1.3 ms (2.7 ms two waiting), a middle one every 20 s at 4.5 ms (5.5), the same CPU in all.
+GC_THRESHOLDS = (1_000, 10, 10)
 
 
 @contextlib.contextmanager
@@ -36,8 +39,7 @@ def tuned_gc() -> Iterator[None]:
     """Move every object alive after start-up (modules, the pipeline, collectors, caches) to the permanent
     generation (``gc.freeze``), which full collections do not traverse, and collect less often
     (``GC_THRESHOLDS``). A full collection then traverses only what was allocated since -- mostly the samples
-    in the ring buffers: on the 8-GPU benchmark host its CPU cost fell from ~45 to ~30 ms, and none ran in a
-    40 s window where one ran before (bench/overhead.py reports the pauses). Frozen objects are still freed by
+    in the ring buffers (bench/overhead.py reports the pauses). Frozen objects are still freed by
     reference counting; only cycles among them would stay, and start-up builds long-lived objects only.
     Undone on exit (tests run the daemon in-process)."""
     old = gc.get_threshold()

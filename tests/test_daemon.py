@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections import deque
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -146,3 +147,34 @@ def test_the_garbage_collector_is_tuned_while_the_daemon_serves_and_restored_aft
         assert gc.get_threshold() == GC_THRESHOLDS
         assert GC_THRESHOLDS[0] > thresholds[0]
     assert gc.get_threshold() == thresholds and gc.get_freeze_count() == frozen
+
+
+class _Reading:
+    """A sampled object of the kind a sample holds besides its rows (tuples come from CPython's free lists,
+    which the young threshold does not count; these are counted)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def test_young_collections_keep_coming_while_ring_buffers_churn_so_row_tuples_get_untracked() -> None:
+    # Steady state: each sample appended evicts one as big, so allocations minus deallocations -- what the young
+    # threshold counts -- climbs only by one sample's worth before falling back. The threshold must be below a
+    # sample's worth so that young collections keep coming: at 20,000 none came once the buffer was full, every
+    # row buffered since stayed tracked and the first collection to come traversed them all.
+    buffer: deque[tuple[tuple[tuple[int, ...], ...], list[_Reading]]] = deque(maxlen=20)
+
+    def sample(n: int) -> tuple[tuple[tuple[int, ...], ...], list[_Reading]]:
+        return tuple(tuple(range(n, n + 8)) for _ in range(1_500)), [_Reading(n) for _ in range(1_200)]
+
+    with tuned_gc():
+        for n in range(20):
+            buffer.append(sample(n))
+        collected = gc.get_stats()[0]["collections"]
+        for n in range(40):  # the buffer is full: each sample evicts one
+            buffer.append(sample(n))
+        assert gc.get_stats()[0]["collections"] > collected
+        rows = [row for rows_, _ in list(buffer)[:-2] for row in rows_]
+        assert sum(gc.is_tracked(r) for r in rows) < len(rows) // 10
