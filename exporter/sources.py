@@ -130,9 +130,11 @@ class KeptFiles:
     since: the descriptor stays bound to the old one); the file is then opened again by path, and ENOENT there
     means gone, as for :func:`read_bytes`. A file on a regular filesystem -- a captured or simulated tree, whose
     files are replaced by renames -- may be a different file at the same path by the next read: a descriptor
-    whose file shows a size at open (procfs files show 0) is read only while the path still names its inode
-    (one ``stat``), else opened again. At most ``capacity`` descriptors stay open in one instance (the least
-    recently read closed first) and :func:`kept_capacity` in all (past it, files are read by path);
+    whose file shows a size at open (procfs files show 0) is read as long as its inode has not lost a link
+    since (one ``fstat``; a rename over the path unlinks the old inode), and after that only while the path
+    still names it (one ``stat``), else opened again. (A ``stat`` of the path at every read was a fifth of a
+    simulated deep pass, a cost a procfs read never has.) At most ``capacity`` descriptors stay open in one
+    instance (the least recently read closed first) and :func:`kept_capacity` in all (past it, files are read by path);
     :meth:`sweep` closes those not read for ``KEPT_IDLE_S``, :meth:`close` (or the instance's end) all. Not
     thread-safe: one instance per sampler.
     """
@@ -140,7 +142,8 @@ class KeptFiles:
     def __init__(self, capacity: int | None = None, *, limit: int = CHUNK) -> None:
         self.capacity = KEPT_MAX if capacity is None else capacity
         self.limit = limit
-        self._fds: OrderedDict[str, tuple[int, int | None, float]] = OrderedDict()  # path -> (fd, inode, read at)
+        # path -> (fd, inode (None on procfs), its link count, read at)
+        self._fds: OrderedDict[str, tuple[int, int | None, int, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._fds)
@@ -149,13 +152,18 @@ class KeptFiles:
         """The file's content (at most ``limit`` bytes, else SourceTooLargeError); OSError as raised."""
         kept = self._fds.get(path)
         if kept is not None:
-            fd, ino, _ = kept
+            fd, ino, links, _ = kept
             try:
-                if ino is None or os.stat(path).st_ino == ino:
-                    data = self._pread(fd)
-                    self._fds[path] = (fd, ino, time.monotonic())
-                    self._fds.move_to_end(path)
-                    return self._checked(path, data)
+                if ino is not None and (now_links := os.fstat(fd).st_nlink) < links:
+                    # It lost a link since it was opened (a rename over its path does that): if the path still
+                    # names it, it is still the file, else it was replaced.
+                    if os.stat(path).st_ino != ino:
+                        raise FileNotFoundError(errno.ENOENT, "replaced", path)
+                    links = now_links
+                data = self._pread(fd)
+                self._fds[path] = (fd, ino, links, time.monotonic())
+                self._fds.move_to_end(path)
+                return self._checked(path, data)
             except OSError as e:
                 if e.errno not in GONE:
                     self.forget(path)
@@ -166,15 +174,16 @@ class KeptFiles:
             data = self._pread(fd)
             st = os.fstat(fd)
             ino = st.st_ino if st.st_size > 0 else None
+            links = st.st_nlink
         except BaseException:
             os.close(fd)
             raise
         if self.capacity > 0 and len(self._fds) >= self.capacity:
-            _, (old, _, _) = self._fds.popitem(last=False)
+            _, (old, _, _, _) = self._fds.popitem(last=False)
             os.close(old)
             BUDGET.give()
         if self.capacity > 0 and BUDGET.take():
-            self._fds[path] = (fd, ino, time.monotonic())
+            self._fds[path] = (fd, ino, links, time.monotonic())
         else:
             os.close(fd)
         return self._checked(path, data)
@@ -206,7 +215,7 @@ class KeptFiles:
         cutoff = time.monotonic() - idle
         n = 0
         while self._fds:
-            path, (fd, _, t) = next(iter(self._fds.items()))
+            path, (fd, _, _, t) = next(iter(self._fds.items()))
             if t >= cutoff:
                 break
             del self._fds[path]
@@ -219,7 +228,7 @@ class KeptFiles:
         """Close every kept descriptor."""
         n = len(self._fds)
         while self._fds:
-            _, (fd, _, _) = self._fds.popitem()
+            _, (fd, _, _, _) = self._fds.popitem()
             os.close(fd)
         if n:
             BUDGET.give(n)

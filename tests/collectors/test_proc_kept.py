@@ -79,6 +79,34 @@ def test_a_replaced_file_on_a_regular_filesystem_is_read_again_by_path(tmp_path:
     kept.close()
 
 
+def test_a_replaced_hard_linked_file_is_read_again_and_an_unchanged_one_costs_no_path_lookup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fault harness links every file to a template (two links): a rename over the path leaves the old inode
+    # one link, not none.
+    template = tmp_path / "template"
+    template.write_text("100 5 1\n")
+    f = tmp_path / "schedstat"
+    os.link(template, f)
+    kept = KeptFiles(capacity=4)
+    assert kept.read(str(f)) == b"100 5 1\n"
+    looked: list[str] = []
+    real_stat = os.stat
+
+    def counting_stat(path: object, *a: object, **k: object) -> os.stat_result:
+        looked.append(str(path))
+        return real_stat(path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", counting_stat)
+    assert kept.read(str(f)) == b"100 5 1\n"
+    assert looked == []  # the inode kept its links: no stat of the path
+    tmp = tmp_path / ".schedstat.tmp"
+    tmp.write_text("200 7 2\n")
+    os.replace(tmp, f)
+    assert kept.read(str(f)) == b"200 7 2\n"
+    assert looked == [str(f)]
+    kept.close()
+
+
 def test_capacity_closes_the_least_recently_read_and_sweep_the_idle(tmp_path: Path) -> None:
     paths = []
     for i in range(5):
