@@ -20,6 +20,7 @@ from exporter.exposition import Renderer
 from exporter.sampling import Collector, CollectorContext, SamplerSpec
 from exporter.snapshot import Snapshot
 from exporter.web import WebServer, WebSettings
+from tests.support.engine import crash_records
 
 
 class Stuck(Collector):
@@ -292,18 +293,7 @@ async def test_a_bug_around_a_call_on_the_sampler_thread_is_retried_with_backoff
         monkeypatch: pytest.MonkeyPatch) -> None:
     fast = Fast(_ctx())
     eng = Engine([fast], RealClock())
-    real = eng._record
-    crashes = {"left": 2}
-
-    def record(*a: object) -> None:
-        if crashes["left"]:
-            crashes["left"] -= 1
-            raise RuntimeError("bug in the engine around a call")
-        real(*a)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(eng, "_record", record)
-    monkeypatch.setattr("exporter.engine.BACKOFF_START", 0.05)
-    monkeypatch.setattr(eng.samplers["fast"], "backoff", 0.05)
+    crash_records(monkeypatch, eng, 2, "bug in the engine around a call")
     t0 = time.monotonic()
     with capture_logs() as logs:
         eng.start()

@@ -21,6 +21,7 @@ import pytest
 from exporter.engine import Engine, RealClock
 from exporter.sampling import Collector, CollectorContext
 from exporter.snapshot import Snapshot
+from tests.support.engine import crash_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,17 +183,7 @@ class Crashy(Collector):
 async def test_crashed_sampler_task_is_restarted_with_backoff_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     c = Crashy(CollectorContext(procfs=Path("/nonexistent"), sysfs=Path("/nonexistent")))
     eng = Engine([c], RealClock(), inline=True)
-    real = eng._record
-    crashes = {"left": 2}
-
-    def record(*a: object) -> None:
-        if crashes["left"]:
-            crashes["left"] -= 1
-            raise RuntimeError("bug in the sampler loop")
-        real(*a)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(eng, "_record", record)
-    monkeypatch.setattr("exporter.engine.BACKOFF_START", 0.05)
+    crash_records(monkeypatch, eng, 2, "bug in the sampler loop")
     t0 = time.monotonic()
     eng.start()
     try:

@@ -7,9 +7,30 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import pytest
+
 from exporter.derived.analyzer import Analyzer
+from exporter.engine import Engine
 from exporter.sampling import Targets
 from exporter.snapshot import Snapshot, Stamped
+
+
+def crash_records(monkeypatch: pytest.MonkeyPatch, eng: Engine, times: int, what: str) -> None:
+    """Make ``eng``'s next ``times`` recordings raise (a bug in the engine's own code around a call), and its
+    crash backoff start at 50 ms."""
+    real = eng._record
+    left = [times]
+
+    def record(*a: object) -> None:
+        if left[0]:
+            left[0] -= 1
+            raise RuntimeError(what)
+        real(*a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(eng, "_record", record)
+    monkeypatch.setattr("exporter.engine.BACKOFF_START", 0.05)
+    for s in eng.samplers.values():
+        monkeypatch.setattr(s, "backoff", 0.05)
 
 
 @dataclass
