@@ -277,8 +277,7 @@ class Engine:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._started_at: float | None = None
-        self.wakeups = 0  # sampler-thread wake-ups that ran a sampler (tests, bench)
-        self.batches = 0  # of those, the ones that ran more than one
+        self.batches = 0  # sampler-thread wake-ups that ran more than one sampler (tests)
 
     def _buffer_len(self, interval: float, history: float | None = None) -> int:
         # Bounded: enough samples to cover the history horizon (the sampler's own, when it declares a shorter
@@ -663,7 +662,6 @@ class Engine:
                             continue  # a replaced thread is still running it
                         ran += 1
                         self._tick(me, s)
-                    self.wakeups += 1
                     self.batches += ran > 1
             finally:
                 self._threads -= 1
