@@ -6,6 +6,8 @@
 VENV ?= .venv
 PYTHON ?= python3
 ARGS ?=
+# One pytest worker per core, a test file's tests on one worker (pytest-xdist); PYTEST_ARGS= runs serially.
+PYTEST_ARGS ?= -n auto --dist loadfile
 
 .PHONY: serve test lint bench clean
 
@@ -30,7 +32,7 @@ lint: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test lint
 	tools/timed test-deps tools/ensure-test-deps.sh
-	tools/timed pytest tools/run-pytest.sh $(VENV)/bin/pytest
+	tools/timed pytest tools/run-pytest.sh $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/python bench/run.py
