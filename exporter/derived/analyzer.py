@@ -160,7 +160,7 @@ class Analyzer(Stage):
         Option("window", "duration", 15.0, "Classifier window: verdicts, burstiness and findings look this far back."),
         Option("hold", "duration", 3.0, "Hysteresis: a new verdict must hold this long before it replaces the old."),
         Option("deep-interval", "duration", 0.5, "Per-thread sampling interval while a GPU is waiting."),
-        Option("deep-settled-interval", "duration", 1.0,
+        Option("deep-settled-interval", "duration", 2.0,
                "Per-thread sampling interval once every waiting GPU's verdict has held for the whole window "
                "(/proc/stat and PSI then go back to their quiet 1 s too); --collector.derived.deep-interval "
                "again as soon as a verdict moves or another GPU starts waiting."),
@@ -183,7 +183,7 @@ class Analyzer(Stage):
         self.recent_s = max(3.0, self.window_s / 3)
         self.hold_s = float(options.get("hold", 3.0))
         self.deep_fast = float(options.get("deep-interval", 0.5))
-        self.deep_settled = float(options.get("deep-settled-interval", 1.0))
+        self.deep_settled = float(options.get("deep-settled-interval", 2.0))
         self.stable_s = max(self.interval, float(options.get("stable-interval", 5.0)))
         self.quiet_host = bool(options.get("quiet-host", True))
         self._configured: dict[str, float] = {}  # host sampler -> its configured interval, learnt at first sight

@@ -49,7 +49,7 @@ def test_once_the_waiting_verdict_has_held_for_the_window_deep_and_cpu_sampling_
     assert eng.intervals[names.PROC_THREADS] == 0.5 and eng.intervals[names.CPU] == 0.25  # detecting
     st = run(an, eng, [float(t) for t in range(25, 50)])
     assert st.gpus[1].cause == "launch_bound"  # held since ~13 s: settled for the 15 s window
-    assert eng.intervals[names.PROC_THREADS] == 1.0  # --collector.derived.deep-settled-interval
+    assert eng.intervals[names.PROC_THREADS] == 2.0  # --collector.derived.deep-settled-interval
     assert eng.intervals[names.CPU] == 1.0 and eng.intervals[names.PRESSURE] == 1.0
     assert eng.intervals[names.CPUFREQ] == 5.0 and eng.intervals[names.NUMA] == 5.0  # still as configured
     eng.streams.update(_two_gpus(waiting_from=1e9, t1=90.0)[1].streams)  # the GPU recovers
