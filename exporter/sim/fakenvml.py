@@ -250,7 +250,6 @@ _FORWARDED_PREFIXES = ("NVML_", "nvmlClocksEventReason", "nvmlClocksThrottleReas
 _BANNED = {"nvmlDeviceGetPcieThroughput": "blocks ~20 ms per call; use fields 197/198 (DESIGN.md)"}
 # Longest slice an event wait sleeps before looking at the state again (a state file may have changed).
 _EVENT_POLL_S = 0.05
-_EVENT_IDLE_POLL_S = 0.25  # nothing undelivered: how often a wait looks for a new shape (a new event)
 
 
 class StateError(ValueError):
@@ -1369,11 +1368,13 @@ class FakeNvml:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-            # Releases the lock; set_state notifies. From the exchange, new numbers matter only while an event
-            # is not due yet; otherwise only a new shape can bring one, so a slower look suffices (each wake-up
-            # of a thread costs ~70 us of CPU on a VM: 20 a second were a quarter of a point).
+            # Releases the lock; _install (a new state or shape) notifies. From the exchange, new numbers matter
+            # only while an event is not due yet; otherwise only a new shape can bring one, and the GPU
+            # samplers' own calls install it (a steady GPU's at least every second), which wakes this wait: it
+            # sleeps to its timeout as the real call does (each wake-up of a thread costs ~70 us of CPU on a
+            # VM; the 4 a second a 250 ms look took were 0.1 point of the simulated daemon's cost).
             pending = self._exchange is None or self._undelivered(es)
-            self._cond.wait(min(left, _EVENT_POLL_S if pending else _EVENT_IDLE_POLL_S))
+            self._cond.wait(min(left, _EVENT_POLL_S) if pending else left)
             if self._exchange is None or self._undelivered(es) or self._exchange.shape_pending():
                 # New numbers matter only to an event not yet due (they advance ``t``); a new event, a lost
                 # GPU, is a new shape. The real call blocks in the driver at no cost to the daemon: taking
