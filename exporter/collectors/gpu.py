@@ -72,6 +72,10 @@ class GpuCollector(Collector):
                "at either rate."),
         Option("samples-interval", "duration", 1.0,
                "Interval of the driver's buffered utilisation samples (sampler gpu_samples)."),
+        Option("samples-steady-interval", "duration", 2.0,
+               "Interval of the buffered samples while every GPU is read at --collector.gpu.steady-interval (the "
+               "driver buffers them: a longer interval reads more per call, none is lost); "
+               "--collector.gpu.samples-interval again at the first dip. Not longer than that one: always it."),
         Option("slow-interval", "duration", 5.0,
                "Interval of link state, clock-event reasons, temperature, memory and processes (sampler gpu_slow)."),
         Option("hostname", "str", "",
@@ -86,6 +90,8 @@ class GpuCollector(Collector):
         self._pid_max = self._read_pid_max()
         self._hostname = identity_hostname(str(ctx.options.get("hostname", "") or ""))
         self._last_fast: GpuSample | None = None
+        self._samples_s = float(ctx.options.get("samples-interval", 1.0))
+        self._samples_steady_s = float(ctx.options.get("samples-steady-interval", 2.0))
 
     # ---- sampling --------------------------------------------------------------------------------------------
 
@@ -93,7 +99,7 @@ class GpuCollector(Collector):
         opts = self.ctx.options
         return [
             SamplerSpec(FAST, self.interval, self.update, pace=self._fast_pace),
-            SamplerSpec(BUFFERED, float(opts.get("samples-interval", 1.0)), self.update_samples),
+            SamplerSpec(BUFFERED, self._samples_s, self.update_samples, pace=self._samples_pace),
             SamplerSpec(SLOW, float(opts.get("slow-interval", 5.0)), self.update_slow),
         ]
 
@@ -102,6 +108,16 @@ class GpuCollector(Collector):
         in between would read one), --collector.gpu.interval otherwise."""
         backend = self._backend
         return self.interval if backend is None else backend.tick_interval()
+
+    def _samples_pace(self) -> float:
+        """The buffered sampler's interval now: --collector.gpu.samples-steady-interval while every GPU is at the
+        steady rate, --collector.gpu.samples-interval otherwise. A dip a fast read's GPM pair sees sends the
+        fast path to its fast rate, and this one back, at once; without GPM the buffered samples are what see
+        it, up to this interval after it came."""
+        backend = self._backend
+        if backend is None or self._samples_steady_s <= self._samples_s or not backend.all_steady():
+            return self._samples_s
+        return self._samples_steady_s
 
     def update(self) -> GpuSample | Unchanged:
         """The fast path; UNCHANGED on a tick that read no GPU (all steady between their reads): nothing new to

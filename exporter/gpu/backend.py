@@ -308,10 +308,16 @@ class NvmlBackend:
         with the session lock held cannot stall the caller."""
         if self._steady_s is None:
             return self._fast_s
-        now = self._clock()
-        steady = all(g.pace.steady_now and g.pace.steady(now) for g in list(self._gpus.values()) if not g.lost)
-        self._tick_s = self._steady_s if steady else self._fast_s
+        self._tick_s = self._steady_s if self.all_steady() else self._fast_s
         return self._tick_s
+
+    def all_steady(self) -> bool:
+        """Whether every GPU is read at the steady rate now (True with no GPU to read; False without a steady
+        rate). Lock-free, as :meth:`tick_interval`."""
+        if self._steady_s is None:
+            return False
+        now = self._clock()
+        return all(g.pace.steady_now and g.pace.steady(now) for g in list(self._gpus.values()) if not g.lost)
 
     @property
     def identities(self) -> Mapping[int, GpuIdentity]:
