@@ -233,6 +233,41 @@ def test_new_numbers_wake_event_waiters_only_when_an_xid_event_may_come_due(tmp_
     assert fake.nvmlEventSetWait_v2(es, 0).eventData == 79
 
 
+class _WaitCountingCondition(threading.Condition):
+    waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return super().wait(timeout)
+
+
+def test_an_event_wait_with_nothing_undelivered_sleeps_to_its_timeout_and_a_new_shape_wakes_it(
+        tmp_path: Path) -> None:
+    # The real call blocks in the driver until an event or its timeout; a wait that looked at the exchange
+    # every 250 ms was simulation-only CPU. A new shape (an Xid event) installed by another caller wakes it.
+    w = exchange.Writer(tmp_path)
+    s0 = _advanced(_state(), 0.1)
+    w.write(s0)
+    fake = FakeNvml.from_exchange(tmp_path)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    es = fake.nvmlEventSetCreate()
+    fake.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
+    fake._cond = cond = _WaitCountingCondition(fake._lock)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        fake.nvmlEventSetWait_v2(es, 600)
+    assert cond.waits == 1, "one sleep to the timeout, no looks in between"
+    s1 = copy.deepcopy(s0)
+    s1["devices"][0]["xid_events"] = [{"t": 0.1, "xid": 79}]  # due at once
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(fake.nvmlEventSetWait_v2(es, 5000).eventData))
+    waiter.start()
+    w.write(s1)
+    fake.nvmlDeviceGetPowerUsage(h)  # a GPU sampler's call installs the new shape
+    waiter.join(timeout=2.0)
+    assert not waiter.is_alive() and got == [79], "woken by the install, long before its 5 s timeout"
+
+
 def test_the_sample_buffers_are_applied_when_read_and_never_stale(tmp_path: Path) -> None:
     # More than half of the numbers, read once a second against 10-20 new states: a new state moves them into
     # the fake's buffers only when a call reads them, and that call sees the newest state taken.
