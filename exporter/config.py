@@ -80,7 +80,8 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("path.sysfs", "str", "/sys", "sysfs mountpoint."),
     Option("log.level", "str", "info", "Only log messages with the given severity or above: " + "|".join(LEVELS)),
     Option("log.format", "str", "logfmt", "Output format of log messages: " + "|".join(FORMATS)),
-    Option("engine.history", "duration", 120.0, "How much sample history each sampler keeps in memory."),
+    Option("engine.history", "duration", 120.0, "How many seconds of samples each sampler keeps in memory (and at most "
+           "as many samples as its fastest rate fills them with)."),
     Option("simulate", "str", "", "Serve a scenario's simulated host instead of the real one: a file, or the name "
            "of a shipped scenario (gpufeed examples)."),
     Option("simulate-speed", "float", 1.0, "Play the simulated scenario this many times faster than real time "

@@ -74,6 +74,8 @@ GAP_MIN = 30.0
 PATIENCE = 0.1
 # The watchdog's longest sleep (it is woken early by schedule changes and by stop).
 WATCH_MAX = 1.0
+# Samples a buffer keeps whatever their age: the newest pair, for a sampler slower than its horizon.
+KEEP_MIN = 2
 
 
 class DeadlineExceededError(CollectorError):
@@ -176,6 +178,7 @@ class Sampler:
     collector: str
     buffer: deque[Stamped[Any]]
     interval: float
+    horizon: float  # seconds of samples kept (the buffer's maxlen bounds their count too)
     next_due: float = 0.0
     success: bool = False
     available: bool = True
@@ -255,7 +258,7 @@ class Engine:
                     raise ValueError(f"sampler {spec.name!r} defined twice")
                 self.samplers[spec.name] = Sampler(
                     spec=spec, collector=c.name, buffer=deque(maxlen=self._buffer_len(spec.interval, spec.history)),
-                    interval=spec.interval,
+                    interval=spec.interval, horizon=self._horizon(spec.history),
                 )
         # Samplers that say their own interval (SamplerSpec.pace), by stage: asked after each run of the stage.
         self._paced: dict[str, list[Sampler]] = {}
@@ -279,11 +282,16 @@ class Engine:
         self._started_at: float | None = None
         self.batches = 0  # sampler-thread wake-ups that ran more than one sampler (tests)
 
+    def _horizon(self, history: float | None) -> float:
+        """Seconds of samples a sampler keeps: its own horizon when it declares a shorter one than
+        --engine.history."""
+        return self.history_seconds if history is None else min(self.history_seconds, history)
+
     def _buffer_len(self, interval: float, history: float | None = None) -> int:
-        # Bounded: enough samples to cover the history horizon (the sampler's own, when it declares a shorter
-        # one than --engine.history), never fewer than 16, never more than 4096.
-        horizon = self.history_seconds if history is None else min(self.history_seconds, history)
-        return max(16, min(4096, math.ceil(horizon / interval) + 2))
+        # Bounded by count: enough samples to cover the horizon at the interval, never fewer than 16, never more
+        # than 4096. The horizon bounds it by time as well (_trim): a sampler slowed down keeps its seconds, not
+        # its count -- the GPU fast path's 1,202 samples sized for 100 ms would hold 20 minutes at its steady 1 s.
+        return max(16, min(4096, math.ceil(self._horizon(history) / interval) + 2))
 
     def deadline(self, s: Sampler) -> float:
         """How long one call of ``s`` may take before it is abandoned (its spec's, else the default rule)."""
@@ -426,6 +434,7 @@ class Engine:
             s.last_success = started
             stamped = Stamped(started, value)
             s.buffer.append(stamped)
+            self._trim(s, started)
             self._latest[name] = stamped
             log.forget(("sampler_failed", name))
             log.forget(("sampler_nodata", name))
@@ -448,6 +457,15 @@ class Engine:
                 )
         self._overran(s, took)
         self._publish()
+
+    def _trim(self, s: Sampler, now: float) -> None:
+        """Drop the samples older than ``s``'s horizon, keeping the newest ``KEEP_MIN`` whatever their age (a
+        sampler slower than its horizon still has a pair to take differences of). Memory follows the sampling
+        rate: a sampler back at a slow pace gives back what its fast pace held."""
+        buf = s.buffer
+        oldest = now - s.horizon
+        while len(buf) > KEEP_MIN and buf[0].t < oldest:
+            buf.popleft()
 
     def _overran(self, s: Sampler, took: float) -> None:
         """Count the ticks a run that took ``took`` real seconds overran. None on a virtual clock: no virtual

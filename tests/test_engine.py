@@ -52,7 +52,8 @@ def test_virtual_time_runs_each_sampler_at_its_interval() -> None:
     eng.run_until(10.0)
     assert fast.calls == 101  # t = 0, 0.1, ..., 10.0
     hist = eng.history("counting")
-    assert len(hist) == eng.samplers["counting"].buffer.maxlen  # bounded, not 101
+    assert len(hist) == 11  # bounded by --engine.history: t = 9.0 ... 10.0, not 101
+    assert len(hist) <= (eng.samplers["counting"].buffer.maxlen or 0)
     assert hist[-1].value == 101
     assert eng.snapshot.value("counting") == 101
 
@@ -129,13 +130,35 @@ def test_sampler_declared_history_bounds_its_buffer_below_engine_history() -> No
     plain = Counting(ctx(interval=0.5))
     eng = Engine([short, plain], VirtualClock(), inline=True, history_seconds=120.0)
     eng.run_until(100.0)
-    assert len(eng.history("declared")) == 26  # 12 s / 0.5 s + 2, not 242
-    assert eng.history("declared")[0].t >= 100.0 - 13.0
+    assert len(eng.history("declared")) == 25  # 88.0 ... 100.0: 12 s at 0.5 s, not 242
+    assert eng.history("declared")[0].t == 100.0 - 12.0
     assert len(eng.history("counting")) == 201  # every sample so far: within --engine.history
     eng.set_interval("declared", 0.25)  # faster sampling covers the same 12 s, not 120 s
     eng.run_until(120.0)
     assert eng.samplers["declared"].buffer.maxlen == 50
     assert eng.history("declared")[0].t >= 120.0 - 13.0
+
+
+def test_a_sampler_slowed_down_keeps_its_seconds_of_history_not_the_count_its_fast_pace_needed() -> None:
+    # The GPU fast path's buffer is sized for 100 ms; at its steady 1 s it must hold --engine.history seconds
+    # (12 samples here), not 1,202 samples = 20 minutes that grow the process for 20 minutes after a start.
+    fast = Counting(ctx(interval=0.125))  # exact in binary: tick times are exact multiples
+    eng = Engine([fast], VirtualClock(), inline=True, history_seconds=10.0)
+    eng.run_until(30.0)
+    assert len(eng.history("counting")) == 81  # 20.0 ... 30.0 at 125 ms
+    eng.set_interval("counting", 1.0)
+    eng.run_until(100.0)
+    hist = eng.history("counting")
+    assert [x.t for x in hist] == [89.125 + k for k in range(11)]  # the last 10 s, at 1 s (89.125 ... 99.125)
+    assert hist[-1].value == fast.calls
+
+
+def test_a_sampler_slower_than_its_horizon_keeps_its_newest_pair() -> None:
+    # A per-thread pass every 30 s with a 12 s horizon: its consumers take differences, so two samples stay.
+    slow = Declared(ctx(interval=30.0), history=12.0)
+    eng = Engine([slow], VirtualClock(), inline=True, history_seconds=120.0)
+    eng.run_until(300.0)
+    assert [x.t for x in eng.history("declared")] == [270.0, 300.0]
 
 
 def test_declared_history_longer_than_engine_history_is_capped() -> None:
