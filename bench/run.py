@@ -24,7 +24,7 @@ from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import fidelity, latency, overhead, samework, series, soak, workload
+from bench import fidelity, latency, overhead, samework, series, soak, verdicts, workload
 from bench.common import Context, Options
 from bench.report import Section, machine, markdown, write_doc
 
@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[Context, Options], Section]] = {
     "series": series.run,
     "soak": soak.run,
     "workload": workload.run,
+    "verdicts": verdicts.run,
 }
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MAX_SOAK_MINUTES = 60.0

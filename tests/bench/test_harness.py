@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, fidelity, procstat, report, scrape, series, soak
+from bench import common, fidelity, procstat, report, scrape, series, soak, verdicts
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -186,3 +186,15 @@ def test_scrape_client_counts_a_refused_connection_as_an_error_not_a_latency() -
     r = scrape.scrape(free_port(), concurrency=1, seconds=0.1)
     assert r.latencies == ()
     assert r.errors >= 1
+
+
+def test_a_verdict_settles_at_the_first_evaluation_from_which_it_holds_to_the_end() -> None:
+    evals = [(1.0, "idle"), (2.0, "launch_bound"), (3.0, "idle"), (4.0, "launch_bound"), (5.0, "launch_bound")]
+    assert verdicts.settle_time(evals, ["launch_bound"]) == 4.0
+    assert verdicts.settle_time(evals, ["launch_bound", "idle"]) == 1.0  # a list: any of them
+
+
+def test_a_verdict_gone_again_by_the_phase_end_or_never_seen_has_no_settle_time() -> None:
+    assert verdicts.settle_time([(1.0, "launch_bound"), (2.0, None)], ["launch_bound"]) is None
+    assert verdicts.settle_time([(1.0, "healthy")], ["launch_bound"]) is None
+    assert verdicts.settle_time([], ["launch_bound"]) is None

@@ -126,6 +126,14 @@ def test_soak_smoke_samples_rss_over_time(ctx: Context, opts: Options) -> None:
     assert not math.isnan(sec.raw["slope_bytes_per_s"])
 
 
+def test_verdicts_smoke_plays_a_shared_scenario_and_times_each_expected_verdict(ctx: Context, opts: Options) -> None:
+    sec = BENCHMARKS["verdicts"](ctx, opts)
+    well_formed(sec)
+    found = sec.raw["latencies"]
+    assert found and {x["scenario"] for x in found} == {"launch_bound"}
+    assert all(x["seconds"] >= 0 for x in found)
+
+
 @needs_node_exporter
 def test_run_py_prints_the_table_and_writes_raw_json_without_touching_the_docs(tmp_path: Path) -> None:
     doc = REPO / "docs" / "benchmarks.md"
