@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import exporter.daemon as daemon_mod
 import exporter.engine as engine_mod
 import exporter.exposition as exposition_mod
+from bench.simcost import count_delta, snapshot_calls
 from exporter.cli import main
 
 _captured: list[daemon_mod.Daemon] = []
@@ -56,8 +57,15 @@ def _gc_callback(phase: str, info: dict[str, Any]) -> None:
             (time.perf_counter() - _gc_started[0], time.thread_time() - _gc_started[1]))
 
 
+# The fake NVML instances the daemon built (serve --simulate), and their per-function call counts at the window's
+# start: bench/simcost.py weighs the fake's per-call cost beyond the real binding's with the calls in the window.
+_fakes: list[Any] = []
+_fake_calls0: list[dict[str, int]] = []
+
+
 def _reset(signum: int, frame: FrameType | None) -> None:
     """SIGUSR1: start the CPU accounts afresh (the benchmark's window starts after warm-up)."""
+    _fake_calls0[:] = [snapshot_calls(f.calls) for f in _fakes]
     _cpu.clear()
     for pauses in _gc_pauses.values():
         pauses.clear()
@@ -77,8 +85,19 @@ def _freeze(signum: int, frame: FrameType | None) -> None:
     _frozen[0]["gc_full_now"] = [list(p) for p in _gc_pauses[2]]
 
 
+def _nvml_calls() -> dict[str, int]:
+    """Calls of each fake NVML function since the window started (all fakes together)."""
+    total: dict[str, int] = {}
+    for i, f in enumerate(_fakes):
+        before = _fake_calls0[i] if i < len(_fake_calls0) else {}
+        for name, n in count_delta(snapshot_calls(f.calls), before).items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
 def _accounts() -> dict[str, Any]:
     return {
+        "nvml_calls": _nvml_calls(),
         "cpu": {part: {"calls": int(v[0]), "cpu_s": v[1]} for part, v in _cpu.items()},
         "window": {"process_cpu_s": time.process_time() - _reset_at[0], "wall_s": time.monotonic() - _reset_at[1],
                    "loop_thread_cpu_s": time.thread_time() - _reset_at[2], "loop_charged_s": _on_loop[0]},
@@ -162,6 +181,13 @@ def _account_fake_nvml() -> None:
     real = getattr(fakenvml.FakeNvml, "_maybe_reload", None)
     if real is None:
         return
+    init = fakenvml.FakeNvml.__init__
+
+    def remembered(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _fakes.append(self)
+
+    fakenvml.FakeNvml.__init__ = remembered  # type: ignore[method-assign]
 
     def timed(self: Any) -> None:
         c0 = time.thread_time()
