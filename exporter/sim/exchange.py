@@ -15,9 +15,9 @@ state is split in two, in the directory the simulator and the daemon share:
   (:data:`DEFERRED`), which come after all the others of their type -- in a fixed binary layout mapped into
   memory, behind a sequence lock. The writer bumps the sequence to odd, writes, bumps it to even; a reader
   copies the block and keeps it only if the sequence was even and unchanged around the copy. Checking whether
-  anything changed is one 8-byte read of mapped memory (no system call); a change costs an unpack, a
-  comparison with the words it applied last (in C: ``map(operator.ne)``), and one assignment per number that
-  *moved* -- a 50 ms step
+  anything changed is one 8-byte read of mapped memory (no system call); a change costs an unpack, and for
+  each device *when a call reads it* (:meth:`Reader.settle_group`) a comparison with the words it applied last
+  and one assignment per number that *moved* -- a 50 ms step
   of the 8-GPU bench host moves ~80 of its ~770 numbers (~360 when the driver's sample buffers slide), and
   assigning all of them was most of what the daemon paid the simulator. The sample buffers are more than
   half of the numbers and read once a second (nvmlDeviceGetSamples), against 10-20 new states a second: a
@@ -43,12 +43,10 @@ from __future__ import annotations
 import functools
 import json
 import mmap
-import operator
 import os
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
-from itertools import compress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +58,14 @@ MAGIC = b"GPUFEED2"  # 2: the DEFERRED numbers last
 _HEADER = struct.Struct("<8sQQII")
 _SEQ = struct.Struct("<Q")
 _SEQ_AT = 8
-_EMPTY = struct.Struct("<")
 
 # A slot is where one number lives: (container, key-or-index).
 Slot = tuple[Any, Any]
 REASONS = "clock_event_reasons"
 # Keys whose numbers a reader may apply only when they are read: the driver's sample buffers.
 DEFERRED = frozenset({"util_samples", "mem_util_samples", "process_util"})
+# The top-level list whose elements' numbers a reader may apply per element, when that element is read.
+GROUPED = "devices"
 
 
 @dataclass
@@ -83,9 +82,41 @@ class Region:
     applied: bytes = b""  # its words then
 
 
-def walk(state: Any, regions: list[Region] | None = None) -> tuple[list[Slot], list[Slot], list[Any]]:
+@dataclass
+class Group:
+    """The eager numbers of one device: int slots ``[i0, i1)`` and float slots ``[f0, f1)`` (applied lazily: a
+    reader brings a device up to the newest values taken when a call reads that device)."""
+
+    container: Any
+    i0: int
+    i1: int
+    f0: int
+    f1: int
+    # The reader's side: its runs of value positions [lo, hi) (eager ints first, then eager floats; a run is all
+    # ints or all floats), the words of each run last compared, and the values generation last applied.
+    runs: list[tuple[int, int]] = field(default_factory=list)
+    seen: list[bytes] = field(default_factory=list)
+    gen: int = -1
+
+
+def _runs(flags: list[bool]) -> list[tuple[int, int]]:
+    """The maximal runs ``[lo, hi)`` of true flags."""
+    out: list[tuple[int, int]] = []
+    lo = None
+    for i, f in enumerate([*flags, False]):
+        if f and lo is None:
+            lo = i
+        elif not f and lo is not None:
+            out.append((lo, i))
+            lo = None
+    return out
+
+
+def walk(state: Any, regions: list[Region] | None = None,
+         groups: list[Group] | None = None) -> tuple[list[Slot], list[Slot], list[Any]]:
     """The int slots, the float slots (each: the DEFERRED ones last), and the shape signature of ``state``
-    (everything but the numbers); ``regions``, if given, receives each DEFERRED key's slot ranges.
+    (everything but the numbers); ``regions``, if given, receives each DEFERRED key's slot ranges, ``groups``
+    each device's (an element of the top-level ``devices`` list) eager slot ranges.
 
     A device's ``clock_event_reasons`` (a list of names) is a number too: its NVML bitmask, an int slot (the
     reasons of a waiting GPU flip with every idle gap, and as shape each flip cost a JSON parse and a full
@@ -121,6 +152,13 @@ def walk(state: Any, regions: list[Region] | None = None) -> tuple[list[Slot], l
         elif isinstance(v, float):
             shape.append("f")
             floats.append((container, key))
+        elif groups is not None and container is state and key == GROUPED and isinstance(v, list):
+            shape.append(("[", len(v)))
+            for i, item in enumerate(v):
+                i0, f0 = len(eager[0]), len(eager[1])
+                leaf(v, i, item)
+                if isinstance(item, dict):
+                    groups.append(Group(item, i0, len(eager[0]), f0, len(eager[1])))
         elif key in DEFERRED and isinstance(container, dict) and ints is eager[0]:
             ints, floats = deferred
             i0, f0 = len(ints), len(floats)
@@ -219,10 +257,15 @@ class Reader:
         self._containers: list[Any] = []
         self._keys: list[Any] = []
         self._reasons: frozenset[int] = frozenset()
-        self._applied: tuple[int, ...] | None = None
-        # The layout of the current shape: eager ints, eager floats (the others are DEFERRED), their formats.
+        # The words last assigned per position (None: not yet), the newest values taken (words, numbers) and
+        # their generation, the devices' groups by id of their mapping, and the positions outside every group.
+        self._applied: list[int | None] = []
+        self._block = b""
+        self._values_gen = 0
+        self._groups: dict[int, Group] = {}
+        self._top = Group(None, 0, 0, 0, 0)
+        # The layout of the current shape: eager ints, eager floats (the others are DEFERRED).
         self._eager = (0, 0)
-        self._formats: tuple[struct.Struct, struct.Struct, struct.Struct] = (_EMPTY, _EMPTY, _EMPTY)
         # DEFERRED buffers: by (id of the mapping, key); the deferred words of the newest state taken (ints,
         # floats) and its generation; a region is current when its gen is the reader's.
         self._regions: dict[tuple[int, str], Region] = {}
@@ -282,48 +325,88 @@ class Reader:
             loaded = self._load(seq, n_int, n_float)
             if loaded is None:
                 return None  # the JSON of a newer shape than these values (or older): poll again
-            state, ints, floats, regions = loaded
+            state, ints, floats, regions, groups = loaded
             ne_int, ne_float = _eager_counts(n_int, n_float, regions)
-            formats = struct.Struct(f"<{ne_int}q"), struct.Struct(f"<{ne_float}q"), struct.Struct(f"<{ne_float}d")
         else:
-            (ne_int, ne_float), formats = self._eager, self._formats
-        # Straight from the mapped memory (unpack copies), then the sequence again: a torn copy is dropped. The
-        # eager numbers: ints, floats as their words (compared) and as floats; the DEFERRED ones: their bytes.
+            ne_int, ne_float = self._eager
+        # Straight from the mapped memory (a slice copies), then the sequence again: a torn copy is dropped. The
+        # eager numbers as their words (ints, then floats), unpacked only where a device is read; the DEFERRED
+        # ones: their bytes, unpacked when their buffer is read.
         at_floats = _HEADER.size + 8 * n_int
-        raw = formats[0].unpack_from(m, _HEADER.size) + formats[1].unpack_from(m, at_floats)
-        floats_v = formats[2].unpack_from(m, at_floats)
+        block = m[_HEADER.size:_HEADER.size + 8 * ne_int] + m[at_floats:at_floats + 8 * ne_float]
         deferred = (m[_HEADER.size + 8 * ne_int:at_floats], m[at_floats + 8 * ne_float:end])
         (again,) = _SEQ.unpack_from(m, _SEQ_AT)
         if again != seq:
             return None  # written meanwhile: the next poll reads the newer one
         if new_shape:
             self.state, self._ints, self._floats, self._shape_id = state, ints, floats, shape_id
-            self._eager, self._formats = (ne_int, ne_float), formats
+            self._eager = (ne_int, ne_float)
             slots = ints[:ne_int] + floats[:ne_float]
             self._containers, self._keys = [c for c, _ in slots], [k for _, k in slots]
             self._reasons = frozenset(i for i, (_, k) in enumerate(slots) if k == REASONS)
             self._regions = {(id(r.container), r.key): r for r in regions}
-            self._applied = None
-        # Compared as raw words (a float's bits: -0.0 is not 0.0, a NaN equals itself); ints are their own word.
-        values = raw[:ne_int] + floats_v
-        prev = self._applied
-        every = range(ne_int + ne_float)
-        moved = every if prev is None else list(compress(every, map(operator.ne, raw, prev)))
-        containers, keys, reasons = self._containers, self._keys, self._reasons
-        for i in moved:
-            containers[i][keys[i]] = _reasons_of(values[i]) if i in reasons else values[i]
-        self.assigned += len(moved)
-        self._applied, self._seq = raw, seq
+            grouped = [False] * (ne_int + ne_float)
+            for g in groups:
+                g.runs = [(lo, hi) for lo, hi in ((g.i0, g.i1), (ne_int + g.f0, ne_int + g.f1)) if hi > lo]
+                for lo, hi in g.runs:
+                    grouped[lo:hi] = [True] * (hi - lo)
+            self._groups = {id(g.container): g for g in groups}
+            self._top = Group(None, 0, 0, 0, 0, runs=_runs([not x for x in grouped]))
+            self._applied = [None] * (ne_int + ne_float)
+        # Taken, not yet applied: the state's own numbers (its time) at once, each device's when a call reads it
+        # (settle_group) -- a fast tick reads the waiting GPUs, and unpacking and comparing all eight devices'
+        # numbers at every new state was most of what the daemon paid the simulation (cold caches: 100-300 us).
+        self._block, self._values_gen = block, self._values_gen + 1
+        self._settle(self._top)
+        self._seq = seq
         self._deferred, self._deferred_gen = deferred, self._deferred_gen + 1
         if settle or new_shape:
             self.settle_all()
         assert self.state is not None
         return self.state, new_shape
 
+    def _settle(self, g: Group) -> None:
+        """Assign the numbers of ``g``'s runs of positions that moved since they were last assigned, from the newest
+        values taken (the callers call it only when ``g`` is behind them). A run whose words are the ones seen last
+        costs one comparison of bytes; otherwise its words are compared one by one (a float by its bits: -0.0 is
+        not 0.0, a NaN equals itself)."""
+        g.gen = self._values_gen
+        block, applied, ne_int = self._block, self._applied, self._eager[0]
+        if len(g.seen) != len(g.runs):
+            g.seen = [b""] * len(g.runs)
+        for k, (lo, hi) in enumerate(g.runs):
+            words = block[8 * lo:8 * hi]
+            if words == g.seen[k]:
+                continue
+            g.seen[k] = words
+            raw = struct.unpack(f"<{hi - lo}q", words)
+            moved = [i for i, w in enumerate(raw, lo) if w != applied[i]]
+            if not moved:
+                continue
+            containers, keys, reasons = self._containers, self._keys, self._reasons
+            floats = struct.unpack(f"<{hi - lo}d", words) if lo >= ne_int else None
+            for i in moved:
+                applied[i] = raw[i - lo]
+                v = raw[i - lo] if floats is None else floats[i - lo]
+                containers[i][keys[i]] = _reasons_of(v) if i in reasons else v
+            self.assigned += len(moved)
+
+    def settle_group(self, container: Any) -> None:
+        """Bring one device (an element of the state's ``devices``) up to the newest values taken."""
+        g = self._groups.get(id(container))
+        if g is not None and g.gen != self._values_gen:
+            self._settle(g)
+
+    def settle_groups(self) -> None:
+        """Bring every device up to the newest values taken (the DEFERRED buffers excepted)."""
+        for g in self._groups.values():
+            if g.gen != self._values_gen:
+                self._settle(g)
+
     def _load(self, seq: int, n_int: int,
-              n_float: int) -> tuple[dict[str, Any], list[Slot], list[Slot], list[Region]] | None:
-        """The validated state of nvml.json, its slots and DEFERRED regions; None when its numbers are not these
-        (a JSON newer or older than the values)."""
+              n_float: int) -> tuple[dict[str, Any], list[Slot], list[Slot], list[Region], list[Group]] | None:
+        """The validated state of nvml.json, its slots, DEFERRED regions and device groups; None when its numbers
+        are not these (a JSON newer or older than the values)."""
         try:
             with open(self.dir / SHAPE_FILE, encoding="utf-8") as f:
                 state = self._load_shape(json.load(f))
@@ -332,10 +415,11 @@ class Reader:
             raise
         self.shape_loads += 1
         regions: list[Region] = []
-        ints, floats, _ = walk(state, regions)
+        groups: list[Group] = []
+        ints, floats, _ = walk(state, regions, groups)
         if (len(ints), len(floats)) != (n_int, n_float):
             return None
-        return state, ints, floats, regions
+        return state, ints, floats, regions, groups
 
     def settle(self, container: Any, key: str) -> None:
         """Apply the newest numbers of ``container[key]``, a DEFERRED buffer (nothing for any other key)."""
@@ -344,7 +428,8 @@ class Reader:
             self._apply(r)
 
     def settle_all(self) -> None:
-        """Apply every deferred buffer: the state is then wholly the newest one taken."""
+        """Apply every device's numbers and every deferred buffer: the state is then wholly the newest one taken."""
+        self.settle_groups()
         for r in self._regions.values():
             if r.gen != self._deferred_gen:
                 self._apply(r)

@@ -8,6 +8,7 @@ import json
 import math
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,15 @@ def _advanced(state: dict[str, Any], dt: float) -> dict[str, Any]:
         d["util_samples"], d["mem_util_samples"] = u, m
     s["devices"][0]["power_w"] += 10.0
     return normalize_state(s)
+
+
+def _served(tmp_path: Path, state: dict[str, Any], **kw: Any) -> tuple[exchange.Writer, FakeNvml, Any]:
+    """``state`` published, a fake serving the exchange (``from_exchange`` keywords), and GPU 0's handle."""
+    w = exchange.Writer(tmp_path)
+    w.write(state)
+    fake = FakeNvml.from_exchange(tmp_path, **kw)
+    fake.nvmlInit()
+    return w, fake, fake.nvmlDeviceGetHandleByIndex(0)
 
 
 def test_a_change_of_values_reaches_the_reader_without_reading_json(tmp_path: Path) -> None:
@@ -129,12 +139,8 @@ def test_a_restarted_writer_never_reuses_the_ids_a_reader_saw(tmp_path: Path) ->
 
 
 def test_a_fake_served_from_the_exchange_answers_as_from_the_state(tmp_path: Path) -> None:
-    w = exchange.Writer(tmp_path)
     s0 = _state()
-    w.write(s0)
-    fake = FakeNvml.from_exchange(tmp_path)
-    fake.nvmlInit()
-    h = fake.nvmlDeviceGetHandleByIndex(0)
+    w, fake, h = _served(tmp_path, s0)
     assert fake.nvmlDeviceGetPowerUsage(h) == 120500
     s1 = copy.deepcopy(s0)
     s1["devices"][0]["power_w"] = 250.0
@@ -304,3 +310,55 @@ def test_the_sample_buffers_are_applied_when_read_and_never_stale(tmp_path: Path
     r = exchange.Reader(tmp_path, normalize_state)
     got = r.poll()
     assert got is not None and got[0] == s2  # poll() settles everything by default
+
+
+def test_a_device_s_numbers_are_assigned_when_a_call_reads_that_device(tmp_path: Path) -> None:
+    # A fast tick reads the waiting GPUs only: unpacking and comparing every device's numbers at each new state
+    # was most of what the daemon paid the simulation. A device read gets the newest numbers taken, all of them.
+    s0 = _state(3)
+    w, fake, h0 = _served(tmp_path, s0)
+    h2 = fake.nvmlDeviceGetHandleByIndex(2)
+    reader = fake._exchange
+    assert reader is not None
+    s1 = copy.deepcopy(s0)
+    s1["t"] = 2.0
+    s1["devices"][0]["power_w"] = 300.0
+    s1["devices"][2]["power_w"] = 250.0
+    s1["devices"][2]["sm_clock_mhz"] = 990
+    w.write(s1)
+    before = reader.assigned
+    assert fake.nvmlDeviceGetPowerUsage(h2) == 250000
+    assert reader.assigned - before == 3, "the state's time and device 2's two numbers; device 0 waits"
+    assert fake.nvmlDeviceGetClockInfo(h2, pynvml.NVML_CLOCK_SM) == 990
+    assert reader.assigned - before == 3, "device 2 is current: nothing again"
+    s2 = copy.deepcopy(s1)
+    s2["devices"][0]["power_w"] = 310.0
+    w.write(s2)  # device 0 skipped a state: it reads the newest one
+    assert fake.nvmlDeviceGetPowerUsage(h0) == 310000
+    assert reader.assigned - before == 4
+    s3 = copy.deepcopy(s2)
+    s3["devices"][1]["power_w"] = 5.5
+    w.write(s3)
+    assert fake.nvmlDeviceGetPowerUsage(h0) == 310000  # takes s3; device 1 is not read
+    assert reader.assigned - before == 4
+    assert fake.state == s3, "the state hook brings every device up to date"
+
+
+def test_calls_within_the_shortest_poll_interval_look_at_the_exchange_once(tmp_path: Path) -> None:
+    # serve --simulate: the dozen calls of one sampling tick take one look; the next tick's first call takes the
+    # newest state. An event wait still installs a new shape (an Xid) at once.
+    s0 = _state(2)
+    w, fake, h = _served(tmp_path, s0, min_poll_s=0.2)
+    assert fake.nvmlDeviceGetPowerUsage(h) == 120500
+    s1 = copy.deepcopy(s0)
+    s1["devices"][0]["power_w"] = 300.0
+    w.write(s1)
+    assert fake.nvmlDeviceGetPowerUsage(h) == 120500, "within 200 ms of the last look: the state it took"
+    time.sleep(0.25)
+    assert fake.nvmlDeviceGetPowerUsage(h) == 300000
+    es = fake.nvmlEventSetCreate()
+    fake.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
+    s2 = copy.deepcopy(s1)
+    s2["devices"][0]["xid_events"] = [{"t": 0.5, "xid": 48}]
+    w.write(s2)
+    assert fake.nvmlEventSetWait_v2(es, 0).eventData == 48
