@@ -245,6 +245,34 @@ _GPM_BYTES = {C.GPM_PCIE_TX_PER_SEC: "pcie_tx_bytes", C.GPM_PCIE_RX_PER_SEC: "pc
 _GPM_KEYS = (*_GPM_RATIO.values(), *_GPM_BYTES.values())
 _GPM_MAX_METRICS = pynvml.c_nvmlGpmMetricsGet_t.metrics.size // ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
 
+
+@dataclass(frozen=True)
+class _GpmElements:
+    """The first ``n`` c_nvmlGpmMetric_t of a request in one read (metricId, metricInfo's 24 bytes) and one write
+    (metricId, nvmlReturn, value, metricInfo as read): a request answered in two struct calls, not 2n."""
+
+    read: struct.Struct
+    write: struct.Struct
+
+
+@functools.lru_cache(maxsize=8)
+def _gpm_elements(n: int) -> _GpmElements:
+    assert GPM_METRIC.size == 16 + 24, "c_nvmlGpmMetric_t: id, return, value (16 bytes), then 3 pointers"
+    return _GpmElements(struct.Struct("<" + "I12x24s" * n), struct.Struct("<" + "Iid24s" * n))
+
+
+@functools.lru_cache(maxsize=64)
+def _gpm_plan(ids: tuple[int, ...]) -> tuple[tuple[int, bool], ...] | None:
+    """Per requested metric: (position in a sample's values, whether it is a ratio); None when one is not
+    modelled (the request is then answered metric by metric up to it, which raises)."""
+    out: list[tuple[int, bool]] = []
+    for mid in ids:
+        key = _GPM_RATIO.get(mid) or _GPM_BYTES.get(mid)
+        if key is None:
+            return None
+        out.append((_GPM_KEYS.index(key), mid in _GPM_RATIO))
+    return tuple(out)
+
 _FORWARDED_PREFIXES = ("NVML_", "nvmlClocksEventReason", "nvmlClocksThrottleReason", "nvmlEventType", "NVMLError",
                        "c_nvml", "nvmlPciInfo", "struct_c_nvml", "nvmlFriendlyObject", "nvmlStructToFriendlyObject")
 _BANNED = {"nvmlDeviceGetPcieThroughput": "blocks ~20 ms per call; use fields 197/198 (DESIGN.md)"}
@@ -560,7 +588,7 @@ class _GpmSample:
     freed: bool = False
     source: tuple[str, int | None] | None = None  # (device uuid, GPU instance id or None)
     t: float = 0.0
-    values: dict[str, float] = field(default_factory=dict)
+    values: tuple[float, ...] = ()  # the integrals and byte totals, in _GPM_KEYS order
 
 
 class _Opaque:
@@ -620,7 +648,26 @@ def _api(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: FakeNvml, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
             self.calls[name] += 1
-            self._maybe_reload()
+            if self._look_due():
+                self._maybe_reload()
+            return fn(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _api_events(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_api` for the event wait, which reads only Xid events: from the exchange, new numbers are taken
+    only while some device has events (their times are numbers) or a new shape is pending (an event, a lost
+    GPU); otherwise the GPU samplers' own calls take them -- the Xid thread waking twice a second to take a
+    state it does not read was a cost only the simulation paid."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(self: FakeNvml, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.calls[name] += 1
+            if self._exchange is None or self._has_events or self._exchange.shape_pending():
+                self._maybe_reload()
             return fn(self, *args, **kwargs)
 
     return wrapper
@@ -638,6 +685,8 @@ class FakeNvml:
         self._path: Path | None = None
         self._stamp: tuple[int, int] | None = None
         self._exchange: Reader | None = None  # from_exchange
+        self._min_poll_s = 0.0  # from_exchange: the shortest real time between two looks at the exchange
+        self._polled_at = -math.inf
         self._init_count = 0
         self._lost_calls: Counter[str] = Counter()
         # Handles, samples and event sets are real binding pointers to objects the fake keeps alive; the
@@ -669,10 +718,16 @@ class FakeNvml:
         return fake
 
     @classmethod
-    def from_exchange(cls, directory: str | os.PathLike[str]) -> FakeNvml:
+    def from_exchange(cls, directory: str | os.PathLike[str], *, min_poll_s: float = 0.0) -> FakeNvml:
         """A fake serving the state a simulator publishes in ``directory`` through :mod:`exporter.sim.exchange`
-        (what ``serve --simulate`` uses): a change of values costs the daemon an unpack, not a JSON parse."""
+        (what ``serve --simulate`` uses): a change of values costs the daemon an unpack, not a JSON parse.
+
+        ``min_poll_s``: a call looks at the exchange only when the last look is at least this old (real seconds).
+        ``serve --simulate`` passes a tenth of the simulator's publish period: the calls of one sampling tick
+        (a dozen within a millisecond or two) then look once, and what they serve is never staler than the
+        simulator's own publish jitter. 0 (tests): every call looks."""
         fake = cls()
+        fake._min_poll_s = float(min_poll_s)
         fake._exchange = Reader(Path(directory), normalize_state)
         # The simulator writes continuously: a poll that meets a write in progress takes nothing. Retry, briefly.
         deadline = time.monotonic() + 5.0
@@ -737,6 +792,16 @@ class FakeNvml:
         with self._lock:
             return len(self._event_sets.live())
 
+    def _look_due(self) -> bool:
+        """Whether a call looks at the exchange now (always, but within ``min_poll_s`` of the last look)."""
+        if self._min_poll_s <= 0.0:
+            return True
+        now = time.monotonic()
+        if now - self._polled_at < self._min_poll_s:
+            return False
+        self._polled_at = now
+        return True
+
     def _maybe_reload(self) -> None:
         if self._exchange is not None:
             try:
@@ -793,6 +858,11 @@ class FakeNvml:
             self._handle_ids[id(ptr)] = key
         return ptr
 
+    def _settle_device(self, dev: Mapping[str, Any]) -> None:
+        """``dev``'s numbers as of the newest state taken (a call that reads a device not through its handle)."""
+        if self._exchange is not None:
+            self._exchange.settle_group(dev)
+
     def _resolve(self, handle: object, fn: str) -> tuple[_HandleKey, dict[str, Any]]:
         """The key and device behind ``handle``, after the lost/error/unsupported injections for ``fn``."""
         self._need_init()
@@ -807,6 +877,7 @@ class FakeNvml:
         dev = self._by_uuid.get(key.uuid)
         if dev is None:  # the device left the bus between enumeration and this call
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        self._settle_device(dev)  # its numbers as of the newest state taken (applied per device, when read)
         if key.gi is not None and fn not in MIG_HANDLE_CALLS:
             raise AssertionError(f"FakeNvml: {fn} is not modelled for a MIG device handle")
         self._inject(dev, fn)
@@ -1020,7 +1091,7 @@ class FakeNvml:
 
     def _snapshot(self, sample: _GpmSample, source: tuple[str, int | None], values: Mapping[str, Any]) -> None:
         sample.source, sample.t = source, float(self._state["t"])
-        sample.values = {k: float(values[k]) for k in _GPM_KEYS}
+        sample.values = tuple(map(values.__getitem__, _GPM_KEYS))
 
     @_api
     def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:  # noqa: N802, N803
@@ -1062,19 +1133,30 @@ class FakeNvml:
         if n > _GPM_MAX_METRICS:
             raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet numMetrics {n} outside the request's metrics array")
         v1, v2 = s1.values, s2.values
+        elems = _gpm_elements(n)
+        got = elems.read.unpack_from(mg, GPM_METRICS_AT)  # (metricId, metricInfo's bytes) per metric
+        plan = _gpm_plan(got[0::2])
+        if plan is not None:  # every metric modelled: all answered in one write, metricInfo left as it was
+            out: list[Any] = []
+            for (pos, is_ratio), mid, info in zip(plan, got[0::2], got[1::2], strict=True):
+                value = 0.0 if dt <= 0 else (100.0 * (v2[pos] - v1[pos]) / dt if is_ratio else
+                                             (v2[pos] - v1[pos]) / dt / C.MIB)
+                out += (mid, ERR_INVALID_ARGUMENT if dt <= 0 else SUCCESS, value, info)
+            elems.write.pack_into(mg, GPM_METRICS_AT, *out)
+            return mg
         for i in range(n):
             at = GPM_METRICS_AT + i * GPM_METRIC.size
             mid = GPM_METRIC.unpack_from(mg, at)[0]
             ratio, counter = _GPM_RATIO.get(mid), _GPM_BYTES.get(mid)
             if ratio is None and counter is None:
                 raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet asked for unmodelled GPM metric {mid}")
+            key = _GPM_KEYS.index(ratio if ratio is not None else counter)
             if dt <= 0:
                 GPM_RESULT.pack_into(mg, at + 4, ERR_INVALID_ARGUMENT, 0.0)
             elif ratio is not None:
-                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, 100.0 * (v2[ratio] - v1[ratio]) / dt)
+                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, 100.0 * (v2[key] - v1[key]) / dt)
             else:
-                assert counter is not None
-                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, (v2[counter] - v1[counter]) / dt / C.MIB)
+                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, (v2[key] - v1[key]) / dt / C.MIB)
         return mg
 
     @_api
@@ -1312,6 +1394,7 @@ class FakeNvml:
             events = dev["xid_events"]
             if not events or not es.types.get(dev["uuid"], 0) & pynvml.nvmlEventTypeXidCriticalError:
                 continue
+            self._settle_device(dev)  # its events' times as of the newest state taken
             last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
             newest = float(events[-1]["t"])
             if newest > last or (newest == last and sum(float(e["t"]) == newest for e in events) > n_at_last):
@@ -1327,6 +1410,9 @@ class FakeNvml:
                 continue
             if dev["lost"]:
                 raise nvml_error("gpu_is_lost")
+            if not dev["xid_events"]:
+                continue
+            self._settle_device(dev)  # its events' times as of the newest state taken
             last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
             seen_at_last = 0
             for ev in dev["xid_events"]:
@@ -1354,7 +1440,7 @@ class FakeNvml:
         data.computeInstanceId = NO_ID
         return data
 
-    @_api
+    @_api_events
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:  # noqa: N802, N803
         """The next due event of the set's devices; waits (real time) up to ``timeoutms`` for one, then raises
         NVML_ERROR_TIMEOUT as the binding does. A lost registered GPU raises GPU_IS_LOST."""

@@ -46,7 +46,7 @@ from exporter.sim.model import Model
 from exporter.sim.player import fast_tmpdir, kubelet_socket
 from exporter.sim.render import GROUPS, Renderer
 from exporter.sim.scenario import ScenarioError, load
-from exporter.sim.timebase import Playback, ScaledClock, group_intervals
+from exporter.sim.timebase import Playback, ScaledClock, group_intervals, render_periods
 
 _log = log.get_logger(component="sim")
 NVML_FILE = exchange.SHAPE_FILE
@@ -92,7 +92,9 @@ class LiveSimulation:
         values = dict(settings.values)
         values["path.procfs"] = str(sim.dir / "proc")
         values["path.sysfs"] = str(sim.dir / "sys")
-        sim.nvml = FakeNvml.from_exchange(sim.dir)
+        # The calls of one sampling tick look at the exchange once: a tenth of the NVML child's publish period.
+        sim.nvml = FakeNvml.from_exchange(sim.dir, min_poll_s=render_periods(
+            {"nvml": sim.intervals.get("nvml", 1.0)}, sim.speed)["nvml"] / 10)
         # The simulated host's kubelet (SPEC v2 host.kubernetes) answers in the daemon's process, on a socket
         # in the simulated root; without one, that socket is absent -- never the real host's kubelet.
         sock = kubelet_socket(sim.dir)
