@@ -90,7 +90,8 @@ def _drive(module: Any, advance: Callable[[float], None], rounds: int) -> dict[s
 def measure_fake(rounds: int = ROUNDS) -> dict[str, float]:
     """CPU per call of the fake NVML serving the 8-GPU benchmark host, as the backend calls it."""
     from bench.common import STEADY
-    from exporter.sim.fakenvml import FakeNvml
+    from exporter.sim import exchange
+    from exporter.sim.fakenvml import FakeNvml, normalize_state
     from exporter.sim.model import Model
     from exporter.sim.render import nvml_state
     from exporter.sim.scenario import load
@@ -99,9 +100,19 @@ def measure_fake(rounds: int = ROUNDS) -> dict[str, float]:
     t = [60.0]
     fake = FakeNvml(nvml_state(model, t[0]))
 
-    def advance(dt: float) -> None:  # the simulator's new state, installed outside the timed calls
+    def advance(dt: float) -> None:
+        """The simulator's new state, outside the timed calls, as the daemon's exchange brings it: the numbers
+        assigned in place (a new shape only when the shape changed), so the fake's per-shape caches (field
+        plans, indexes) live as long as they do in the daemon."""
         t[0] += dt
-        fake.set_state(nvml_state(model, t[0]))
+        new = normalize_state(nvml_state(model, t[0]))
+        old_ints, old_floats, old_shape = exchange.walk(fake._state)
+        new_ints, new_floats, new_shape = exchange.walk(new)
+        if new_shape != old_shape:
+            fake.set_state(new)
+            return
+        for (c, k), (nc, nk) in zip(old_ints + old_floats, new_ints + new_floats, strict=True):
+            c[k] = nc[nk]
 
     return _drive(fake, advance, rounds)
 

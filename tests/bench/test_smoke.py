@@ -61,12 +61,18 @@ def well_formed(sec: Section) -> None:
 def test_overhead_smoke_measures_the_daemon_pid_in_each_configuration(ctx: Context, opts: Options) -> None:
     sec = BENCHMARKS["overhead"](ctx, opts)
     well_formed(sec)
-    configs = [v for k, v in sec.raw.items() if isinstance(v, dict) and not k.startswith("breakdown")]
+    configs = [v for v in sec.raw.values() if isinstance(v, dict) and "cpu_pct" in v]
     assert len(configs) == 2
     (breakdown,) = [v for k, v in sec.raw.items() if k.startswith("breakdown")]
     assert breakdown["parts"], "no sampler was charged any CPU"
     assert all(v >= 0 for v in breakdown["parts"].values())
     assert breakdown["total_s"] >= 0 and breakdown["wall_s"] > 0
+    if shutil.which("cc") or shutil.which("gcc"):  # the simulation-only share, against the real binding's floor
+        costs = sec.raw["nvml_per_call_s"]
+        assert costs["fake"]["nvmlDeviceGetFieldValues"] > 0 and costs["real"]["nvmlDeviceGetFieldValues"] > 0
+        assert breakdown["nvml_calls"]["nvmlDeviceGetFieldValues"] > 0
+        share = breakdown["simulation_share_s"]
+        assert share["reload"] >= 0 and set(share["by_function"]) <= set(breakdown["nvml_calls"])
     for r in configs:
         assert r["cpu_pct"] >= 0 and r["wall_s"] > 0
         assert r["rss_end"] > 1_000_000  # a Python daemon is never under 1 MB
