@@ -15,9 +15,9 @@ state is split in two, in the directory the simulator and the daemon share:
   (:data:`DEFERRED`), which come after all the others of their type -- in a fixed binary layout mapped into
   memory, behind a sequence lock. The writer bumps the sequence to odd, writes, bumps it to even; a reader
   copies the block and keeps it only if the sequence was even and unchanged around the copy. Checking whether
-  anything changed is one 8-byte read of mapped memory (no system call); a change costs an unpack, and for
-  each device *when a call reads it* (:meth:`Reader.settle_group`) a comparison with the words it applied last
-  and one assignment per number that *moved* -- a 50 ms step
+  anything changed is one 8-byte read of mapped memory (no system call); a change costs a copy of the numbers'
+  bytes, and for each device *when a call reads it* (:meth:`Reader.settle_group`) a comparison with the words
+  it applied last and one assignment per number that *moved* -- a 50 ms step
   of the 8-GPU bench host moves ~80 of its ~770 numbers (~360 when the driver's sample buffers slide), and
   assigning all of them was most of what the daemon paid the simulator. The sample buffers are more than
   half of the numbers and read once a second (nvmlDeviceGetSamples), against 10-20 new states a second: a
@@ -240,7 +240,12 @@ class Writer:
 class Reader:
     """The fake NVML's side. :meth:`poll` answers None while nothing changed (one read of mapped memory), else
     ``(state, new_shape)``: the state dict, updated in place for a change of values, a new validated dict
-    after a change of shape. ``load_shape`` validates a shape's JSON (``fakenvml.normalize_state``)."""
+    after a change of shape. ``load_shape`` validates a shape's JSON (``fakenvml.normalize_state``).
+
+    With ``poll(settle=False)`` a change of values updates only the state's own numbers (its time): a device's
+    numbers are brought up to date by :meth:`settle_group` (its mapping), a sample buffer's by :meth:`settle`,
+    everything by :meth:`settle_all` -- a caller reading a device must settle it first. ``busy`` says whether
+    the last poll that answered None met a write in progress (the caller may look again at once)."""
 
     def __init__(self, directory: Path, load_shape: Any) -> None:
         self.dir = directory
@@ -257,8 +262,9 @@ class Reader:
         self._containers: list[Any] = []
         self._keys: list[Any] = []
         self._reasons: frozenset[int] = frozenset()
-        # The words last assigned per position (None: not yet), the newest values taken (words, numbers) and
-        # their generation, the devices' groups by id of their mapping, and the positions outside every group.
+        # The words last assigned per position (None: never, so the first settle assigns it), the eager numbers'
+        # bytes of the newest state taken and its generation, the devices' groups by id of their mapping, and the
+        # runs of positions outside every group (the state's own numbers: its time).
         self._applied: list[int | None] = []
         self._block = b""
         self._values_gen = 0
@@ -271,6 +277,7 @@ class Reader:
         self._regions: dict[tuple[int, str], Region] = {}
         self._deferred: tuple[bytes, bytes] = (b"", b"")
         self._deferred_gen = 0
+        self.busy = False  # the last poll met a write in progress (see the class docstring)
         self.shape_loads = 0  # JSON shapes read (tests: value changes must not read JSON)
         self.assigned = 0  # numbers written into the state (tests: only the ones that moved)
 
@@ -302,14 +309,16 @@ class Reader:
         return bool(magic != MAGIC or shape_id != self._shape_id)
 
     def poll(self, settle: bool = True) -> tuple[dict[str, Any], bool] | None:
-        """None: nothing new (or a write in progress: the previous state stands). Raises OSError/ValueError
-        (and the shape loader's errors) for an unreadable or invalid exchange; the caller keeps its state.
-        ``settle=False``: the DEFERRED buffers of a change of values are applied only by :meth:`settle` (a new
-        shape applies everything)."""
+        """None: nothing new (or a write in progress: the previous state stands, and :attr:`busy` is set). Raises
+        OSError/ValueError (and the shape loader's errors) for an unreadable or invalid exchange; the caller keeps
+        its state. ``settle=False``: of a change of values only the state's own numbers are applied; the devices'
+        and the DEFERRED buffers' wait for :meth:`settle_group` and :meth:`settle` (a new shape applies
+        everything)."""
         m = self._mapped()
         if m is None:
             raise OSError(f"{self.dir / VALUES_FILE}: missing or empty")
         (seq,) = _SEQ.unpack_from(m, _SEQ_AT)
+        self.busy = bool(seq & 1)
         if seq == self._seq or seq & 1:
             return None
         magic, _, shape_id, n_int, n_float = _HEADER.unpack_from(m, 0)
@@ -324,6 +333,7 @@ class Reader:
         if new_shape:
             loaded = self._load(seq, n_int, n_float)
             if loaded is None:
+                self.busy = True
                 return None  # the JSON of a newer shape than these values (or older): poll again
             state, ints, floats, regions, groups = loaded
             ne_int, ne_float = _eager_counts(n_int, n_float, regions)
@@ -337,6 +347,7 @@ class Reader:
         deferred = (m[_HEADER.size + 8 * ne_int:at_floats], m[at_floats + 8 * ne_float:end])
         (again,) = _SEQ.unpack_from(m, _SEQ_AT)
         if again != seq:
+            self.busy = True
             return None  # written meanwhile: the next poll reads the newer one
         if new_shape:
             self.state, self._ints, self._floats, self._shape_id = state, ints, floats, shape_id
@@ -351,7 +362,9 @@ class Reader:
                 for lo, hi in g.runs:
                     grouped[lo:hi] = [True] * (hi - lo)
             self._groups = {id(g.container): g for g in groups}
-            self._top = Group(None, 0, 0, 0, 0, runs=_runs([not x for x in grouped]))
+            top = [not x for x in grouped]  # runs of ints and runs of floats apart: a run is unpacked as one type
+            self._top = Group(None, 0, 0, 0, 0,
+                              runs=_runs(top[:ne_int]) + [(lo + ne_int, hi + ne_int) for lo, hi in _runs(top[ne_int:])])
             self._applied = [None] * (ne_int + ne_float)
         # Taken, not yet applied: the state's own numbers (its time) at once, each device's when a call reads it
         # (settle_group) -- a fast tick reads the waiting GPUs, and unpacking and comparing all eight devices'

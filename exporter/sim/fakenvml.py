@@ -687,6 +687,7 @@ class FakeNvml:
         self._exchange: Reader | None = None  # from_exchange
         self._min_poll_s = 0.0  # from_exchange: the shortest real time between two looks at the exchange
         self._polled_at = -math.inf
+        self._monotonic = time.monotonic  # the clock of those looks (a test steps its own)
         self._init_count = 0
         self._lost_calls: Counter[str] = Counter()
         # Handles, samples and event sets are real binding pointers to objects the fake keeps alive; the
@@ -796,7 +797,7 @@ class FakeNvml:
         """Whether a call looks at the exchange now (always, but within ``min_poll_s`` of the last look)."""
         if self._min_poll_s <= 0.0:
             return True
-        now = time.monotonic()
+        now = self._monotonic()
         if now - self._polled_at < self._min_poll_s:
             return False
         self._polled_at = now
@@ -805,10 +806,12 @@ class FakeNvml:
     def _maybe_reload(self) -> None:
         if self._exchange is not None:
             try:
-                got = self._exchange.poll(settle=False)  # the sample buffers: when read (_buffer)
+                got = self._exchange.poll(settle=False)  # devices and sample buffers: when read (_resolve, _buffer)
             except (OSError, ValueError, StateError):
                 self.reload_errors += 1
                 return
+            if got is None and self._exchange.busy:
+                self._polled_at = -math.inf  # met a write in progress: the next call looks again
             if got is not None:
                 if got[1]:
                     self._install(got[0])

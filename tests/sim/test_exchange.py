@@ -8,7 +8,6 @@ import json
 import math
 import struct
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -349,13 +348,26 @@ def test_calls_within_the_shortest_poll_interval_look_at_the_exchange_once(tmp_p
     # newest state. An event wait still installs a new shape (an Xid) at once.
     s0 = _state(2)
     w, fake, h = _served(tmp_path, s0, min_poll_s=0.2)
+    now = [fake._polled_at + 10.0]  # a stepped clock, from well after the set-up's last look
+    fake._monotonic = lambda: now[0]
     assert fake.nvmlDeviceGetPowerUsage(h) == 120500
     s1 = copy.deepcopy(s0)
     s1["devices"][0]["power_w"] = 300.0
     w.write(s1)
+    now[0] += 0.15
     assert fake.nvmlDeviceGetPowerUsage(h) == 120500, "within 200 ms of the last look: the state it took"
-    time.sleep(0.25)
+    now[0] += 0.1
     assert fake.nvmlDeviceGetPowerUsage(h) == 300000
+    # A look that meets a write in progress (odd sequence) does not start the 200 ms: the next call looks again.
+    s2 = copy.deepcopy(s1)
+    s2["devices"][0]["power_w"] = 310.0
+    w.write(s2)
+    assert w._map is not None
+    exchange._SEQ.pack_into(w._map, 8, w.sequence + 1)  # the writer is inside its next write
+    now[0] += 0.3
+    assert fake.nvmlDeviceGetPowerUsage(h) == 300000
+    exchange._SEQ.pack_into(w._map, 8, w.sequence)  # that write "aborted": s2 is complete
+    assert fake.nvmlDeviceGetPowerUsage(h) == 310000, "looked again at the same instant"
     es = fake.nvmlEventSetCreate()
     fake.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
     s2 = copy.deepcopy(s1)
