@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from exporter import yamlsafe
+from exporter.durations import format_duration
 from exporter.log import FORMATS, LEVELS
-from exporter.sampling import Option, Stage
+from exporter.names import DERIVED
+from exporter.sampling import BUFFER_MAX_SAMPLES, Option, Stage
 
 
 class ConfigError(Exception):
@@ -80,8 +82,9 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("path.sysfs", "str", "/sys", "sysfs mountpoint."),
     Option("log.level", "str", "info", "Only log messages with the given severity or above: " + "|".join(LEVELS)),
     Option("log.format", "str", "logfmt", "Output format of log messages: " + "|".join(FORMATS)),
-    Option("engine.history", "duration", 120.0, "How many seconds of samples each sampler keeps in memory (and at most "
-           "as many samples as its fastest rate fills them with)."),
+    Option("engine.history", "duration", 120.0, "How many seconds of samples each sampler keeps in memory (at most "
+           f"{BUFFER_MAX_SAMPLES} samples: as many as its fastest rate fills them with); at least "
+           "--collector.derived.window."),
     Option("simulate", "str", "", "Serve a scenario's simulated host instead of the real one: a file, or the name "
            "of a shipped scenario (gpufeed examples)."),
     Option("simulate-speed", "float", 1.0, "Play the simulated scenario this many times faster than real time "
@@ -208,6 +211,12 @@ def resolve(
         raise ConfigError("--web.max-connections must be at least 1")
     if not str(values["web.telemetry-path"]).startswith("/"):
         raise ConfigError("--web.telemetry-path must start with '/'")
+    window = copts.get(DERIVED, {}).get("window")
+    if window is not None and values["engine.history"] < window:
+        # The verdicts, burstiness and findings read the classifier window from the buffers: a shorter history
+        # would judge on less than the window their help texts and the dashboards say.
+        raise ConfigError(f"--engine.history ({format_duration(values['engine.history'])}) must be at least "
+                          f"--collector.derived.window ({format_duration(window)})")
     speed = values["simulate-speed"]
     if not 0 < speed <= MAX_SIMULATE_SPEED:  # NaN fails this too
         # Above this the daemon would sample a 100 ms source every millisecond of wall time: its sampling, not

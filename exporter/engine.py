@@ -50,7 +50,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from exporter import log
-from exporter.sampling import UNCHANGED, CollectorError, NoDataError, SamplerSpec, Stage
+from exporter.sampling import BUFFER_MAX_SAMPLES, UNCHANGED, CollectorError, NoDataError, SamplerSpec, Stage
 from exporter.snapshot import SamplerStatus, Snapshot, Stamped
 
 _log = log.get_logger(component="engine")
@@ -289,9 +289,10 @@ class Engine:
 
     def _buffer_len(self, interval: float, history: float | None = None) -> int:
         # Bounded by count: enough samples to cover the horizon at the interval, never fewer than 16, never more
-        # than 4096. The horizon bounds it by time as well (_trim): a sampler slowed down keeps its seconds, not
-        # its count -- the GPU fast path's 1,202 samples sized for 100 ms would hold 20 minutes at its steady 1 s.
-        return max(16, min(4096, math.ceil(self._horizon(history) / interval) + 2))
+        # than BUFFER_MAX_SAMPLES. The horizon bounds it by time as well (_trim): a sampler slowed down keeps its
+        # seconds, not its count -- the GPU fast path's 1,202 samples sized for 100 ms would hold 20 minutes at its
+        # steady 1 s.
+        return max(16, min(BUFFER_MAX_SAMPLES, math.ceil(self._horizon(history) / interval) + 2))
 
     def deadline(self, s: Sampler) -> float:
         """How long one call of ``s`` may take before it is abandoned (its spec's, else the default rule)."""

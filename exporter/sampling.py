@@ -32,6 +32,8 @@ from exporter.snapshot import Snapshot
 # The longest window the analyzer judges CPU shape over (its cpu window is min(window, this)): deep
 # (per-thread) samples older than this are never read, so the deep sampler keeps only this much.
 CPU_WINDOW_MAX = 10.0
+# The most samples a sampler's ring buffer holds, whatever its interval and --engine.history.
+BUFFER_MAX_SAMPLES = 4096
 
 
 class Unchanged:

@@ -178,6 +178,16 @@ def test_go_style_durations_are_taken_by_every_duration_flag() -> None:
     assert (s.collector["proc"]["threads-interval"], s.collector["cpu"]["interval"]) == (60.0, 0.25)
 
 
+def test_a_history_shorter_than_the_classifier_window_is_refused_naming_both_flags(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The buffers keep --engine.history seconds; verdicts judge --collector.derived.window of them.
+    rc, err = _main(capsys, "--engine.history=10s")
+    assert rc == 2
+    assert "--engine.history (10s) must be at least --collector.derived.window (15s)" in _one_line(err)
+    assert cli.main(["check-config", "--engine.history=10s", "--collector.derived.window=10s"]) == 0
+    assert cli.main(["check-config", "--engine.history=10s"]) == 2
+
+
 def test_argparse_errors_are_one_line_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["serve", "--nope"], ["diagnose", "--duration"], ["frobnicate"], ["diagnose", "--json=1"]):
         with pytest.raises(SystemExit) as e:
