@@ -116,7 +116,7 @@ def _charge(part: str, seconds: float) -> None:
     acc = _cpu.setdefault(part, [0, 0.0])
     acc[0] += 1
     acc[1] += seconds
-    if part is not SIM_RELOAD and threading.current_thread() is threading.main_thread():
+    if part != SIM_RELOAD and threading.current_thread() is threading.main_thread():
         _on_loop[0] += seconds
 
 

@@ -138,13 +138,15 @@ def per_call(rounds: int = ROUNDS, timeout: float = 300.0) -> dict[str, dict[str
 
 def excess(calls: Mapping[str, int], costs: Mapping[str, Mapping[str, float]]) -> tuple[float, dict[str, float]]:
     """CPU seconds the fake spent beyond the real binding's floor for ``calls`` (function -> count): the total and
-    each function's share. A function the real binding was not measured for counts in full (an upper bound)."""
+    each function's share. Bounded from above: a function cheaper in the fake counts as no excess (it does not
+    offset the others); one the real binding was not measured for counts in full; one the fake was not measured
+    for (the backend's runs here never called it) counts at the dearest per-call cost measured."""
     fake, real = costs["fake"], costs["real"]
+    dearest = max(fake.values(), default=0.0)
     parts: dict[str, float] = {}
     for name, n in calls.items():
-        if n <= 0 or name not in fake:
-            continue
-        parts[name] = n * (fake[name] - real.get(name, 0.0))
+        if n > 0:
+            parts[name] = n * max(0.0, fake.get(name, dearest) - real.get(name, 0.0))
     return sum(parts.values()), dict(sorted(parts.items(), key=lambda kv: -kv[1]))
 
 

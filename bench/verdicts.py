@@ -4,7 +4,8 @@ Adaptive sampling (DESIGN.md "Sampling that pays only for what it learns") must 
 is a verdict within 15 s of a condition's onset. Each scenario of ``tests/scenarios`` (the repository's copy of
 ``shared/scenarios``, with its version-2 workload scenarios) plays in virtual time through the real collectors,
 engine and derived layer at default settings (``exporter.sim.player.play``, what ``gpufeed diagnose --scenario``
-runs), recording every evaluation. For each ``expect`` entry and GPU, the latency is the time from the phase's
+runs), recording every evaluation. For each ``expect`` entry and GPU (or MIG instance, ``expect[].mig``), the
+latency is the time from the phase's
 start to the first evaluation from which the expected verdict (any of a list) holds at every evaluation to the
 phase's end. A verdict that never settles, or one that is gone again by the phase's end, has no latency: that
 is a miss. Virtual time, so the figures do not depend on the machine.
@@ -40,6 +41,14 @@ class Latency:
     gpu: int
     want: tuple[str, ...]
     seconds: float  # math.inf when it never settled
+    mig: int | None = None  # the MIG instance (GPU instance id) of an ``expect[].mig`` verdict
+
+    def raw(self) -> dict[str, object]:
+        """As JSON can hold it: a verdict that never settled has no latency (null, not Infinity)."""
+        return {**self.__dict__, "seconds": None if math.isinf(self.seconds) else self.seconds}
+
+    def who(self) -> str:
+        return f"GPU {self.gpu}" if self.mig is None else f"GPU {self.gpu} MIG {self.mig}"
 
 
 def scenario_files(smoke: bool = False) -> list[Path]:
@@ -65,6 +74,7 @@ def settle_time(evaluations: Sequence[tuple[float, str | None]], want: Iterable[
 
 def latencies(path: Path) -> list[Latency]:
     """Every expected verdict of the scenario at ``path``, played at default settings."""
+    from exporter.samples.gpu import GpuKey
     from exporter.sim.player import play
     from exporter.sim.scenario import load
 
@@ -79,6 +89,11 @@ def latencies(path: Path) -> list[Latency]:
             evals = [(t, s.gpus[gpu].cause if gpu in s.gpus else None) for t, s in during]
             t0 = settle_time(evals, want)
             out.append(Latency(path.stem, exp.phase, gpu, tuple(want), math.inf if t0 is None else t0 - start))
+        for (gpu, gi), cause in sorted(exp.mig.items()):
+            key = GpuKey(gpu, gi)
+            evals = [(t, s.mig[key].cause if key in s.mig else None) for t, s in during]
+            t0 = settle_time(evals, (cause,))
+            out.append(Latency(path.stem, exp.phase, gpu, (cause,), math.inf if t0 is None else t0 - start, gi))
     return out
 
 
@@ -97,14 +112,14 @@ def run(ctx: Context, opts: Options) -> Section:
     worst = max(found, key=lambda x: x.seconds)
     budget = f"<= {BUDGET_S:g} s"
     sec.add("worst verdict latency, every scenario",
-            f"{_fmt(worst.seconds)} ({worst.scenario}, phase {worst.phase}, GPU {worst.gpu}: "
+            f"{_fmt(worst.seconds)} ({worst.scenario}, phase {worst.phase}, {worst.who()}: "
             f"{'/'.join(worst.want)}; {len(found)} expected verdicts in {len(per)} scenarios)",
             budget, worst.seconds <= BUDGET_S)
     for name, xs in sorted(per.items()):
         w = max(xs, key=lambda x: x.seconds)
-        sec.add(f"{name}: worst of {len(xs)}", f"{_fmt(w.seconds)} (phase {w.phase}, GPU {w.gpu}: {'/'.join(w.want)})",
+        sec.add(f"{name}: worst of {len(xs)}", f"{_fmt(w.seconds)} (phase {w.phase}, {w.who()}: {'/'.join(w.want)})",
                 budget, w.seconds <= BUDGET_S)
-    sec.raw = {"latencies": [x.__dict__ for x in found]}
+    sec.raw = {"latencies": [x.raw() for x in found]}
     sec.note("Latency: from the phase's start to the first evaluation from which the expected verdict holds at every "
              "evaluation to the phase's end (the analyzer evaluates every second; a phase that continues the previous "
              "phase's verdict settles at its first evaluation). A phase shorter than its verdict's latency shows as "

@@ -13,8 +13,8 @@ import ctypes
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +26,30 @@ class StubError(RuntimeError):
     """The stub library cannot be built here (the message says why)."""
 
 
+def _private(base: Path) -> Path:
+    """``base``, created if needed, when it is a directory of this user's that nobody else may write: the library
+    in it is loaded into the process, so a directory another user could have made first is refused."""
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = base.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StubError(f"{base}: not a directory of this user's that only it may write; remove it or set "
+                        "XDG_CACHE_HOME")
+    return base
+
+
 def build(cache: Path | None = None) -> Path:
-    """The compiled stub (cached by the source's hash); StubError when it cannot be built."""
+    """The compiled stub (cached by the source's hash, under ``cache`` or $XDG_CACHE_HOME/gpufeed-nvmlstub);
+    StubError when it cannot be built."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise StubError("no C compiler (cc or gcc) on PATH")
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    base = cache or Path(tempfile.gettempdir()) / f"gpufeed-nvmlstub-{os.getuid()}"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = _private(cache or Path(xdg) / "gpufeed-nvmlstub")
     out = base / digest / LIBRARY
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    _private(out.parent)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(tmp), str(SOURCE)],
                           capture_output=True, text=True, timeout=120, check=False)
@@ -51,8 +64,8 @@ def load(path: Path) -> Any:
     import pynvml
 
     lib = ctypes.CDLL(str(path))
-    lib.nvml_stub_sizeof.restype = ctypes.c_size_t
-    lib.nvml_stub_sizeof.argtypes = [ctypes.c_char_p]
+    lib.nvml_stub_layout.restype = ctypes.c_size_t
+    lib.nvml_stub_layout.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     lib.nvml_stub_advance.argtypes = [ctypes.c_ulonglong]
     pynvml.nvmlLib = lib
     pynvml._nvmlGetFunctionPointer_cache.clear()

@@ -88,12 +88,9 @@ typedef struct { nvmlDevice_t device; unsigned long long eventType, eventData; u
 typedef struct { int unused; } event_set_t;
 
 static device_t devices[MAX_GPUS];
+static int gpu_count = 8; /* NVML_STUB_GPUS, read by nvmlInitWithFlags: not at every call */
 
-static int gpus(void) {
-    const char *env = getenv("NVML_STUB_GPUS");
-    int n = env ? atoi(env) : 8;
-    return n < 0 ? 0 : n > MAX_GPUS ? MAX_GPUS : n;
-}
+static int gpus(void) { return gpu_count; }
 
 static unsigned long long offset_us; /* nvml_stub_advance(): the stub's clock ahead of CLOCK_MONOTONIC */
 
@@ -108,21 +105,54 @@ void nvml_stub_advance(unsigned long long us) { offset_us += us; }
 
 static int valid(nvmlDevice_t d) { return d != NULL && d >= devices && d < devices + gpus(); }
 
-/* The sizes of the structs above, for a test to compare with the binding's ctypes mirrors. */
-size_t nvml_stub_sizeof(const char *name) {
-    if (!strcmp(name, "nvmlFieldValue_t")) return sizeof(nvmlFieldValue_t);
-    if (!strcmp(name, "nvmlSample_t")) return sizeof(nvmlSample_t);
-    if (!strcmp(name, "nvmlPciInfo_t")) return sizeof(nvmlPciInfo_t);
-    if (!strcmp(name, "nvmlMemory_t")) return sizeof(nvmlMemory_t);
-    if (!strcmp(name, "nvmlProcessInfo_v3_t")) return sizeof(nvmlProcessInfo_t);
-    if (!strcmp(name, "nvmlProcessUtilizationSample_t")) return sizeof(nvmlProcessUtilizationSample_t);
-    if (!strcmp(name, "nvmlGpmMetric_t")) return sizeof(nvmlGpmMetric_t);
-    if (!strcmp(name, "nvmlEventData_t")) return sizeof(nvmlEventData_t);
-    return 0;
+/* The layouts of the structs above, for a test to compare with the binding's ctypes mirrors: the size of a struct
+ * (field NULL) or the offset of one of its fields, by the names pynvml gives them; (size_t)-1 for a name not here. */
+#define FIELD(T, F) {#T, #F, offsetof(T, F)}
+#define SIZE(T) {#T, NULL, sizeof(T)}
+static const struct { const char *type, *field; size_t at; } layout[] = {
+    SIZE(nvmlFieldValue_t), FIELD(nvmlFieldValue_t, fieldId), FIELD(nvmlFieldValue_t, scopeId),
+    FIELD(nvmlFieldValue_t, timestamp), FIELD(nvmlFieldValue_t, latencyUsec), FIELD(nvmlFieldValue_t, valueType),
+    FIELD(nvmlFieldValue_t, nvmlReturn), FIELD(nvmlFieldValue_t, value),
+    SIZE(nvmlSample_t), FIELD(nvmlSample_t, timeStamp), FIELD(nvmlSample_t, sampleValue),
+    SIZE(nvmlPciInfo_t), FIELD(nvmlPciInfo_t, busIdLegacy), FIELD(nvmlPciInfo_t, domain), FIELD(nvmlPciInfo_t, bus),
+    FIELD(nvmlPciInfo_t, device), FIELD(nvmlPciInfo_t, pciDeviceId), FIELD(nvmlPciInfo_t, pciSubSystemId),
+    FIELD(nvmlPciInfo_t, busId),
+    SIZE(nvmlMemory_t), FIELD(nvmlMemory_t, total), FIELD(nvmlMemory_t, free), FIELD(nvmlMemory_t, used),
+    SIZE(nvmlMemory_v2_t), FIELD(nvmlMemory_v2_t, version), FIELD(nvmlMemory_v2_t, total),
+    FIELD(nvmlMemory_v2_t, reserved), FIELD(nvmlMemory_v2_t, free), FIELD(nvmlMemory_v2_t, used),
+    SIZE(nvmlUtilization_t), FIELD(nvmlUtilization_t, gpu), FIELD(nvmlUtilization_t, memory),
+    SIZE(nvmlProcessInfo_t), FIELD(nvmlProcessInfo_t, pid), FIELD(nvmlProcessInfo_t, usedGpuMemory),
+    FIELD(nvmlProcessInfo_t, gpuInstanceId), FIELD(nvmlProcessInfo_t, computeInstanceId),
+    SIZE(nvmlProcessUtilizationSample_t), FIELD(nvmlProcessUtilizationSample_t, pid),
+    FIELD(nvmlProcessUtilizationSample_t, timeStamp), FIELD(nvmlProcessUtilizationSample_t, smUtil),
+    FIELD(nvmlProcessUtilizationSample_t, memUtil), FIELD(nvmlProcessUtilizationSample_t, encUtil),
+    FIELD(nvmlProcessUtilizationSample_t, decUtil),
+    SIZE(nvmlGpmSupport_t), FIELD(nvmlGpmSupport_t, version), FIELD(nvmlGpmSupport_t, isSupportedDevice),
+    SIZE(nvmlGpmMetric_t), FIELD(nvmlGpmMetric_t, metricId), FIELD(nvmlGpmMetric_t, nvmlReturn),
+    FIELD(nvmlGpmMetric_t, value), FIELD(nvmlGpmMetric_t, metricInfo),
+    FIELD(nvmlGpmMetricsGet_t, version), FIELD(nvmlGpmMetricsGet_t, numMetrics), FIELD(nvmlGpmMetricsGet_t, sample1),
+    FIELD(nvmlGpmMetricsGet_t, sample2), FIELD(nvmlGpmMetricsGet_t, metrics),
+    SIZE(nvmlEventData_t), FIELD(nvmlEventData_t, device), FIELD(nvmlEventData_t, eventType),
+    FIELD(nvmlEventData_t, eventData), FIELD(nvmlEventData_t, gpuInstanceId), FIELD(nvmlEventData_t, computeInstanceId),
+};
+
+size_t nvml_stub_layout(const char *type, const char *field) {
+    for (size_t i = 0; i < sizeof(layout) / sizeof(layout[0]); i++) {
+        if (strcmp(layout[i].type, type)) continue;
+        if (field == NULL ? layout[i].field == NULL : layout[i].field != NULL && !strcmp(layout[i].field, field))
+            return layout[i].at;
+    }
+    return (size_t)-1;
 }
 
-int nvmlInitWithFlags(unsigned int flags) { (void)flags; for (int i = 0; i < MAX_GPUS; i++) devices[i].index = i;
-                                            return SUCCESS; }
+int nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    const char *env = getenv("NVML_STUB_GPUS");
+    int n = env ? atoi(env) : 8;
+    gpu_count = n < 0 ? 0 : n > MAX_GPUS ? MAX_GPUS : n;
+    for (int i = 0; i < MAX_GPUS; i++) devices[i].index = i;
+    return SUCCESS;
+}
 int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 int nvmlShutdown(void) { return SUCCESS; }
 

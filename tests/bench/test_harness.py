@@ -198,3 +198,13 @@ def test_a_verdict_gone_again_by_the_phase_end_or_never_seen_has_no_settle_time(
     assert verdicts.settle_time([(1.0, "launch_bound"), (2.0, None)], ["launch_bound"]) is None
     assert verdicts.settle_time([(1.0, "healthy")], ["launch_bound"]) is None
     assert verdicts.settle_time([], ["launch_bound"]) is None
+
+
+def test_a_mig_instance_s_expected_verdict_is_timed_too() -> None:
+    # expect[].mig: the instances of a GPU in MIG mode are judged one by one, and so is their latency.
+    scenario = Path(__file__).resolve().parents[1] / "derived" / "scenarios" / "mig_instances.yaml"
+    found = verdicts.latencies(scenario)
+    mig = [x for x in found if x.mig is not None]
+    assert mig, "the scenario expects MIG instance verdicts"
+    assert all(x.seconds < verdicts.BUDGET_S for x in mig), mig
+    assert all(x.raw()["seconds"] is not None for x in mig)

@@ -72,7 +72,7 @@ def test_overhead_smoke_measures_the_daemon_pid_in_each_configuration(ctx: Conte
         assert costs["fake"]["nvmlDeviceGetFieldValues"] > 0 and costs["real"]["nvmlDeviceGetFieldValues"] > 0
         assert breakdown["nvml_calls"]["nvmlDeviceGetFieldValues"] > 0
         share = breakdown["simulation_share_s"]
-        assert share["reload"] >= 0 and set(share["by_function"]) <= set(breakdown["nvml_calls"])
+        assert share["reload"] > 0, "the probe charged the fake's state exchange"
     for r in configs:
         assert r["cpu_pct"] >= 0 and r["wall_s"] > 0
         assert r["rss_end"] > 1_000_000  # a Python daemon is never under 1 MB
@@ -137,7 +137,7 @@ def test_verdicts_smoke_plays_a_shared_scenario_and_times_each_expected_verdict(
     well_formed(sec)
     found = sec.raw["latencies"]
     assert found and {x["scenario"] for x in found} == {"launch_bound"}
-    assert all(x["seconds"] >= 0 for x in found)
+    assert all(x["seconds"] is not None and 0 < x["seconds"] <= 15 for x in found), found  # each settled
 
 
 @needs_node_exporter

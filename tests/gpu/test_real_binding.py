@@ -24,16 +24,22 @@ from exporter.exposition import Renderer
 from exporter.gpu.backend import NvmlBackend
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuSlow
 
+# nvml.h's name (the stub's) -> the binding's ctypes mirror.
 LAYOUTS = {
     "nvmlFieldValue_t": pynvml.c_nvmlFieldValue_t,
     "nvmlSample_t": pynvml.c_nvmlSample_t,
     "nvmlPciInfo_t": pynvml.nvmlPciInfo_t,
     "nvmlMemory_t": pynvml.c_nvmlMemory_t,
-    "nvmlProcessInfo_v3_t": pynvml.c_nvmlProcessInfo_v3_t,
+    "nvmlMemory_v2_t": pynvml.c_nvmlMemory_v2_t,
+    "nvmlUtilization_t": pynvml.c_nvmlUtilization_t,
+    "nvmlProcessInfo_t": pynvml.c_nvmlProcessInfo_v3_t,
     "nvmlProcessUtilizationSample_t": pynvml.c_nvmlProcessUtilizationSample_t,
+    "nvmlGpmSupport_t": pynvml.c_nvmlGpmSupport_t,
     "nvmlGpmMetric_t": pynvml.c_nvmlGpmMetric_t,
+    "nvmlGpmMetricsGet_t": pynvml.c_nvmlGpmMetricsGet_t,  # its metrics array is the caller's: offsets only
     "nvmlEventData_t": pynvml.c_nvmlEventData_t,
 }
+UNKNOWN = ctypes.c_size_t(-1).value
 
 
 @pytest.fixture
@@ -56,8 +62,13 @@ def binding(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def test_the_stub_lays_out_every_struct_as_the_binding_does(binding: Any) -> None:
+    layout = binding.nvmlLib.nvml_stub_layout
     for name, struct in LAYOUTS.items():
-        assert binding.nvmlLib.nvml_stub_sizeof(name.encode()) == ctypes.sizeof(struct), name
+        for field, _ in struct._fields_:
+            assert layout(name.encode(), field.encode()) == getattr(struct, field).offset, (name, field)
+        if name != "nvmlGpmMetricsGet_t":
+            assert layout(name.encode(), None) == ctypes.sizeof(struct), name
+    assert layout(b"nvmlFieldValue_t", b"no_such_field") == UNKNOWN  # the check can fail
 
 
 def test_the_backend_reads_every_path_through_real_ctypes_calls(binding: Any) -> None:
