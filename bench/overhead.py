@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +47,41 @@ TUNED = ["--collector.gpu.interval", "1s", "--collector.derived.interval", "2s",
 TUNED_LABEL = "what-if: GPU fast path 1 s, verdicts every 2 s, render every 5 s, deep sampling held off"
 
 
+# The daemon's info-log events that change its pace: a GPU leaving (or regaining) the steady fast-path rate, and
+# a verdict change (which steers deep sampling). Logged only when something changes, so logging at info costs
+# the measured window nothing it would not pay anyway.
+_PACE_EVENT = re.compile(r"^ts=(\S+) .*?\bevent=(gpu_fast_rate_changed|verdict_changed)\b(.*)$", re.M)
+_TO_STEADY = re.compile(r"\breason=steady(?:\s|$)")
+
+
+def pace_events(log: str, t0: float, t1: float) -> dict[str, int]:
+    """From the daemon's log, what changed its pace between wall-clock times ``t0`` and ``t1``: how many times a
+    GPU left the steady fast-path rate (a dip, a gap, PCIe traffic) and how many verdicts changed."""
+    out = {"left_steady": 0, "verdict_changes": 0}
+    for m in _PACE_EVENT.finditer(log):
+        try:
+            ts = datetime.fromisoformat(m[1]).timestamp()
+        except ValueError:
+            continue
+        if not t0 <= ts <= t1:
+            continue
+        if m[2] == "verdict_changed":
+            out["verdict_changes"] += 1
+        elif not _TO_STEADY.search(m[3]):
+            out["left_steady"] += 1
+    return out
+
+
+def fmt_pace(ev: Mapping[str, float]) -> str:
+    return (f"{ev['left_steady']:.0f} time(s) a GPU left the steady rate, {ev['verdict_changes']:.0f} verdict "
+            "change(s) in the window")
+
+
 def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmup: float) -> dict[str, float]:
-    """Run one configuration; CPU %, RSS, simulator CPU, host busy cores, series, overruns."""
+    """Run one configuration; CPU %, RSS, simulator CPU, host busy cores, series, overruns, pace changes."""
     port = procs.free_port()
     sim = scenario_args(ctx, opts, scenario)
-    proc = procs.gpufeed(port, [*sim, *flags], name="gpufeed-overhead")
+    proc = procs.gpufeed(port, [*sim, *flags], name="gpufeed-overhead", log_level="info")
     with proc:
         start_ready(proc, port, gpus=8 if sim else 0)
         time.sleep(warmup)
@@ -59,6 +92,7 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
         window = procstat.CpuWindow(pids)
         rss0 = procstat.rss_bytes(proc.pid)
         window.start()
+        w0 = time.time()
         t_end = time.monotonic() + opts.overhead_seconds
         rss_max = rss0
         body = body0
@@ -73,6 +107,7 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
             _, body = procs.get(port)
             scrapes += 1
         readings, host_busy = window.stop()
+        pace = pace_events(proc.log_tail(n=1 << 22), w0, time.time())
         rss1 = procstat.rss_bytes(proc.pid)
         threads = procstat.thread_count(proc.pid)
     daemon = readings["daemon"]
@@ -92,6 +127,8 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
         "series": series_count(body),
         "overruns": metric_sum(body, OVERRUNS) - metric_sum(body0, OVERRUNS),
         "scrapes": scrapes,
+        "left_steady": pace["left_steady"],
+        "verdict_changes": pace["verdict_changes"],
     }
 
 
@@ -103,13 +140,14 @@ def breakdown(ctx: Context, opts: Options, scenario: Path, flags: list[str], war
     os.close(fd)
     out = Path(tmp)
     out.unlink()
-    proc = procs.gpufeed(port, [*sim, *flags], name="gpufeed-breakdown", probe_out=out)
+    proc = procs.gpufeed(port, [*sim, *flags], name="gpufeed-breakdown", probe_out=out, log_level="info")
     try:
         with proc:
             start_ready(proc, port, gpus=8 if sim else 0)
             time.sleep(warmup)
             c0 = procstat.cpu_seconds(proc.pid)
             os.kill(proc.pid, signal.SIGUSR1)
+            w0 = time.time()
             t_end = time.monotonic() + opts.overhead_seconds
             while (left := t_end - time.monotonic()) > 0:
                 time.sleep(min(opts.overhead_scrape_every, left))
@@ -117,6 +155,7 @@ def breakdown(ctx: Context, opts: Options, scenario: Path, flags: list[str], war
                 procs.get(port)
             os.kill(proc.pid, signal.SIGUSR2)
             c1 = procstat.cpu_seconds(proc.pid)
+            pace = pace_events(proc.log_tail(n=1 << 22), w0, time.time())
             proc.stop()
         dump: dict[str, Any] = json.loads(out.read_text())
     finally:
@@ -142,7 +181,8 @@ def breakdown(ctx: Context, opts: Options, scenario: Path, flags: list[str], war
             "nvml_calls": dump.get("nvml_calls", {}),
             "gc": {gen: gc_pauses(p) for gen, p in dump.get("gc", {}).items()},
             "gc_all": gc_pauses([p for pauses in dump.get("gc", {}).values() for p in pauses]),
-            "gc_full_now": gc_pauses(dump.get("gc_full_now", []))}
+            "gc_full_now": gc_pauses(dump.get("gc_full_now", [])),
+            "pace": pace}
 
 
 def _nvml_costs(sec: Section, opts: Options) -> dict[str, dict[str, float]] | None:
@@ -228,7 +268,7 @@ def run(ctx: Context, opts: Options) -> Section:
         sec.add(f"RSS, {label}", f"{fmt_mib(r['rss_end'])} (max {fmt_mib(r['rss_max'])}, {r['threads']:.0f} threads)")
         sec.add(f"series / overruns, {label}", f"{r['series']:.0f} series, {r['overruns']:.0f} overruns in window")
         sec.add(f"noise, {label}", f"simulator child {fmt_pct(r['sim_cpu_pct'])} (not counted); "
-                f"other load on host {r['other_busy_cores']:.2f} cores")
+                f"other load on host {r['other_busy_cores']:.2f} cores; {fmt_pace(r)}")
     costs = _nvml_costs(sec, opts) if sim else None
     for label, scenario, warmup in (("defaults, all GPUs working", STEADY, opts.warmup),
                                     ("defaults, 2 GPUs waiting", WAITING, opts.deep_warmup)):
@@ -247,6 +287,7 @@ def run(ctx: Context, opts: Options) -> Section:
         if b["loop_overhead_s"] is not None:
             cells.append(f"of which event-loop thread outside samplers and renders "
                          f"{100 * b['loop_overhead_s'] / w:.2f}%")
+        cells.append(fmt_pace(b["pace"]))
         sec.add(f"CPU breakdown, {label} (% of one core)",
                 f"total {100 * b['total_s'] / w:.2f}%: " + "; ".join(cells))
         if sim:

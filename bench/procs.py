@@ -132,11 +132,11 @@ class Proc:
 
 
 def gpufeed(port: int, args: Sequence[str], *, name: str = "gpufeed", nice: int | None = None,
-            probe_out: Path | None = None) -> Proc:
+            probe_out: Path | None = None, log_level: str = "warn") -> Proc:
     """``gpufeed serve`` on 127.0.0.1:port (or, with ``probe_out``, the same daemon under bench/probe.py)."""
     head = [sys.executable, "-m", "exporter"] if probe_out is None else \
         [sys.executable, str(REPO / "bench" / "probe.py"), str(probe_out)]
-    argv = [*head, "serve", "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warn", *args]
+    argv = [*head, "serve", "--web.listen-address", f"127.0.0.1:{port}", "--log.level", log_level, *args]
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return Proc(name, argv, nice=nice, env=env)

@@ -8,6 +8,7 @@ import contextlib
 import math
 import os
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,31 @@ def test_a_mig_instance_s_expected_verdict_is_timed_too() -> None:
     assert mig, "the scenario expects MIG instance verdicts"
     assert all(x.seconds < verdicts.BUDGET_S for x in mig), mig
     assert all(x.raw()["seconds"] is not None for x in mig)
+
+
+def test_pace_events_count_only_changes_inside_the_window_and_not_returns_to_steady() -> None:
+    from bench import overhead
+
+    log = "\n".join([
+        "ts=2026-12-02T11:49:46.568310Z level=info event=verdict_changed collector=derived gpu=0 cause=healthy "
+        "previous= confidence=0.95",
+        "ts=2026-12-02T11:50:10.000000Z level=info event=gpu_fast_rate_changed component=gpu_backend gpu=3 "
+        "interval_s=0.1 reason=dip",
+        "ts=2026-12-02T11:50:12.000000Z level=info event=verdict_changed collector=derived gpu=3 cause=input_bound "
+        "previous=healthy",
+        "ts=2026-12-02T11:50:20.000000Z level=info event=gpu_fast_rate_changed component=gpu_backend gpu=3 "
+        "interval_s=1.0 reason=steady",
+        "ts=2026-12-02T11:50:21.000000Z level=info event=gpu_fast_rate_changed component=gpu_backend gpu=5 "
+        "interval_s=0.1 reason=gap",
+        "ts=not-a-time level=info event=gpu_fast_rate_changed gpu=1 reason=dip",
+        "ts=2026-12-02T11:50:22.000000Z level=info event=sampler_crashed reason=dip",
+        "ts=2026-12-02T11:51:00.000000Z level=info event=gpu_fast_rate_changed component=gpu_backend gpu=2 "
+        "interval_s=0.1 reason=traffic",
+    ])
+    t0 = datetime(2026, 12, 2, 11, 50, 0, tzinfo=timezone.utc).timestamp()
+    t1 = datetime(2026, 12, 2, 11, 50, 30, tzinfo=timezone.utc).timestamp()
+    assert overhead.pace_events(log, t0, t1) == {"left_steady": 2, "verdict_changes": 1}
+    assert overhead.pace_events(log, 0.0, 2e9) == {"left_steady": 3, "verdict_changes": 2}
+    assert overhead.pace_events("", t0, t1) == {"left_steady": 0, "verdict_changes": 0}
+    assert "2 time(s) a GPU left the steady rate, 1 verdict change(s)" in overhead.fmt_pace(
+        {"left_steady": 2, "verdict_changes": 1})
