@@ -52,11 +52,15 @@ TUNED_LABEL = "what-if: GPU fast path 1 s, verdicts every 2 s, render every 5 s,
 # the measured window nothing it would not pay anyway.
 _PACE_EVENT = re.compile(r"^ts=(\S+) .*?\bevent=(gpu_fast_rate_changed|verdict_changed)\b(.*)$", re.M)
 _TO_STEADY = re.compile(r"\breason=steady(?:\s|$)")
+_STARTED = re.compile(r"^ts=\S+ level=info event=started\b", re.M)  # every daemon logs it once, at info
 
 
 def pace_events(log: str, t0: float, t1: float) -> dict[str, int]:
     """From the daemon's log, what changed its pace between wall-clock times ``t0`` and ``t1``: how many times a
-    GPU left the steady fast-path rate (a dip, a gap, PCIe traffic) and how many verdicts changed."""
+    GPU left the steady fast-path rate (a dip, a gap, PCIe traffic) and how many verdicts changed. BenchError
+    for a log without the daemon's info-level logfmt lines: zero changes would be read from nothing."""
+    if not _STARTED.search(log):
+        raise procs.BenchError("the daemon's log has no info-level logfmt 'started' line: pace changes not countable")
     out = {"left_steady": 0, "verdict_changes": 0}
     for m in _PACE_EVENT.finditer(log):
         try:
@@ -107,7 +111,7 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
             _, body = procs.get(port)
             scrapes += 1
         readings, host_busy = window.stop()
-        pace = pace_events(proc.log_tail(n=1 << 22), w0, time.time())
+        pace = pace_events(proc.log_text(), w0, time.time())
         rss1 = procstat.rss_bytes(proc.pid)
         threads = procstat.thread_count(proc.pid)
     daemon = readings["daemon"]
@@ -155,7 +159,7 @@ def breakdown(ctx: Context, opts: Options, scenario: Path, flags: list[str], war
                 procs.get(port)
             os.kill(proc.pid, signal.SIGUSR2)
             c1 = procstat.cpu_seconds(proc.pid)
-            pace = pace_events(proc.log_tail(n=1 << 22), w0, time.time())
+            pace = pace_events(proc.log_text(), w0, time.time())
             proc.stop()
         dump: dict[str, Any] = json.loads(out.read_text())
     finally:

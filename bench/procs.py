@@ -90,11 +90,15 @@ class Proc:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
-    def log_tail(self, n: int = 2000) -> str:
+    def log_text(self) -> str:
+        """Everything the process wrote so far (stdout and stderr); empty once the log is gone."""
         try:
-            return self.log_path.read_text(errors="replace")[-n:]
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self, n: int = 2000) -> str:
+        return self.log_text()[-n:]
 
     def check_alive(self) -> None:
         """BenchError with the log tail when the process has exited."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, fidelity, procstat, report, scrape, series, soak, verdicts
+from bench import common, fidelity, procs, procstat, report, scrape, series, soak, verdicts
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -215,6 +215,7 @@ def test_pace_events_count_only_changes_inside_the_window_and_not_returns_to_ste
     from bench import overhead
 
     log = "\n".join([
+        "ts=2026-12-02T11:49:45.572525Z level=info event=started component=daemon collectors=cpu,gpu,derived",
         "ts=2026-12-02T11:49:46.568310Z level=info event=verdict_changed collector=derived gpu=0 cause=healthy "
         "previous= confidence=0.95",
         "ts=2026-12-02T11:50:10.000000Z level=info event=gpu_fast_rate_changed component=gpu_backend gpu=3 "
@@ -234,6 +235,11 @@ def test_pace_events_count_only_changes_inside_the_window_and_not_returns_to_ste
     t1 = datetime(2026, 12, 2, 11, 50, 30, tzinfo=timezone.utc).timestamp()
     assert overhead.pace_events(log, t0, t1) == {"left_steady": 2, "verdict_changes": 1}
     assert overhead.pace_events(log, 0.0, 2e9) == {"left_steady": 3, "verdict_changes": 2}
-    assert overhead.pace_events("", t0, t1) == {"left_steady": 0, "verdict_changes": 0}
+    assert overhead.pace_events(log.splitlines()[0], t0, t1) == {"left_steady": 0, "verdict_changes": 0}
+    # A log at warn, or in JSON, holds none of these lines: no count rather than a count of zero.
+    for unreadable in ("", log.replace("level=info event=started", "level=warn event=something"),
+                       '{"ts": "2026-12-02T11:49:45Z", "level": "info", "event": "started"}'):
+        with pytest.raises(procs.BenchError, match="not countable"):
+            overhead.pace_events(unreadable, t0, t1)
     assert "2 time(s) a GPU left the steady rate, 1 verdict change(s)" in overhead.fmt_pace(
         {"left_steady": 2, "verdict_changes": 1})
