@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import tempfile
 import time
@@ -95,7 +96,9 @@ def condition(ctx: Context, opts: Options, label: str, *, burn: bool, nice: int 
     # Every GPU at the fast rate on every tick: a steady GPU's 1 s reads (exporter/gpu/pace.py) are not
     # scheduling jitter, and a tick that reads no GPU leaves no sample to time.
     steady_off = ["--collector.gpu.steady-interval", "100ms"]
-    proc = procs.gpufeed(port, [*sim, *steady_off], name="gpufeed-fidelity", nice=nice, probe_out=out)
+    # The dump at exit must still hold every sample of the burn: keep more than the warm-up and the burn.
+    keep = ["--engine.history", f"{math.ceil(opts.warmup + opts.fidelity_seconds + 60)}s"]
+    proc = procs.gpufeed(port, [*sim, *steady_off, *keep], name="gpufeed-fidelity", nice=nice, probe_out=out)
     how = "default scheduling"
     try:
         with contextlib.ExitStack() as stack:

@@ -1,7 +1,7 @@
 """Soak: play the cycling 8-GPU scenario fast for a bounded time; the daemon's RSS must stay flat.
 
 RSS is sampled every ``soak_every`` seconds. The first ``soak_warmup`` seconds are left out of the fit:
-the engine's history buffers fill up during the first --engine.history (120 s by default), and growth
+the engine's history buffers fill up during the first --engine.history (30 s by default), and growth
 while they fill is by design. A least-squares line through the rest gives the slope; it is "flat" when
 its 95% confidence interval contains zero or the projected growth is under 1% of RSS per hour.
 """

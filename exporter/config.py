@@ -18,7 +18,7 @@ from exporter import yamlsafe
 from exporter.durations import format_duration
 from exporter.log import FORMATS, LEVELS
 from exporter.names import DERIVED
-from exporter.sampling import BUFFER_MAX_SAMPLES, Option, Stage
+from exporter.sampling import BUFFER_MAX_SAMPLES, HISTORY_DEFAULT, Option, Stage
 
 
 class ConfigError(Exception):
@@ -82,9 +82,9 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("path.sysfs", "str", "/sys", "sysfs mountpoint."),
     Option("log.level", "str", "info", "Only log messages with the given severity or above: " + "|".join(LEVELS)),
     Option("log.format", "str", "logfmt", "Output format of log messages: " + "|".join(FORMATS)),
-    Option("engine.history", "duration", 120.0, "How many seconds of samples each sampler keeps in memory (at most "
-           f"{BUFFER_MAX_SAMPLES} samples: as many as its fastest rate fills them with); at least "
-           "--collector.derived.window."),
+    Option("engine.history", "duration", HISTORY_DEFAULT, "How many seconds of samples each sampler keeps in "
+           f"memory (at most {BUFFER_MAX_SAMPLES} samples: as many as its fastest rate fills them with); at least "
+           "--collector.derived.window, which reads them (raise both together)."),
     Option("simulate", "str", "", "Serve a scenario's simulated host instead of the real one: a file, or the name "
            "of a shipped scenario (gpufeed examples)."),
     Option("simulate-speed", "float", 1.0, "Play the simulated scenario this many times faster than real time "

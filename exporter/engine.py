@@ -50,7 +50,15 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from exporter import log
-from exporter.sampling import BUFFER_MAX_SAMPLES, UNCHANGED, CollectorError, NoDataError, SamplerSpec, Stage
+from exporter.sampling import (
+    BUFFER_MAX_SAMPLES,
+    HISTORY_DEFAULT,
+    UNCHANGED,
+    CollectorError,
+    NoDataError,
+    SamplerSpec,
+    Stage,
+)
 from exporter.snapshot import SamplerStatus, Snapshot, Stamped
 
 _log = log.get_logger(component="engine")
@@ -232,7 +240,7 @@ class Engine:
         stages: Iterable[Stage],
         clock: Clock | None = None,
         *,
-        history_seconds: float = 120.0,
+        history_seconds: float = HISTORY_DEFAULT,
         inline: bool = False,
         on_publish: Callable[[], None] | None = None,
         min_deadline: float = DEADLINE_MIN,
@@ -290,7 +298,7 @@ class Engine:
     def _buffer_len(self, interval: float, history: float | None = None) -> int:
         # Bounded by count: enough samples to cover the horizon at the interval, never fewer than 16, never more
         # than BUFFER_MAX_SAMPLES. The horizon bounds it by time as well (_trim): a sampler slowed down keeps its
-        # seconds, not its count -- the GPU fast path's 1,202 samples sized for 100 ms would hold 20 minutes at its
+        # seconds, not its count -- the GPU fast path's 302 samples sized for 100 ms would hold 5 minutes at its
         # steady 1 s.
         return max(16, min(BUFFER_MAX_SAMPLES, math.ceil(self._horizon(history) / interval) + 2))
 

@@ -34,6 +34,11 @@ from exporter.snapshot import Snapshot
 CPU_WINDOW_MAX = 10.0
 # The most samples a sampler's ring buffer holds, whatever its interval and --engine.history.
 BUFFER_MAX_SAMPLES = 4096
+# --engine.history's default: seconds of samples each sampler keeps. Twice the classifier's default window (15 s),
+# the longest any reader of the buffers looks back by default (the slow path's 11 s, the tripwire's few seconds
+# since the last evaluation). It was 120 s, four times what anything read: on the 8-GPU benchmark host with two
+# GPUs waiting, 30,000 tracked objects that every full collection traversed (15-23 ms; issue 14).
+HISTORY_DEFAULT = 30.0
 
 
 class Unchanged:

@@ -188,6 +188,16 @@ def test_a_history_shorter_than_the_classifier_window_is_refused_naming_both_fla
     assert cli.main(["check-config", "--engine.history=10s"]) == 2
 
 
+def test_a_window_longer_than_the_default_history_asks_for_both_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    # The default history (30 s) is twice the default window: nothing reads further back. A longer window needs a
+    # longer history, and the refusal names the flag to raise.
+    assert _settings()["engine.history"] == 30.0
+    rc, err = _main(capsys, "--collector.derived.window=1m")
+    assert rc == 2
+    assert "--engine.history (30s) must be at least --collector.derived.window (1m)" in _one_line(err)
+    assert cli.main(["check-config", "--collector.derived.window=1m", "--engine.history=2m"]) == 0
+
+
 def test_argparse_errors_are_one_line_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["serve", "--nope"], ["diagnose", "--duration"], ["frobnicate"], ["diagnose", "--json=1"]):
         with pytest.raises(SystemExit) as e:

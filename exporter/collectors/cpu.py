@@ -171,7 +171,7 @@ class CpuCollector(Collector):
 
     def samplers(self) -> list[SamplerSpec]:
         # The derived layer reads a window of at most CPU_WINDOW_MAX (its two ends): 12 s of 192-CPU samples,
-        # not --engine.history's 120 s (480 samples at 250 ms, ~11 MB of tuples).
+        # not --engine.history's 30 s (120 samples at 250 ms, ~3 MB of tuples).
         return [SamplerSpec(self.name, self.interval, self.update, history=CPU_WINDOW_MAX + 2.0)]
 
     def update(self) -> CpuSample:

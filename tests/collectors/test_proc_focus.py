@@ -108,10 +108,10 @@ def test_configured_pids_stay_deep_while_focused(monkeypatch: pytest.MonkeyPatch
 
 def test_deep_sampler_keeps_only_the_analyzers_cpu_window_not_engine_history() -> None:
     col = _collector()
-    eng = run_engine(col)  # --engine.history 120 s
+    eng = run_engine(col)  # --engine.history at its default, 30 s
     eng.set_interval("proc_threads", 0.5)  # a GPU waits
     eng.run_until(60.0)
     hist = eng.history("proc_threads")
-    assert len(hist) == 25  # 48.0 ... 60.0: 12 s at 0.5 s, where 120 s would hold 242 samples of every thread
+    assert len(hist) == 25  # 48.0 ... 60.0: 12 s at 0.5 s, where 30 s would hold 62 samples of every thread
     assert hist[-1].t - hist[0].t <= 12.5
-    assert len(eng.history("proc")) == 61  # the cheap sampler keeps its full history
+    assert len(eng.history("proc")) == 31  # the cheap sampler keeps the engine's whole history: 30.0 ... 60.0
