@@ -85,6 +85,12 @@ def summarize(dump: dict[str, Any], t0: float, t1: float) -> dict[str, Any]:
     }
 
 
+def history_flags(opts: Options) -> list[str]:
+    """The history the daemon keeps here: the dump at exit must still hold every sample of the burn, so more than
+    the warm-up and the burn together (the default history is shorter than a long --fidelity-seconds)."""
+    return ["--engine.history", f"{math.ceil(opts.warmup + opts.fidelity_seconds + 60)}s"]
+
+
 def condition(ctx: Context, opts: Options, label: str, *, burn: bool, nice: int | None = None,
               weight: int | None = None) -> dict[str, Any]:
     port = procs.free_port()
@@ -96,9 +102,8 @@ def condition(ctx: Context, opts: Options, label: str, *, burn: bool, nice: int 
     # Every GPU at the fast rate on every tick: a steady GPU's 1 s reads (exporter/gpu/pace.py) are not
     # scheduling jitter, and a tick that reads no GPU leaves no sample to time.
     steady_off = ["--collector.gpu.steady-interval", "100ms"]
-    # The dump at exit must still hold every sample of the burn: keep more than the warm-up and the burn.
-    keep = ["--engine.history", f"{math.ceil(opts.warmup + opts.fidelity_seconds + 60)}s"]
-    proc = procs.gpufeed(port, [*sim, *steady_off, *keep], name="gpufeed-fidelity", nice=nice, probe_out=out)
+    proc = procs.gpufeed(port, [*sim, *steady_off, *history_flags(opts)], name="gpufeed-fidelity", nice=nice,
+                         probe_out=out)
     how = "default scheduling"
     try:
         with contextlib.ExitStack() as stack:

@@ -211,6 +211,17 @@ def test_a_mig_instance_s_expected_verdict_is_timed_too() -> None:
     assert all(x.raw()["seconds"] is not None for x in mig)
 
 
+def test_fidelity_keeps_every_sample_of_the_burn_whatever_its_length() -> None:
+    from exporter import cli
+    from exporter.durations import parse_duration
+
+    for seconds in (common.Options().fidelity_seconds, 600.0):
+        opts = common.Options(fidelity_seconds=seconds)
+        flags = fidelity.history_flags(opts)
+        assert flags[0] == "--engine.history" and parse_duration(flags[1]) >= opts.warmup + seconds + 30.0, flags
+        assert cli.main(["check-config", *flags]) == 0  # the daemon takes it as it is
+
+
 def test_pace_events_count_only_changes_inside_the_window_and_not_returns_to_steady() -> None:
     from bench import overhead
 
