@@ -205,10 +205,15 @@ OM_EOF = b"# EOF\n"
 @dataclass(slots=True)
 class _Chunk:
     """One stage's part of the payload, and the samples it was rendered from (kept alive, compared by identity:
-    a stage whose samplers published nothing new renders the same bytes, so they are reused)."""
+    a stage whose samplers published nothing new renders the same bytes, so they are reused).
+
+    ``families`` are kept only until both formats are formatted (text at once, OpenMetrics when first asked
+    for): after that nothing reads them, and each is a few hundred tracked objects (a Metric, a Sample per
+    series) that every garbage collection of the old generation would otherwise traverse until the stage
+    renders again."""
 
     inputs: tuple[object, ...]
-    families: list[Metric]
+    families: list[Metric] | None
     text: bytes
     om: bytes | None = None
 
@@ -301,7 +306,9 @@ class Renderer:
             if c is None:
                 continue
             if c.om is None:
+                assert c.families is not None  # dropped only once both formats are formatted
                 c.om = _om(c.families)
+                c.families = None
             parts.append(c.om)
         payload = _payload(b"".join([*parts, OM_EOF]), OPENMETRICS_CONTENT_TYPE)
         self._om = (version, payload)

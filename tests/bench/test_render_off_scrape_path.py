@@ -91,3 +91,32 @@ def test_a_scrape_from_the_http_thread_never_waits_for_a_render_in_progress() ->
         t.join(5)
         assert not t.is_alive(), "the scrape waited for the render"
     assert b"gpufeed_test_value 1.0" in got[0] and b"gpufeed_test_value 1.0" in got[1]
+
+
+class Still(Counted):
+    """A stage whose samples do not change between renders (its chunk is reused)."""
+
+    name = "still"
+
+    def metrics(self, snap: Snapshot) -> Iterable[Metric]:
+        self.collects += 1
+        g = GaugeMetricFamily("gpufeed_still_value", "A value that does not change.")
+        g.add_metric([], 7.0)
+        return [g]
+
+
+def test_a_chunks_families_are_released_once_both_formats_are_formatted_and_reuse_still_serves_both() -> None:
+    still, c = Still(), Counted()
+    r = exposition.Renderer([still, c])
+    r._inputs = [(), ("counted",)]  # "still" reads no sampler: its chunk is reused at every render
+    r.render(snap(1, 1.0))
+    chunks = [ch for ch in r._chunks if ch is not None]
+    assert all(ch.families is not None for ch in chunks)  # OpenMetrics not asked for yet: still needed
+    first = r.openmetrics().body
+    assert b"gpufeed_still_value 7.0" in first and b"gpufeed_test_value 1.0" in first
+    assert all(ch.families is None and ch.om is not None for ch in chunks)  # nothing reads them any more
+    r.render(snap(2, 2.0))
+    assert still.collects == 1 and c.collects == 2  # the unchanged stage's chunk was reused
+    for body in (r.openmetrics().body, r.text().body):
+        assert b"gpufeed_still_value 7.0" in body and b"gpufeed_test_value 2.0" in body
+    assert all(ch.families is None for ch in r._chunks if ch is not None)  # both formats warm: formatted at once
