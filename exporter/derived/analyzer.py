@@ -59,15 +59,16 @@ TRIP_ACTIVITY = 0.1
 # slower than this is kept. Counters and rate() stay exact: /proc/stat jiffies and PSI's total stall time are
 # cumulative, so a longer interval loses resolution, never time. What the verdict of a waiting GPU needs --
 # the CPU shape and PSI over the classifier's window -- comes at the configured rates again within one slow
-# interval of the onset (1 s); the 30 s passes (per-thread reads, cpufreq governors, NUMA placement) feed
-# findings of a working GPU from their newest sample, and are read at their configured rate as soon as the
-# GPU waits. The PCIe chain (5 s) is not slowed: pcie_link_downgraded judges the hops upstream of a GPU over
-# the classifier's window (15 s), which a 30 s pass would leave empty half of the time -- the series of those
-# hops would come and go.
+# interval of the onset (2 s: the shape compares the ends of its <= 12 s window, which a pair 2 s apart gives
+# as well as one 1 s apart, and a /proc/stat pass on a 192-CPU host costs ~2 ms of CPU); the 30 s passes
+# (per-thread reads, cpufreq governors, NUMA placement) feed findings of a working GPU from their newest
+# sample, and are read at their configured rate as soon as the GPU waits. The PCIe chain (5 s) is not
+# slowed: pcie_link_downgraded judges the hops upstream of a GPU over the classifier's window (15 s), which a
+# 30 s pass would leave empty half of the time -- the series of those hops would come and go.
 # The GPU processes' own counters (proc, 1 s) go to 5 s: CPU time and I/O are cumulative, the CPU shape takes
 # the ends of its 10 s window, and NUMA placement and the process series read the newest sample.
 QUIET_INTERVALS = {
-    names.CPU: 1.0, names.PRESSURE: 1.0, names.PROC: 5.0,
+    names.CPU: 2.0, names.PRESSURE: 2.0, names.PROC: 5.0,
     names.PROC_THREADS: 30.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
 }
 # Of those, the ones back at their quiet pace while GPUs wait once their verdicts have settled.
@@ -162,7 +163,7 @@ class Analyzer(Stage):
         Option("deep-interval", "duration", 0.5, "Per-thread sampling interval while a GPU is waiting."),
         Option("deep-settled-interval", "duration", 2.0,
                "Per-thread sampling interval once every waiting GPU's verdict has held for the whole window "
-               "(/proc/stat and PSI then go back to their quiet 1 s too); --collector.derived.deep-interval "
+               "(/proc/stat and PSI then go back to their quiet 2 s too); --collector.derived.deep-interval "
                "again as soon as a verdict moves or another GPU starts waiting."),
         Option("stable-interval", "duration", 5.0,
                "How often a GPU whose verdict holds is evaluated again. Each run (--collector.derived.interval) "
@@ -170,7 +171,7 @@ class Analyzer(Stage):
                "verdict changed within the window (or does not agree with its newest evidence) is evaluated "
                "every run."),
         Option("quiet-host", "bool", True,
-               "While no GPU waits, read /proc/stat and PSI every 1 s and the per-thread, cpufreq and NUMA "
+               "While no GPU waits, read /proc/stat and PSI every 2 s and the per-thread, cpufreq and NUMA "
                "passes every 30 s; their configured intervals again as soon as a GPU waits."),
     )
 
