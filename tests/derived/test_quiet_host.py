@@ -30,7 +30,7 @@ def test_a_waiting_gpu_brings_every_host_source_back_to_its_configured_pace_and_
     an, eng, _ = _two_gpus(waiting_from=10.0, t1=60.0)
     eng.intervals.update(CONFIGURED)
     run(an, eng, [float(t) for t in range(1, 10)])
-    assert eng.intervals[names.CPU] == QUIET_INTERVALS[names.CPU]
+    assert eng.intervals[names.CPU] == 2.0  # the quiet pace while nothing waits
     st = run(an, eng, [float(t) for t in range(10, 25)])
     assert st.gpus[1].cause == "launch_bound"
     assert {n: eng.intervals[n] for n in QUIET_INTERVALS if n != names.PROC_THREADS} == {
@@ -50,8 +50,7 @@ def test_once_the_waiting_verdict_has_held_for_the_window_deep_and_cpu_sampling_
     st = run(an, eng, [float(t) for t in range(25, 50)])
     assert st.gpus[1].cause == "launch_bound"  # held since ~13 s: settled for the 15 s window
     assert eng.intervals[names.PROC_THREADS] == 2.0  # --collector.derived.deep-settled-interval
-    assert eng.intervals[names.CPU] == QUIET_INTERVALS[names.CPU]
-    assert eng.intervals[names.PRESSURE] == QUIET_INTERVALS[names.PRESSURE]
+    assert eng.intervals[names.CPU] == 2.0 and eng.intervals[names.PRESSURE] == 2.0  # back to the quiet pace
     assert eng.intervals[names.CPUFREQ] == 5.0 and eng.intervals[names.NUMA] == 5.0  # still as configured
     eng.streams.update(_two_gpus(waiting_from=1e9, t1=90.0)[1].streams)  # the GPU recovers
     run(an, eng, [float(t) for t in range(50, 70)])
