@@ -195,8 +195,8 @@ def gpu_view(
     if util is None and sm_active is not None:
         util = sm_active
     latest = sl[-1][1] if sl else None
-    rx_tot = [(t, g.pcie_rx_bytes_total) for t, g in f if g.pcie_rx_bytes_total is not None]
-    tx_tot = [(t, g.pcie_tx_bytes_total) for t, g in f if g.pcie_tx_bytes_total is not None]
+    rx_tot = [(t, n) for t, g in f if (n := g.pcie_rx_bytes_total) is not None]
+    tx_tot = [(t, n) for t, g in f if (n := g.pcie_tx_bytes_total) is not None]
     rx_g = [] if rx_tot else [g.pcie_rx_bytes_per_s for _, g in f if g.pcie_rx_bytes_per_s is not None]
     tx_g = [] if tx_tot else [g.pcie_tx_bytes_per_s for _, g in f if g.pcie_tx_bytes_per_s is not None]
     max_clock = latest.max_sm_clock_hz if latest else None
@@ -215,7 +215,7 @@ def gpu_view(
             if r in THROTTLE_REASONS and v0 is not None and (v - v0) / dt >= 0.5:
                 reasons.add(r)
     idle_share = sum(1 for _, g in sl if GPU_IDLE_REASON in g.clock_event_reasons) / len(sl) if sl else None
-    replays = [g.pcie_replays_total for _, g in f_gpu if g.pcie_replays_total is not None]
+    replays = [n for _, g in f_gpu if (n := g.pcie_replays_total) is not None]
     pids: tuple[int, ...] = ()
     if latest is not None:
         pids = tuple(sorted({p.pid for _, g in sl for p in g.processes if mig is None or p.mig == mig}))

@@ -155,7 +155,7 @@ def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int],
     """Per-thread core use between the first and last deep sample that saw each thread, busiest first, with
     its run delay and involuntary switch rate where schedstat / status were read; ``context`` names the
     processes that hold a GPU context (default: all of ``pids``)."""
-    out: list[ThreadLoad] = []
+    parts: list[tuple[ThreadLoad, ...]] = []
     for pid in pids:
         seen = [(t, p) for t, p in _procs(deep, pid) if p.threads]
         if len(seen) < 2:
@@ -163,16 +163,23 @@ def thread_loads(deep: Sequence[Stamped[ProcSample]], pids: Collection[int],
         (t0, p0), (t1, p1) = seen[0], seen[-1]
         if t1 - t0 <= 0:
             continue
-        out.extend(_process_thread_loads(pid, t0, p0, t1, p1, in_context=context is None or pid in context))
-    out.sort(key=lambda x: (-x.cores, x.tid))
+        parts.append(_process_thread_loads(pid, t0, p0, t1, p1, in_context=context is None or pid in context))
+    if len(parts) == 1:
+        return parts[0]  # sorted when it was computed (the common case: one GPU process)
+    out = [t for part in parts for t in part]
+    out.sort(key=_busiest_first)
     return tuple(out)
+
+
+def _busiest_first(t: ThreadLoad) -> tuple[float, int]:
+    return -t.cores, t.tid
 
 
 # Thread loads of one process between two deep samples, kept for its newest pair only (one entry per
 # process, holding the samples so an id is never reused while it lives): a stable GPU is evaluated every 5 s
 # while its deep samples change every 30 s, and the same 150 threads' subtractions were redone six times. One
 # entry per process bounds what it keeps to one evaluation's loads (a 256-pair cache held ~7,000 ThreadLoad
-# objects that every full collection traversed).
+# objects that every full collection traversed). Kept sorted busiest first, as thread_loads returns them.
 _LOADS: dict[int, tuple[ProcessSample, ProcessSample, float, float, bool, tuple[ThreadLoad, ...]]] = {}
 _LOADS_MAX = 512  # processes; past it (a host churning through workers) the cache is emptied
 
@@ -201,6 +208,7 @@ def _process_thread_loads(pid: int, t0: float, p0: ProcessSample, t1: float, p1:
                               delay, nonvol, in_context))
     if len(_LOADS) >= _LOADS_MAX and pid not in _LOADS:
         _LOADS.clear()
+    out.sort(key=_busiest_first)
     loads = tuple(out)
     _LOADS[pid] = (p0, p1, t0, t1, in_context, loads)
     return loads
@@ -280,7 +288,39 @@ def core_deltas(first: Stamped[CpuSample], last: Stamped[CpuSample]) -> CoreDelt
                   max(0.0, b.iowait - a.iowait) / tot)
     if len(_DELTAS) >= _DELTAS_MAX:
         _DELTAS.clear()
+        _SUMS.clear()  # its keys are ids of the samples the entries held
     _DELTAS[key] = (first, last, out)
+    return out
+
+
+# What cpu_shape sums over a set of allowed CPUs (every CPU: None), for a pair core_deltas keeps: CPUs counted,
+# busy, user+nice and iowait shares summed, CPUs saturated. The GPUs of one evaluation mostly share their
+# allowed CPUs (all of them, or their NUMA node's), and each summed the same 192 CPUs again.
+CoreSums = tuple[int, float, float, float, int]
+_SUMS: dict[tuple[int, int, frozenset[int] | None], CoreSums] = {}
+
+
+def core_sums(first: Stamped[CpuSample], last: Stamped[CpuSample], allowed: frozenset[int] | None) -> CoreSums:
+    """The per-CPU deltas of ``first`` .. ``last`` (:func:`core_deltas`) summed over ``allowed``."""
+    deltas = core_deltas(first, last)  # holds first and last while their entry here may be used
+    key = (id(first), id(last), allowed)
+    cached = _SUMS.get(key)
+    if cached is not None:
+        return cached
+    n = saturated = 0
+    busy = user = iow = 0.0
+    for c in (allowed & deltas.keys()) if allowed else deltas:
+        share, user_share, iow_share = deltas[c]
+        n += 1
+        busy += share
+        user += user_share
+        iow += iow_share
+        if share >= SATURATED_CORE:
+            saturated += 1
+    out = (n, busy, user, iow, saturated)
+    if len(_SUMS) >= _DELTAS_MAX * 8:
+        _SUMS.clear()
+    _SUMS[key] = out
     return out
 
 
@@ -319,21 +359,10 @@ def cpu_shape(
             have_io = True
             rbytes += max(0, (p1.io_rchar or 0) - (p0.io_rchar or 0)) / dt
             rcalls += max(0, (p1.io_syscr or 0) - (p0.io_syscr or 0)) / dt
-    busy = user = iow = total_share = 0.0
-    saturated = 0
-    n_allowed = 0
-    have_cpu = len(cpus) >= 2
-    if have_cpu:
-        deltas = core_deltas(cpus[0], cpus[-1])
-        for c in (allowed & deltas.keys()) if allowed else deltas:
-            share, user_share, iow_share = deltas[c]
-            n_allowed += 1
-            busy += share
-            user += user_share
-            iow += iow_share
-            total_share += 1.0
-            if share >= SATURATED_CORE:
-                saturated += 1
+    busy = user = iow = 0.0
+    saturated = n_allowed = 0
+    if len(cpus) >= 2:
+        n_allowed, busy, user, iow, saturated = core_sums(cpus[0], cpus[-1], frozenset(allowed) if allowed else None)
     n_cpus = len(allowed) if allowed else (len(cpus[-1].value.cpus) if cpus else 0)
     return CpuShape(
         pids=tuple(sorted(pids)),
@@ -344,7 +373,7 @@ def cpu_shape(
         allowed_busy_cores=busy if n_allowed else None,
         allowed_saturated=saturated,
         allowed_user_share=(user / busy if busy > 0 else 0.0) if n_allowed else None,
-        allowed_iowait=iow / total_share if total_share else None,
+        allowed_iowait=iow / n_allowed if n_allowed else None,
         d_state_threads=d_state_mean(deep, pids),
         read_bytes_per_s=rbytes if have_io else None,
         read_syscalls_per_s=rcalls if have_io else None,

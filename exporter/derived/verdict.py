@@ -197,6 +197,10 @@ class InputSide:
         return out
 
 
+def _most_demanding_first(t: ThreadLoad) -> tuple[float, int]:
+    return -(t.cores + t.run_delay), t.tid  # -t.demand, without the property's call
+
+
 def input_side(shape: CpuShape) -> InputSide:
     """Split the workload's CPU into preprocessing stages and submission candidates (DESIGN.md "Workloads").
 
@@ -214,7 +218,7 @@ def input_side(shape: CpuShape) -> InputSide:
         if not t.context:
             delay[t.pid] = delay.get(t.pid, 0.0) + t.run_delay
     workers = tuple((p, p.cores + delay.get(p.pid, 0.0)) for p in shape.processes if not p.context)
-    launch = tuple(sorted((t for t in ctx_threads if t.tid not in in_pool), key=lambda t: (-t.demand, t.tid)))
+    launch = tuple(sorted((t for t in ctx_threads if t.tid not in in_pool), key=_most_demanding_first))
     return InputSide(tuple(sorted(workers, key=lambda x: (-x[1], x[0].pid))), pools, launch)
 
 
@@ -235,14 +239,14 @@ def _starved(t: ThreadLoad, shape: CpuShape) -> str:
     return f"runnable but waiting for a CPU {_pct(t.run_delay)} of the time (run delay{switches}): {why}"
 
 
-def _cpu_verdict(shape: CpuShape) -> tuple[str | None, float, list[str]]:
-    """input_bound / launch_bound from the workload's CPU shape, judged against its capacity; None if neither.
+def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, list[str]]:
+    """input_bound / launch_bound from the workload's CPU shape (``side``: its :func:`input_side`), judged against
+    its capacity; None if neither.
 
     Saturated means wanting a full core (CPU used plus time waiting for one): a data-loader worker process or
     a pool thread at a core is the input stage that starves the GPU; the hottest thread that may submit work
     at a core is the launch stage. Without either, a workload that fills its capacity (its CFS quota, its
     cpuset) is bound by it, on the side that uses most of it. CPUs other jobs keep busy are never evidence."""
-    side = input_side(shape)
     cap, cap_why = _capacity(shape)
     used = shape.used_cores
     throttled = shape.throttled_ratio is not None and shape.throttled_ratio >= 0.2
@@ -326,7 +330,8 @@ def classify(
     activity = f"utilisation {_pct(util)}" + (f", SM active {_pct(sm)}" if sm is not None else "")
     link_util, direction = link_utilisation(view, capacity)
     score, io_why = io_score(shape, io)
-    cpu_cause, cpu_conf, cpu_why = _cpu_verdict(shape)
+    side = input_side(shape)  # once: sorting a GPU process's 150 threads twice was a quarter of an evaluation
+    cpu_cause, cpu_conf, cpu_why = _cpu_verdict(shape, side)
     # The best-supported waiting cause, used for the waiting-seconds counter whatever the verdict.
     peak = link_peak(view, capacity)
     if link_util is not None and link_util >= TRANSFER_LINK:
@@ -355,7 +360,7 @@ def classify(
                         f"cores of {_capacity(shape)[1]}")
         elif shape.process_cores is not None:
             wwhy.append(f"GPU processes use {shape.process_cores:.2f} cores of {shape.allowed_cpus} allowed")
-        wwhy.extend(input_side(shape).busy())
+        wwhy.extend(side.busy())
         wwhy.extend(w for w in io_why if "set aside" in w)
         if link_util is not None:
             wwhy.append(f"PCIe at {_pct(link_util)} of the current {link_name} link")
