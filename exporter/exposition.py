@@ -13,11 +13,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import generate_latest as generate_text
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from exporter import buildinfo, log
+from exporter import buildinfo, expfmt, log
 from exporter.sampling import Stage
 from exporter.snapshot import Snapshot
 
@@ -180,25 +178,6 @@ def _payload(body: bytes, content_type: str) -> Payload:
     return Payload(body=body, gz=gzip.compress(body, compresslevel=1), content_type=content_type)
 
 
-class _Families:
-    """A collector that yields an already-built list of families, for the client library's formatters."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> list[Metric]:
-        return self.families
-
-
-def _text(families: list[Metric]) -> bytes:
-    return generate_text(_Families(families))
-
-
-def _om(families: list[Metric]) -> bytes:
-    body: bytes = generate_openmetrics(_Families(families))  # type: ignore[no-untyped-call]
-    return body.removesuffix(OM_EOF)
-
-
 OM_EOF = b"# EOF\n"
 
 
@@ -207,10 +186,10 @@ class _Chunk:
     """One stage's part of the payload, and the samples it was rendered from (kept alive, compared by identity:
     a stage whose samplers published nothing new renders the same bytes, so they are reused).
 
-    ``families`` are kept only until both formats are formatted (text at once, OpenMetrics when first asked
-    for): after that nothing reads them, and each is a few hundred tracked objects (a Metric, a Sample per
-    series) that every garbage collection of the old generation would otherwise traverse until the stage
-    renders again."""
+    ``families`` are kept only until both formats are formatted (text at once, OpenMetrics with it while a
+    scraper asks for it, else when first asked for): after that nothing reads them, and each is a few hundred
+    tracked objects (a Metric, a Sample per series) that every garbage collection of the old generation would
+    otherwise traverse until the stage renders again."""
 
     inputs: tuple[object, ...]
     families: list[Metric] | None
@@ -276,6 +255,8 @@ class Renderer:
         with self._lock:
             if snap.version == self._version:
                 return
+            now = time.monotonic()
+            om_warm = now - self._om_asked < WARM_SECONDS
             for i, names in enumerate(self._inputs):
                 inputs = tuple(snap.latest.get(n) for n in names)
                 old = self._chunks[i]
@@ -283,11 +264,13 @@ class Renderer:
                         a is b for a, b in zip(old.inputs, inputs, strict=True)):
                     continue
                 fams = self._guards[i].apply(self._families_of(i, snap))
-                self._chunks[i] = _Chunk(inputs, fams, _text(fams))
+                if om_warm:  # both formats now, each sample line formatted once for the two
+                    text, om = expfmt.both(fams)
+                    self._chunks[i] = _Chunk(inputs, None, text, om)
+                else:
+                    self._chunks[i] = _Chunk(inputs, fams, expfmt.text(fams))
             offset = self.offset() if self.offset is not None else 0.0
             self._self = list(self_metrics(snap, offset=offset, regressions=self.regressions))
-            now = time.monotonic()
-            om_warm = now - self._om_asked < WARM_SECONDS
             if now - self._text_asked < WARM_SECONDS or not om_warm:
                 self._format_text(snap.version)
             if om_warm:
@@ -295,19 +278,19 @@ class Renderer:
             self._version = snap.version
 
     def _format_text(self, version: int) -> Payload:
-        body = b"".join([_text(self._self), *(c.text for c in self._chunks if c is not None)])
+        body = b"".join([expfmt.text(self._self), *(c.text for c in self._chunks if c is not None)])
         payload = _payload(body, TEXT_CONTENT_TYPE)
         self._text = (version, payload)
         return payload
 
     def _format_om(self, version: int) -> Payload:
-        parts = [_om(self._self)]
+        parts = [expfmt.openmetrics(self._self)]
         for c in self._chunks:
             if c is None:
                 continue
             if c.om is None:
                 assert c.families is not None  # dropped only once both formats are formatted
-                c.om = _om(c.families)
+                c.om = expfmt.openmetrics(c.families)
                 c.families = None
             parts.append(c.om)
         payload = _payload(b"".join([*parts, OM_EOF]), OPENMETRICS_CONTENT_TYPE)

@@ -37,6 +37,16 @@ def hosts() -> list[str]:
 
 def run(name: str) -> str:
     """``/metrics`` of the whole pipeline after the host's run, machine-dependent values masked."""
+    pipe = after_run(name)
+    renderer = Renderer(pipe.stages)
+    renderer.render(pipe.engine.snapshot)
+    pipe.close()
+    lines = [_masked(line) for line in renderer.text().body.decode().splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def after_run(name: str) -> pipeline.Pipeline:
+    """The whole pipeline after the host's run (the caller closes it)."""
     root = HOSTS / name
     # The loader scenario files go through: YAML 1.2 floats (5.8e9), bounded.
     spec: dict[str, Any] = yamlsafe.load(root / "host.yaml") or {}
@@ -63,11 +73,7 @@ def run(name: str) -> str:
             fake.set_state(st)
         engine.run_until(nxt)
         t = nxt
-    renderer = Renderer(pipe.stages)
-    renderer.render(engine.snapshot)
-    pipe.close()
-    lines = [_masked(line) for line in renderer.text().body.decode().splitlines()]
-    return "\n".join(lines) + "\n"
+    return pipe
 
 
 def _masked(line: str) -> str:
