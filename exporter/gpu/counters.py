@@ -75,6 +75,7 @@ class SampleIntegrator:
     # the driver leaves when the GPU goes idle in between (the adaptive rate counts it as a dip).
     gapped: bool = False
     _gaps: deque[int] = field(default_factory=lambda: deque(maxlen=32))
+    _shortest: int | None = None  # min(_gaps), kept as gaps come and go (it was recomputed for every sample)
 
     def add(self, samples: list[tuple[int, float]]) -> list[tuple[int, float]]:
         """Integrate samples newer than the last one seen (sorted here); return those that were new."""
@@ -85,14 +86,23 @@ class SampleIntegrator:
             if prev is not None:
                 gap_us = ts - prev
                 if gap_us >= MIN_PERIOD_US:
-                    self._gaps.append(gap_us)
+                    self._remember(gap_us)
                 if self.last_ts is not None:  # not the baseline batch
                     period_us = self.max_period_s * 1e6
-                    if self._gaps:
-                        period_us = min(period_us, 1.5 * min(self._gaps))
+                    if self._shortest is not None:
+                        period_us = min(period_us, 1.5 * self._shortest)
                     self.gapped = self.gapped or gap_us > period_us
                     self.seconds += max(0.0, min(v, 100.0)) / 100.0 * min(gap_us, period_us) / 1e6
             prev = ts
         if new:
             self.last_ts = new[-1][0]
         return new
+
+    def _remember(self, gap_us: int) -> None:
+        gaps = self._gaps
+        evicted = gaps[0] if len(gaps) == gaps.maxlen else None
+        gaps.append(gap_us)
+        if self._shortest is None or gap_us <= self._shortest:
+            self._shortest = gap_us
+        elif evicted == self._shortest:
+            self._shortest = min(gaps)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from exporter.gpu.counters import SampleIntegrator, WrappingCounter
+import random
+
+import pytest
+
+from exporter.gpu.counters import MIN_PERIOD_US, SampleIntegrator, WrappingCounter
 from exporter.pci import from_nvml as bus_id_to_sysfs
 
 M32 = 1 << 32
@@ -54,3 +58,52 @@ def test_nvml_bus_id_becomes_sysfs_form() -> None:
     assert bus_id_to_sysfs("00000000:82:00.0") == "0000:82:00.0"
     assert bus_id_to_sysfs(b"00000001:C1:00.0") == "0001:c1:00.0"
     assert bus_id_to_sysfs("C1:00.0", domain=2) == "0002:c1:00.0"
+
+
+def _reference_seconds(batches: list[list[tuple[int, float]]], max_period_s: float = 1.0) -> list[tuple[float, bool]]:
+    """The integral as the docstring states it, the shortest recent spacing recomputed at every sample."""
+    gaps: list[int] = []
+    last: int | None = None
+    seconds, out = 0.0, []
+    for batch in batches:
+        new = sorted((ts, v) for ts, v in batch if last is None or ts > last)
+        prev, gapped = last, False
+        for ts, v in new:
+            if prev is not None:
+                gap = ts - prev
+                if gap >= MIN_PERIOD_US:
+                    gaps = [*gaps, gap][-32:]
+                if last is not None:
+                    period = max_period_s * 1e6
+                    if gaps:
+                        period = min(period, 1.5 * min(gaps))
+                    gapped = gapped or gap > period
+                    seconds += max(0.0, min(v, 100.0)) / 100.0 * min(gap, period) / 1e6
+            prev = ts
+        if new:
+            last = new[-1][0]
+        out.append((seconds, gapped))
+    return out
+
+
+def test_the_shortest_recent_spacing_is_kept_right_as_old_spacings_leave() -> None:
+    rng = random.Random(14)
+    for _ in range(20):
+        ts, batches = 0, []
+        for _ in range(30):
+            # Spacing regimes that change every few batches: the shortest spacing leaves the last 32 and a longer
+            # one becomes the cap (a GPU sampled every 20 ms, then every 166 ms, then in bursts and gaps).
+            regime = rng.choice([[20_000], [166_000], [166_000, 333_000], [333_000, 2_000_000]])
+            batch = []
+            for _ in range(rng.randint(0, 12)):
+                ts += rng.choice(regime)
+                batch.append((ts, rng.uniform(0, 100)))
+            batches.append(batch)
+        integ = SampleIntegrator()
+        got = []
+        for batch in batches:
+            integ.add(batch)
+            got.append((integ.seconds, integ.gapped))
+        want = _reference_seconds(batches)
+        assert [g for _, g in got] == [g for _, g in want]
+        assert [s for s, _ in got] == pytest.approx([s for s, _ in want], rel=1e-12)
