@@ -110,7 +110,7 @@ class _One:
         return [self.metric]
 
 
-_OM_EOF = "# EOF\n"
+OM_EOF = b"# EOF\n"  # an OpenMetrics payload's last line, once, after every family
 
 
 def _library_text_of(m: Metric) -> str:
@@ -119,37 +119,35 @@ def _library_text_of(m: Metric) -> str:
 
 def _library_om_of(m: Metric) -> str:
     body: bytes = _library_openmetrics(_One(m))  # type: ignore[no-untyped-call]
-    return body.decode("utf-8").removesuffix(_OM_EOF)
+    return body.removesuffix(OM_EOF).decode("utf-8")
 
 
-def _format(families: Iterable[Metric], head: Callable[[Metric], str], library: Callable[[Metric], str]) -> bytes:
-    out: list[str] = []
+# (family head, library formatter) of each format
+_TEXT = (_text_head, _library_text_of)
+_OPENMETRICS = (_om_head, _library_om_of)
+
+
+def _format(families: Iterable[Metric], *forms: tuple[Callable[[Metric], str], Callable[[Metric], str]]) -> list[bytes]:
+    """``families`` in each of ``forms``, each family's sample lines formatted once for all of them."""
+    outs: list[list[str]] = [[] for _ in forms]
     for m in families:
         lines = _lines(m)
-        out.append(library(m) if lines is None else head(m) + lines)
-    return "".join(out).encode("utf-8")
+        for out, (head, library) in zip(outs, forms, strict=True):
+            out.append(library(m) if lines is None else head(m) + lines)
+    return ["".join(out).encode("utf-8") for out in outs]
 
 
 def text(families: Iterable[Metric]) -> bytes:
     """The Prometheus text format (0.0.4) of ``families``."""
-    return _format(families, _text_head, _library_text_of)
+    return _format(families, _TEXT)[0]
 
 
 def openmetrics(families: Iterable[Metric]) -> bytes:
     """The OpenMetrics 1.0 text of ``families``, without the closing ``# EOF`` (the payload ends with it once)."""
-    return _format(families, _om_head, _library_om_of)
+    return _format(families, _OPENMETRICS)[0]
 
 
 def both(families: Iterable[Metric]) -> tuple[bytes, bytes]:
     """(:func:`text`, :func:`openmetrics`) of ``families``, each sample line formatted once for the two."""
-    text_out: list[str] = []
-    om_out: list[str] = []
-    for m in families:
-        lines = _lines(m)
-        if lines is None:
-            text_out.append(_library_text_of(m))
-            om_out.append(_library_om_of(m))
-        else:
-            text_out.append(_text_head(m) + lines)
-            om_out.append(_om_head(m) + lines)
-    return "".join(text_out).encode("utf-8"), "".join(om_out).encode("utf-8")
+    text_body, om_body = _format(families, _TEXT, _OPENMETRICS)
+    return text_body, om_body

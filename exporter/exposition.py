@@ -178,9 +178,6 @@ def _payload(body: bytes, content_type: str) -> Payload:
     return Payload(body=body, gz=gzip.compress(body, compresslevel=1), content_type=content_type)
 
 
-OM_EOF = b"# EOF\n"
-
-
 @dataclass(slots=True)
 class _Chunk:
     """One stage's part of the payload, and the samples it was rendered from (kept alive, compared by identity:
@@ -293,7 +290,7 @@ class Renderer:
                 c.om = expfmt.openmetrics(c.families)
                 c.families = None
             parts.append(c.om)
-        payload = _payload(b"".join([*parts, OM_EOF]), OPENMETRICS_CONTENT_TYPE)
+        payload = _payload(b"".join([*parts, expfmt.OM_EOF]), OPENMETRICS_CONTENT_TYPE)
         self._om = (version, payload)
         return payload
 

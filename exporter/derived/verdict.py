@@ -198,7 +198,7 @@ class InputSide:
 
 
 def _most_demanding_first(t: ThreadLoad) -> tuple[float, int]:
-    return -(t.cores + t.run_delay), t.tid  # -t.demand, without the property's call
+    return -t.demand, t.tid
 
 
 def input_side(shape: CpuShape) -> InputSide:
