@@ -464,6 +464,12 @@ class Engine:
                     "collector_failed", collector=s.collector, sampler=name, error=s.last_error,
                     exc_info=None if expected else error,
                 )
+        if error is not None:
+            # Logged and summarised: drop its traceback. The traceback's frames reach back (f_back) to the frame
+            # of the tick that holds the error, a reference cycle only the cycle collector frees -- one per failed
+            # run (the kubernetes sampler on a host without a kubelet fails every run), whose frames it then
+            # clears inside a collection.
+            error.__traceback__ = None
         self._overran(s, took)
         self._publish()
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import types
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -265,3 +267,31 @@ async def test_a_sampler_run_on_the_sampler_thread_is_charged_that_threads_cpu()
     # burn_a (blocking) ran on the sampler thread, burn_b (not blocking) on this one: each charged its own.
     assert threading.get_ident() in threads and len(threads) == 2
     assert all(eng.snapshot.status[n].cpu_seconds >= 0.005 for n in ("burn_a", "burn_b"))
+
+
+class Broken(Counting):
+    name = "broken"
+
+
+def test_a_failing_sampler_leaves_no_reference_cycles_for_the_collector() -> None:
+    # A failed run's traceback reaches back to the frame holding the error: kept, it is a cycle per failed run
+    # (the kubernetes sampler on a host without a kubelet fails every run) that only a collection frees --
+    # work inside a pause that can stall a 100 ms GPU tick (issue 14).
+    failing = Counting(ctx(interval=0.1), nodata=True)
+    broken = Broken(ctx(interval=0.1), fail_at=set(range(1, 1000)))
+    eng = Engine([failing, broken], VirtualClock(), inline=True)
+    eng.run_until(0.5)  # first failures: logged once, log bookkeeping built
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        eng.run_until(5.0)
+        gc.collect()
+        garbage = [o for o in gc.garbage if isinstance(o, BaseException | types.FrameType | types.TracebackType)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert failing.calls > 40 and broken.calls > 40
+    assert eng.snapshot.status["broken"].failures > 40
+    assert garbage == []

@@ -67,6 +67,7 @@ from exporter.gpu.binding import (
     MODULUS,
     SUCCESS,
     UNAVAILABLE,
+    ArrayTypes,
     CallStats,
     code,
     describe,
@@ -277,6 +278,7 @@ class NvmlBackend:
         self._steady_s = steady_interval if steady_interval is not None and steady_interval > fast_interval else None
         self._tick_s = fast_interval  # the fast sampler's interval now (tick_interval)
         self.calls = CallTimes()
+        self.array_types = ArrayTypes()  # the hot calls' result buffer types, built once (exporter/gpu/binding.py)
         self.stats: dict[str, CallStats] = {}
         self.driver_version: str | None = None
         self._tag = f"{id(self):x}"
@@ -884,6 +886,7 @@ class NvmlBackend:
         if not ids:
             return {}
         arr = self._opt(g, "nvmlDeviceGetFieldValues", nvml.nvmlDeviceGetFieldValues, g.handle, ids)
+        self.array_types.hold(arr)
         out = g.field_values[path]
         if arr is None:
             if "nvmlDeviceGetFieldValues" in g.disabled:
@@ -991,6 +994,7 @@ class NvmlBackend:
                 return self._rates_fallback(g, kind, integ, now)
             return None
         g.unknown_streak = 0
+        self.array_types.hold(raw)
         pts = [(int(s.timeStamp), float(sample_value(s.sampleValue, _vt))) for s in raw]
         new = integ.add(pts)
         return Rows(UtilPoint, ((ts / 1e6, min(max(v, 0.0), 100.0) / 100.0) for ts, v in new))

@@ -34,6 +34,38 @@ MODULUS = {VT_UINT: 1 << 32, VT_ULONG: M64, VT_ULL: M64, VT_USHORT: 1 << 16}
 
 
 
+class ArrayTypes:
+    """Keeps alive the ctypes array types that the binding's calls size per call.
+
+    pynvml builds each result buffer's type when it is called (``c_nvmlFieldValue_t * len(fieldIds)``,
+    ``count * c_nvmlSample_t``), and ctypes keeps an array type in its cache only while something else references
+    it. A type references itself (its MRO), so once the call's result is dropped the type is cyclic garbage: the
+    next collection finds ~6 objects to free per type, and the next call with that length builds the class again
+    (issue 14: 35 array types per 30 s in the daemon's young collections). Holding a reference to each array type
+    seen makes every later call of that length get the same type from ctypes' cache: nothing to build, nothing to
+    collect. At most ``limit`` types are held (a buffer length the driver has not used yet is then built per call
+    again, as without this), so a driver that returns ever-new lengths cannot grow it without bound."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._held: set[type] = set()
+
+    def hold(self, value: Any) -> None:
+        """Keep the array type behind ``value``: a ctypes array, or a non-empty list of elements sliced out of one
+        (nvmlDeviceGetSamples returns ``array[0:count]``; each element's ``_b_base_`` is the array)."""
+        if isinstance(value, list):
+            if not value:
+                return
+            value = getattr(value[0], "_b_base_", None)
+        if isinstance(value, ctypes.Array):
+            t = type(value)
+            if t not in self._held and len(self._held) < self.limit:
+                self._held.add(t)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
 @dataclass
 class CallStats:
     """What one NVML function returned and cost (bench/gpu_check.py reads these)."""
