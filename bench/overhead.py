@@ -92,7 +92,8 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
         proc.check_alive()
         kids = procstat.children(proc.pid)
         pids = {"daemon": proc.pid} | {f"child{i}": k for i, k in enumerate(kids)}
-        _, body0 = procs.get(port)
+        scraper = procs.Scraper(port)
+        _, body0 = scraper.get()
         window = procstat.CpuWindow(pids)
         rss0 = procstat.rss_bytes(proc.pid)
         window.start()
@@ -108,9 +109,10 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
             time.sleep(min(opts.overhead_scrape_every, t_end - now))
             proc.check_alive()
             rss_max = max(rss_max, procstat.rss_bytes(proc.pid))
-            _, body = procs.get(port)
+            _, body = scraper.get()
             scrapes += 1
         readings, host_busy = window.stop()
+        scraper.close()
         pace = pace_events(proc.log_text(), w0, time.time())
         rss1 = procstat.rss_bytes(proc.pid)
         threads = procstat.thread_count(proc.pid)
@@ -153,10 +155,11 @@ def breakdown(ctx: Context, opts: Options, scenario: Path, flags: list[str], war
             os.kill(proc.pid, signal.SIGUSR1)
             w0 = time.time()
             t_end = time.monotonic() + opts.overhead_seconds
-            while (left := t_end - time.monotonic()) > 0:
-                time.sleep(min(opts.overhead_scrape_every, left))
-                proc.check_alive()
-                procs.get(port)
+            with procs.Scraper(port) as scraper:
+                while (left := t_end - time.monotonic()) > 0:
+                    time.sleep(min(opts.overhead_scrape_every, left))
+                    proc.check_alive()
+                    scraper.get()
             os.kill(proc.pid, signal.SIGUSR2)
             c1 = procstat.cpu_seconds(proc.pid)
             pace = pace_events(proc.log_text(), w0, time.time())
