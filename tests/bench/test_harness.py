@@ -140,8 +140,9 @@ def test_process_cpu_time_rss_and_host_busy_time_are_measured() -> None:
 
 
 @contextlib.contextmanager
-def _server(chunked: bool) -> Iterator[int]:
-    """A tiny HTTP/1.1 keep-alive server on 127.0.0.1 answering every request with 'hello'."""
+def _server(chunked: bool, close: bool = False) -> Iterator[int]:
+    """A tiny HTTP/1.1 keep-alive server on 127.0.0.1 answering every request with 'hello' (with ``close``, it
+    closes the connection after each answer, as a server past its idle timeout would)."""
     loop = asyncio.new_event_loop()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -154,6 +155,9 @@ def _server(chunked: bool) -> Iterator[int]:
                 else:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
                 await writer.drain()
+                if close:
+                    writer.close()
+                    return
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
@@ -179,6 +183,20 @@ def test_scrape_client_reads_whole_bodies_over_keep_alive(chunked: bool) -> None
     assert len(r.latencies) >= 3
     assert r.bytes == 5 * len(r.latencies)
     assert all(x > 0 for x in r.latencies)
+
+
+def test_the_overhead_scraper_keeps_one_connection_like_a_prometheus() -> None:
+    with _server(chunked=False) as port, procs.Scraper(port) as scraper:
+        got = [scraper.get() for _ in range(5)]
+        assert scraper.connections == 1
+    assert got == [(200, b"hello")] * 5
+
+
+def test_the_overhead_scraper_reconnects_when_the_server_closed_the_connection() -> None:
+    with _server(chunked=False, close=True) as port, procs.Scraper(port) as scraper:
+        got = [scraper.get() for _ in range(3)]
+        assert scraper.connections == 3
+    assert got == [(200, b"hello")] * 3
 
 
 def test_scrape_client_counts_a_refused_connection_as_an_error_not_a_latency() -> None:
