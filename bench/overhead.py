@@ -92,27 +92,26 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
         proc.check_alive()
         kids = procstat.children(proc.pid)
         pids = {"daemon": proc.pid} | {f"child{i}": k for i, k in enumerate(kids)}
-        scraper = procs.Scraper(port)
-        _, body0 = scraper.get()
-        window = procstat.CpuWindow(pids)
-        rss0 = procstat.rss_bytes(proc.pid)
-        window.start()
-        w0 = time.time()
-        t_end = time.monotonic() + opts.overhead_seconds
-        rss_max = rss0
-        body = body0
-        scrapes = 0
-        while True:
-            now = time.monotonic()
-            if now >= t_end:
-                break
-            time.sleep(min(opts.overhead_scrape_every, t_end - now))
-            proc.check_alive()
-            rss_max = max(rss_max, procstat.rss_bytes(proc.pid))
-            _, body = scraper.get()
-            scrapes += 1
-        readings, host_busy = window.stop()
-        scraper.close()
+        with procs.Scraper(port) as scraper:  # one kept-alive connection, like a Prometheus
+            _, body0 = scraper.get()
+            window = procstat.CpuWindow(pids)
+            rss0 = procstat.rss_bytes(proc.pid)
+            window.start()
+            w0 = time.time()
+            t_end = time.monotonic() + opts.overhead_seconds
+            rss_max = rss0
+            body = body0
+            scrapes = 0
+            while True:
+                now = time.monotonic()
+                if now >= t_end:
+                    break
+                time.sleep(min(opts.overhead_scrape_every, t_end - now))
+                proc.check_alive()
+                rss_max = max(rss_max, procstat.rss_bytes(proc.pid))
+                _, body = scraper.get()
+                scrapes += 1
+            readings, host_busy = window.stop()
         pace = pace_events(proc.log_text(), w0, time.time())
         rss1 = procstat.rss_bytes(proc.pid)
         threads = procstat.thread_count(proc.pid)

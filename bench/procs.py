@@ -49,21 +49,16 @@ def node_exporter_binary() -> str | None:
 
 def get(port: int, path: str = "/metrics", headers: dict[str, str] | None = None,
         timeout: float = 5.0) -> tuple[int, bytes]:
-    """One GET on 127.0.0.1:port; (status, body)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+    """One GET on 127.0.0.1:port, on a connection of its own; (status, body)."""
+    with Scraper(port, path, headers, timeout) as scraper:
+        return scraper.get()
 
 
 class Scraper:
     """GETs of ``path`` on one kept-alive connection to 127.0.0.1:port, as a Prometheus server scrapes a target
     (its HTTP client reuses the connection from scrape to scrape). A connection per scrape would make the daemon
     pay an accept and, in asyncio, a transport whose reference cycle only the cycle collector frees -- costs a
-    Prometheus never causes. Reconnects once when the server has closed the connection meanwhile."""
+    Prometheus never causes."""
 
     def __init__(self, port: int, path: str = "/metrics", headers: dict[str, str] | None = None,
                  timeout: float = 5.0) -> None:
@@ -72,24 +67,24 @@ class Scraper:
         self.connections = 0  # connections opened so far
 
     def get(self) -> tuple[int, bytes]:
-        """One scrape; (status, body)."""
-        for attempt in (0, 1):
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
-                self.connections += 1
-            try:
-                self._conn.request("GET", self.path, headers=self.headers)
-                resp = self._conn.getresponse()
-                body = resp.read()
-            except (http.client.HTTPException, ConnectionError):
-                self.close()
-                if attempt:
-                    raise
-                continue
-            if resp.will_close:
-                self.close()
-            return resp.status, body
-        raise AssertionError("unreachable")
+        """One scrape; (status, body). A kept connection the server has closed meanwhile is replaced once; a new
+        connection's failure is the caller's."""
+        reused = self._conn is not None
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+            self.connections += 1
+        try:
+            self._conn.request("GET", self.path, headers=self.headers)
+            resp = self._conn.getresponse()
+            body = resp.read()
+        except (http.client.HTTPException, ConnectionError):
+            self.close()
+            if not reused:
+                raise
+            return self.get()
+        if resp.will_close:
+            self.close()
+        return resp.status, body
 
     def close(self) -> None:
         if self._conn is not None:

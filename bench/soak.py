@@ -47,18 +47,17 @@ def run(ctx: Context, opts: Options) -> Section:
         t0 = time.monotonic()
         end = t0 + opts.soak_seconds
         next_at = t0
-        scraper = procs.Scraper(port)  # one kept-alive connection, like a Prometheus
-        while True:
-            now = time.monotonic()
-            if now >= end:
-                break
-            if now >= next_at:
-                proc.check_alive()
-                samples.append((now - t0, procstat.rss_bytes(proc.pid)))
-                scraper.get()  # scraped like a Prometheus at the sampling period
-                next_at += opts.soak_every
-            time.sleep(max(0.0, min(next_at, end) - time.monotonic()))
-        scraper.close()
+        with procs.Scraper(port) as scraper:  # one kept-alive connection, like a Prometheus
+            while True:
+                now = time.monotonic()
+                if now >= end:
+                    break
+                if now >= next_at:
+                    proc.check_alive()
+                    samples.append((now - t0, procstat.rss_bytes(proc.pid)))
+                    scraper.get()  # scraped like a Prometheus at the sampling period
+                    next_at += opts.soak_every
+                time.sleep(max(0.0, min(next_at, end) - time.monotonic()))
         proc.check_alive()
         samples.append((time.monotonic() - t0, procstat.rss_bytes(proc.pid)))
         cpu, _ = window.stop()

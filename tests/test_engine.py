@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import threading
 import time
 import types
@@ -18,6 +17,7 @@ from exporter.engine import Engine, RealClock, VirtualClock
 from exporter.exposition import self_metrics
 from exporter.sampling import UNCHANGED, Collector, CollectorContext, CollectorError, NoDataError, SamplerSpec
 from exporter.snapshot import Snapshot
+from tests.support.gctrack import cyclic_garbage
 
 
 class Counting(Collector):
@@ -281,17 +281,8 @@ def test_a_failing_sampler_leaves_no_reference_cycles_for_the_collector() -> Non
     broken = Broken(ctx(interval=0.1), fail_at=set(range(1, 1000)))
     eng = Engine([failing, broken], VirtualClock(), inline=True)
     eng.run_until(0.5)  # first failures: logged once, log bookkeeping built
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        eng.run_until(5.0)
-        gc.collect()
-        garbage = [o for o in gc.garbage if isinstance(o, BaseException | types.FrameType | types.TracebackType)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    garbage = [o for o in cyclic_garbage(lambda: eng.run_until(5.0))
+               if isinstance(o, BaseException | types.FrameType | types.TracebackType)]
     assert failing.calls > 40 and broken.calls > 40
     assert eng.snapshot.status["broken"].failures > 40
     assert garbage == []

@@ -199,6 +199,13 @@ def test_the_overhead_scraper_reconnects_when_the_server_closed_the_connection()
     assert got == [(200, b"hello")] * 3
 
 
+def test_the_overhead_scraper_does_not_retry_a_new_connection_that_fails() -> None:
+    with procs.Scraper(procs.free_port()) as scraper:
+        with pytest.raises(ConnectionRefusedError):
+            scraper.get()
+        assert scraper.connections == 1
+
+
 def test_scrape_client_counts_a_refused_connection_as_an_error_not_a_latency() -> None:
     from bench.procs import free_port
 

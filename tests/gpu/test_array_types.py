@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pynvml
 
 from exporter.gpu.binding import ArrayTypes
+from tests.support.gctrack import cyclic_garbage
 from tests.support.gpurig import Rig, device
 
 MakeRig = Callable[..., Rig]
@@ -18,17 +19,7 @@ MakeRig = Callable[..., Rig]
 
 def _array_type_garbage(run: Callable[[], None]) -> list[str]:
     """Names of the ctypes array types that ``run`` left for the cycle collector."""
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        run()
-        gc.collect()
-        return [o.__name__ for o in gc.garbage if isinstance(o, type) and issubclass(o, ctypes.Array)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    return [o.__name__ for o in cyclic_garbage(run) if isinstance(o, type) and issubclass(o, ctypes.Array)]
 
 
 def test_a_held_length_gets_the_same_type_from_ctypes_every_call() -> None:

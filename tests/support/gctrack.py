@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import types
+from collections.abc import Callable
 
 # Shared by every sample (not per sample): never descended into.
 _SHARED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
@@ -28,3 +29,19 @@ def tracked_inside(root: object) -> list[object]:
             out.append(o)
         todo.extend(gc.get_referents(o))
     return out
+
+
+def cyclic_garbage(run: Callable[[], None]) -> list[object]:
+    """The objects that ``run`` left for the cycle collector to free: unreachable, held only by reference cycles.
+    Automatic collection is off meanwhile, so nothing ``run`` leaves is freed before it is counted."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        run()
+        gc.collect()
+        return list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
