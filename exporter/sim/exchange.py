@@ -69,6 +69,20 @@ GROUPED = "devices"
 
 
 @dataclass
+class Plan:
+    """How a reader takes one set of slots from the values block: one ``unpack_from`` at byte ``at`` of ``bits``
+    (every number as its int64 word, to compare) and, when they moved, of ``values`` (ints as int64, floats as
+    float64); ``slots`` are the numbers' (container, key, is-a-reasons-bitmask) in the block's order. Precompiled
+    per shape: a device read after a sleep runs with cold caches, and the Python executed per settle, not the bytes
+    copied, was what the daemon paid."""
+
+    at: int = 0
+    bits: struct.Struct = field(default_factory=lambda: struct.Struct("<"))
+    values: struct.Struct = field(default_factory=lambda: struct.Struct("<"))
+    slots: tuple[tuple[Any, Any, bool], ...] = ()
+
+
+@dataclass
 class Region:
     """The numbers under one DEFERRED key of one mapping: slots ``ints[i0:i1]`` and ``floats[f0:f1]``."""
 
@@ -78,8 +92,9 @@ class Region:
     i1: int
     f0: int
     f1: int
-    gen: int = -1  # the reader's deferred generation last applied
-    applied: bytes = b""  # its words then
+    gen: int = -1  # the reader's values generation last applied
+    applied: tuple[int, ...] | None = None  # its words then
+    plan: Plan = field(default_factory=Plan)
 
 
 @dataclass
@@ -92,11 +107,29 @@ class Group:
     i1: int
     f0: int
     f1: int
-    # The reader's side: its runs of value positions [lo, hi) (eager ints first, then eager floats; a run is all
-    # ints or all floats), the words of each run last compared, and the values generation last applied.
-    runs: list[tuple[int, int]] = field(default_factory=list)
-    seen: list[bytes] = field(default_factory=list)
+    # The reader's side: the words of its slots last compared (None: never, so the first settle assigns every
+    # number) and the values generation last applied.
+    seen: tuple[int, ...] | None = None
     gen: int = -1
+    plan: Plan = field(default_factory=Plan)
+
+
+def _plan(spans: list[tuple[int, int, str]], slots: list[tuple[Any, Any, bool]]) -> Plan:
+    """The :class:`Plan` of ``spans`` -- (first byte in the block, how many numbers, ``"q"`` or ``"d"``) in
+    increasing byte order -- whose numbers are ``slots``; the bytes between two spans are skipped (``x``)."""
+    spans = [s for s in spans if s[1] > 0]
+    if not spans:
+        return Plan()
+    at = pos = spans[0][0]
+    bits, values = ["<"], ["<"]
+    for start, n, kind in spans:
+        if start > pos:
+            bits.append(f"{start - pos}x")
+            values.append(f"{start - pos}x")
+        bits.append(f"{n}q")
+        values.append(f"{n}{kind}")
+        pos = start + 8 * n
+    return Plan(at, struct.Struct("".join(bits)), struct.Struct("".join(values)), tuple(slots))
 
 
 def _runs(flags: list[bool]) -> list[tuple[int, int]]:
@@ -257,26 +290,15 @@ class Reader:
         self.state: dict[str, Any] | None = None
         self._ints: list[Slot] = []
         self._floats: list[Slot] = []
-        # The shape's slots, ints then floats, as parallel lists (an assignment is then two indexings); the
-        # positions of the reason slots; the raw words of the block last applied (None: apply every slot).
-        self._containers: list[Any] = []
-        self._keys: list[Any] = []
-        self._reasons: frozenset[int] = frozenset()
-        # The words last assigned per position (None: never, so the first settle assigns it), the eager numbers'
-        # bytes of the newest state taken and its generation, the devices' groups by id of their mapping, and the
-        # runs of positions outside every group (the state's own numbers: its time).
-        self._applied: list[int | None] = []
+        # The values of the newest state taken (every number's word: ints, then floats, as in the file) and its
+        # generation; the devices' groups by id of their mapping, the state's own numbers (its time: outside every
+        # group) as a group of their own, and the DEFERRED buffers by (id of the mapping, key). A group or buffer
+        # is current when its gen is the reader's; each settles from the block with its precompiled Plan.
         self._block = b""
         self._values_gen = 0
         self._groups: dict[int, Group] = {}
         self._top = Group(None, 0, 0, 0, 0)
-        # The layout of the current shape: eager ints, eager floats (the others are DEFERRED).
-        self._eager = (0, 0)
-        # DEFERRED buffers: by (id of the mapping, key); the deferred words of the newest state taken (ints,
-        # floats) and its generation; a region is current when its gen is the reader's.
         self._regions: dict[tuple[int, str], Region] = {}
-        self._deferred: tuple[bytes, bytes] = (b"", b"")
-        self._deferred_gen = 0
         self.busy = False  # the last poll met a write in progress (see the class docstring)
         self.shape_loads = 0  # JSON shapes read (tests: value changes must not read JSON)
         self.assigned = 0  # numbers written into the state (tests: only the ones that moved)
@@ -336,73 +358,77 @@ class Reader:
                 self.busy = True
                 return None  # the JSON of a newer shape than these values (or older): poll again
             state, ints, floats, regions, groups = loaded
-            ne_int, ne_float = _eager_counts(n_int, n_float, regions)
-        else:
-            ne_int, ne_float = self._eager
-        # Straight from the mapped memory (a slice copies), then the sequence again: a torn copy is dropped. The
-        # eager numbers as their words (ints, then floats), unpacked only where a device is read; the DEFERRED
-        # ones: their bytes, unpacked when their buffer is read.
-        at_floats = _HEADER.size + 8 * n_int
-        block = m[_HEADER.size:_HEADER.size + 8 * ne_int] + m[at_floats:at_floats + 8 * ne_float]
-        deferred = (m[_HEADER.size + 8 * ne_int:at_floats], m[at_floats + 8 * ne_float:end])
+        # Straight from the mapped memory (a slice copies: every number, eager and DEFERRED), then the sequence
+        # again: a torn copy is dropped. Unpacked only where a device or a buffer is read.
+        block = m[_HEADER.size:end]
         (again,) = _SEQ.unpack_from(m, _SEQ_AT)
         if again != seq:
             self.busy = True
             return None  # written meanwhile: the next poll reads the newer one
         if new_shape:
             self.state, self._ints, self._floats, self._shape_id = state, ints, floats, shape_id
-            self._eager = (ne_int, ne_float)
-            slots = ints[:ne_int] + floats[:ne_float]
-            self._containers, self._keys = [c for c, _ in slots], [k for _, k in slots]
-            self._reasons = frozenset(i for i, (_, k) in enumerate(slots) if k == REASONS)
-            self._regions = {(id(r.container), r.key): r for r in regions}
-            grouped = [False] * (ne_int + ne_float)
-            for g in groups:
-                g.runs = [(lo, hi) for lo, hi in ((g.i0, g.i1), (ne_int + g.f0, ne_int + g.f1)) if hi > lo]
-                for lo, hi in g.runs:
-                    grouped[lo:hi] = [True] * (hi - lo)
-            self._groups = {id(g.container): g for g in groups}
-            top = [not x for x in grouped]  # runs of ints and runs of floats apart: a run is unpacked as one type
-            self._top = Group(None, 0, 0, 0, 0,
-                              runs=_runs(top[:ne_int]) + [(lo + ne_int, hi + ne_int) for lo, hi in _runs(top[ne_int:])])
-            self._applied = [None] * (ne_int + ne_float)
+            self._install_plans(n_int, n_float, regions, groups)
         # Taken, not yet applied: the state's own numbers (its time) at once, each device's when a call reads it
         # (settle_group) -- a fast tick reads the waiting GPUs, and unpacking and comparing all eight devices'
         # numbers at every new state was most of what the daemon paid the simulation (cold caches: 100-300 us).
         self._block, self._values_gen = block, self._values_gen + 1
         self._settle(self._top)
         self._seq = seq
-        self._deferred, self._deferred_gen = deferred, self._deferred_gen + 1
         if settle or new_shape:
             self.settle_all()
         assert self.state is not None
         return self.state, new_shape
 
+    def _install_plans(self, n_int: int, n_float: int, regions: list[Region], groups: list[Group]) -> None:
+        """Precompile how each device, the state's own numbers and each DEFERRED buffer are taken from the block
+        of a shape with ``n_int`` ints and ``n_float`` floats (a float slot ``j`` is word ``n_int + j``)."""
+        ne_int, ne_float = _eager_counts(n_int, n_float, regions)
+        ints, floats = self._ints, self._floats
+
+        def slots(i0: int, i1: int, f0: int, f1: int) -> list[tuple[Any, Any, bool]]:
+            return [(c, k, k == REASONS) for c, k in ints[i0:i1] + floats[f0:f1]]
+
+        def plan(i0: int, i1: int, f0: int, f1: int) -> Plan:
+            return _plan([(8 * i0, i1 - i0, "q"), (8 * (n_int + f0), f1 - f0, "d")], slots(i0, i1, f0, f1))
+
+        grouped_i, grouped_f = [False] * ne_int, [False] * ne_float
+        for g in groups:
+            g.plan = plan(g.i0, g.i1, g.f0, g.f1)
+            grouped_i[g.i0:g.i1] = [True] * (g.i1 - g.i0)
+            grouped_f[g.f0:g.f1] = [True] * (g.f1 - g.f0)
+        self._groups = {id(g.container): g for g in groups}
+        # Outside every group (the state's own numbers): runs of ints, then runs of floats, in byte order.
+        spans: list[tuple[int, int, str]] = []
+        top: list[tuple[Any, Any, bool]] = []
+        for lo, hi in _runs([not x for x in grouped_i]):
+            spans.append((8 * lo, hi - lo, "q"))
+            top += slots(lo, hi, 0, 0)
+        for lo, hi in _runs([not x for x in grouped_f]):
+            spans.append((8 * (n_int + lo), hi - lo, "d"))
+            top += slots(0, 0, lo, hi)
+        self._top = Group(None, 0, 0, 0, 0, plan=_plan(spans, top))
+        for r in regions:
+            r.plan = plan(r.i0, r.i1, r.f0, r.f1)
+        self._regions = {(id(r.container), r.key): r for r in regions}
+
     def _settle(self, g: Group) -> None:
-        """Assign the numbers of ``g``'s runs of positions that moved since they were last assigned, from the newest
-        values taken (the callers call it only when ``g`` is behind them). A run whose words are the ones seen last
-        costs one comparison of bytes; otherwise its words are compared one by one (a float by its bits: -0.0 is
-        not 0.0, a NaN equals itself)."""
+        """Assign the numbers of ``g`` that moved since they were last assigned, from the newest values taken (the
+        callers call it only when ``g`` is behind them): one unpack of their words, compared as a tuple (a float
+        by its bits: -0.0 is not 0.0, a NaN equals itself); only when some moved, one unpack of their values."""
         g.gen = self._values_gen
-        block, applied, ne_int = self._block, self._applied, self._eager[0]
-        if len(g.seen) != len(g.runs):
-            g.seen = [b""] * len(g.runs)
-        for k, (lo, hi) in enumerate(g.runs):
-            words = block[8 * lo:8 * hi]
-            if words == g.seen[k]:
-                continue
-            g.seen[k] = words
-            raw = struct.unpack(f"<{hi - lo}q", words)
-            moved = [i for i, w in enumerate(raw, lo) if w != applied[i]]
-            if not moved:
-                continue
-            containers, keys, reasons = self._containers, self._keys, self._reasons
-            floats = struct.unpack(f"<{hi - lo}d", words) if lo >= ne_int else None
-            for i in moved:
-                applied[i] = raw[i - lo]
-                v = raw[i - lo] if floats is None else floats[i - lo]
-                containers[i][keys[i]] = _reasons_of(v) if i in reasons else v
-            self.assigned += len(moved)
+        p = g.plan
+        words = p.bits.unpack_from(self._block, p.at)
+        seen = g.seen
+        if words == seen:
+            return
+        g.seen = words
+        values = p.values.unpack_from(self._block, p.at)
+        moved = range(len(words)) if seen is None else [i for i, w in enumerate(words) if w != seen[i]]
+        slots = p.slots
+        for i in moved:
+            c, k, reasons = slots[i]
+            c[k] = _reasons_of(values[i]) if reasons else values[i]
+        self.assigned += len(moved)
 
     def settle_group(self, container: Any) -> None:
         """Bring one device (an element of the state's ``devices``) up to the newest values taken."""
@@ -437,28 +463,27 @@ class Reader:
     def settle(self, container: Any, key: str) -> None:
         """Apply the newest numbers of ``container[key]``, a DEFERRED buffer (nothing for any other key)."""
         r = self._regions.get((id(container), key))
-        if r is not None and r.gen != self._deferred_gen:
+        if r is not None and r.gen != self._values_gen:
             self._apply(r)
 
     def settle_all(self) -> None:
         """Apply every device's numbers and every deferred buffer: the state is then wholly the newest one taken."""
         self.settle_groups()
         for r in self._regions.values():
-            if r.gen != self._deferred_gen:
+            if r.gen != self._values_gen:
                 self._apply(r)
 
     def _apply(self, r: Region) -> None:
-        ne_int, ne_float = self._eager
-        d_ints, d_floats = self._deferred
-        words = d_ints[8 * (r.i0 - ne_int):8 * (r.i1 - ne_int)] + d_floats[8 * (r.f0 - ne_float):8 * (r.f1 - ne_float)]
+        """Assign a DEFERRED buffer's numbers, all of them when any word changed (a sliding buffer moves all)."""
+        p = r.plan
+        words = p.bits.unpack_from(self._block, p.at)
         if words != r.applied:
-            n_i = r.i1 - r.i0
-            values = struct.unpack(f"<{n_i}q{r.f1 - r.f0}d", words)
-            for (c, k), v in zip(self._ints[r.i0:r.i1] + self._floats[r.f0:r.f1], values, strict=True):
+            values = p.values.unpack_from(self._block, p.at)
+            for (c, k, _), v in zip(p.slots, values, strict=True):
                 c[k] = v
             self.assigned += len(values)
             r.applied = words
-        r.gen = self._deferred_gen
+        r.gen = self._values_gen
 
     def close(self) -> None:
         if self._map is not None:

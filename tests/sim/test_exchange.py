@@ -188,6 +188,30 @@ def test_a_change_of_values_assigns_only_the_numbers_that_moved(tmp_path: Path) 
     assert got is not None and got[0] == s1 and r.assigned - first == 2
 
 
+def test_numbers_outside_the_devices_in_several_runs_each_reach_the_reader(tmp_path: Path) -> None:
+    # The reader takes each device and the state's own numbers with one precompiled unpack that skips the bytes
+    # between their runs (ints first in the file, floats after): numbers of both types before, between and after
+    # the devices, and in a nested list, must each land in their own slot.
+    def shaped(k: int) -> dict[str, Any]:
+        return {"a": k, "t": 1.5 + k, "devices": [{"x": 10 + k, "y": 0.25 * k, "s": "dev"}, {"x": 20, "y": 2.5}],
+                "b": [3 + k, 4.5, {"c": 7, "d": -1.0 - k}], "e": 9}
+
+    w = exchange.Writer(tmp_path)
+    w.write(shaped(0))
+    r = exchange.Reader(tmp_path, lambda s: s)
+    assert r.poll() == (shaped(0), True)
+    for k in (1, 2):
+        w.write(shaped(k))
+        got = r.poll(settle=False)
+        assert got is not None and not got[1]
+        state = got[0]
+        expected = (k, 1.5 + k, [3 + k, 4.5, {"c": 7, "d": -1.0 - k}], 9)
+        assert (state["a"], state["t"], state["b"], state["e"]) == expected
+        assert state["devices"][0] == shaped(k - 1)["devices"][0], "a device waits for its read"
+        r.settle_group(state["devices"][0])
+        assert state == dict(shaped(k), devices=[{"x": 10 + k, "y": 0.25 * k, "s": "dev"}, {"x": 20, "y": 2.5}])
+
+
 def test_a_float_is_compared_by_its_bits(tmp_path: Path) -> None:
     # -0.0 == 0.0 for Python, not for the driver's bytes: the reader must not keep the old sign.
     w = exchange.Writer(tmp_path)
