@@ -47,6 +47,9 @@ THREADS_SAMPLER = names.PROC_THREADS
 THREADS_HISTORY = CPU_WINDOW_MAX + 2.0
 # Every thread's stat is read again at least this often (seconds), whether it ran or not.
 FULL_EVERY_S = 5.0
+# Positions in a stored ThreadStat row (Rows.tuples()).
+_TID, _UTIME, _STIME, _RUN_DELAY, _SWITCHES, _ON_CPU = map(
+    ThreadStat._fields.index, ("tid", "utime", "stime", "run_delay", "switches", "on_cpu"))
 # Thread states as fs/proc/array.c task_state_array prints them; running/sleeping/disk_sleep are always
 # exported (0 included) so "threads in D state" is a value, not an absent series.
 STATE_NAMES = {
@@ -327,7 +330,7 @@ class ProcCollector(Collector):
         except (ValueError, IndexError, CpulistError) as e:
             raise _MalformedError(f"/proc/{pid}/{what}", str(e)) from e
 
-    def _threads(self, pid: int) -> Iterable[ThreadStat]:
+    def _threads(self, pid: int) -> Iterable[tuple[Any, ...]]:
         """Per-thread CPU times from /proc/<pid>/task/<tid>/{schedstat,stat,status}; a thread exiting mid-read
         is skipped. A thread that did not run since the previous pass (schedstat's time on a CPU unchanged) is
         its previous reading with the new run delay; one that ran, or every thread once per ``FULL_EVERY_S``,
@@ -340,7 +343,10 @@ class ProcCollector(Collector):
                 raise _GoneError(base) from e
             raise CollectorError(f"{base}: {e.strerror or e}") from e
         last = self._last_deep.get(pid)
-        before = {t.tid: t for t in last.threads} if last is not None else {}
+        # The previous pass's rows as stored (exact tuples, ThreadStat's field order): a thread that did not run
+        # is carried over as the same object, not a copy -- an idle thread of a waiting trainer's 150 costs the
+        # cycle collector nothing then (exporter/samples/rows.py).
+        before = {row[_TID]: row for row in last.threads.tuples()} if last is not None else {}
         now = self.ctx.clock()
         full = now - self._full_at.get(pid, -math.inf) >= FULL_EVERY_S
         if full:
@@ -349,11 +355,9 @@ class ProcCollector(Collector):
             d = f"{base}/{tid}/"
             prev = before.get(tid)
             sched = self._sched(d)
-            if sched is not None and prev is not None and not full and sched[0] == prev.on_cpu:
+            if sched is not None and prev is not None and not full and sched[0] == prev[_ON_CPU]:
                 # Did not run: nothing else changed (its run delay grows only when it gets a CPU).
-                yield prev if sched[1] == prev.run_delay else ThreadStat(
-                    tid=tid, comm=prev.comm, state=prev.state, utime=prev.utime, stime=prev.stime,
-                    processor=prev.processor, run_delay=sched[1], switches=prev.switches, on_cpu=sched[0])
+                yield prev if sched[1] == prev[_RUN_DELAY] else (*prev[:_RUN_DELAY], sched[1], *prev[_RUN_DELAY + 1:])
                 continue
             try:
                 st = self._parse(parse_stat, self._read(d + "stat", True), f"{pid}/task/{tid}", "stat")
@@ -362,13 +366,12 @@ class ProcCollector(Collector):
             if prev is None:
                 ran = True
             elif sched is not None:
-                ran = sched[0] != prev.on_cpu
+                ran = sched[0] != prev[_ON_CPU]
             else:  # no schedstat: the tick-resolution times say whether it ran
-                ran = st.utime + st.stime > prev.utime + prev.stime
-            switches = self._switches(d) if ran or prev is None else prev.switches
-            yield ThreadStat(tid=tid, comm=st.comm, state=st.state, utime=st.utime, stime=st.stime,
-                             processor=st.processor, run_delay=None if sched is None else sched[1],
-                             switches=switches, on_cpu=None if sched is None else sched[0])
+                ran = st.utime + st.stime > prev[_UTIME] + prev[_STIME]
+            switches = self._switches(d) if ran or prev is None else prev[_SWITCHES]
+            yield (tid, st.comm, st.state, st.utime, st.stime, st.processor, None if sched is None else sched[1],
+                   switches, None if sched is None else sched[0])
 
     def _sched(self, d: str) -> tuple[float, float] | None:
         """A thread's (seconds on a CPU, run delay) from its schedstat; None where unreadable (gone -- its stat

@@ -60,6 +60,12 @@ class Rows(Sequence[R]):
         rows (a row read costs ~0.3 us; the derived layer counts D-state threads over every deep sample)."""
         return map(itemgetter(cast(_Named, self._row)._fields.index(name)), self._rows)
 
+    def tuples(self) -> tuple[tuple[Any, ...], ...]:
+        """The rows as stored: exact tuples in the row type's field order. A table built from them keeps the same
+        objects -- a row carried over unchanged is then no new object for the cycle collector to examine (an
+        exact tuple of untracked items is untracked after the first collection that sees it)."""
+        return self._rows
+
     def __len__(self) -> int:
         return len(self._rows)
 

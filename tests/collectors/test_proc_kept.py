@@ -18,6 +18,7 @@ import pytest
 
 from exporter.collectors.proc import FULL_EVERY_S, ProcCollector
 from exporter.sources import KeptFiles, SourceTooLargeError
+from tests.support.gctrack import young_survivors
 from tests.support.hosts import LARGE, make
 
 GPU = 4242  # 150 threads in the LARGE fixture (stat only: no schedstat there)
@@ -127,6 +128,26 @@ def test_capacity_closes_the_least_recently_read_and_sweep_the_idle(tmp_path: Pa
     assert none.read(paths[1]) == b"1\n" and len(none) == 0
 
 
+def test_reading_kept_files_again_leaves_no_new_objects_for_the_cycle_collector(tmp_path: Path) -> None:
+    # A deep pass reads ~3,600 kept files; a bookkeeping tuple per read was that many objects for the next young
+    # collection to examine, every pass.
+    paths = []
+    for i in range(200):
+        (tmp_path / f"f{i}").write_text(f"{i} 0 1\n")
+        paths.append(str(tmp_path / f"f{i}"))
+    kept = KeptFiles(capacity=400)
+    for p in paths:
+        kept.read(p)
+
+    def read_all() -> None:
+        for p in paths:
+            kept.read(p)
+
+    assert len(young_survivors(read_all)) < 10
+    assert len(kept) == 200
+    kept.close()
+
+
 def test_a_file_longer_than_the_first_page_is_read_whole(tmp_path: Path) -> None:
     f = tmp_path / "status"
     f.write_bytes(b"y" * 5000 + b"\n")
@@ -209,6 +230,9 @@ def test_a_thread_that_did_not_run_costs_one_schedstat_read_and_one_that_ran_is_
     assert by_tid[ran].switches == (12, 4)
     before = {t.tid: t for t in first.threads}
     assert all(by_tid[t] == before[t] for t in by_tid if t != ran)  # the others: their previous reading
+    # ... carried over as the very rows stored before: no new object per idle thread for the cycle collector.
+    stored = {row[0]: row for row in first.threads.tuples()}
+    assert all((row is stored[row[0]]) == (row[0] != ran) for row in second.threads.tuples())
 
     # Once per FULL_EVERY_S every thread's stat is read again, ran or not (status only for those that ran).
     reads.clear()

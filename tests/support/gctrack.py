@@ -45,3 +45,15 @@ def cyclic_garbage(run: Callable[[], None]) -> list[object]:
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+
+
+def young_survivors(run: Callable[[], None]) -> list[object]:
+    """The tracked objects that ``run`` allocated and that are still alive after it: what the next young collection
+    has to examine (automatic collection off meanwhile; a full collection first empties the young generation)."""
+    gc.collect()
+    gc.disable()
+    try:
+        run()
+        return [o for o in gc.get_objects(generation=0) if o is not run]
+    finally:
+        gc.enable()
