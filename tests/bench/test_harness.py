@@ -40,6 +40,22 @@ def test_flat_rss_with_noise_has_a_slope_inside_its_confidence_interval() -> Non
     assert intercept == pytest.approx(50e6, rel=0.01)
 
 
+def test_rss_that_settles_early_is_flat_over_the_second_half_and_a_leak_is_not() -> None:
+    # The one-hour soaks: +2 MiB over the first 20 minutes, then level (+/- 64 KiB of noise) -- a plateau, which a
+    # line through the whole hour calls +1.8 MiB/h. A leak of 1 MiB/h stays a leak in the second half.
+    def rss(t: float, leak: float) -> int:
+        settling = 2 * 1048576 * min(t, 1200.0) / 1200.0
+        return int(57 * 1048576 + settling + leak * t / 3600 + (65536 if int(t / 15) % 2 else -65536))
+
+    plateau = [(t * 15.0, rss(t * 15.0, 0.0)) for t in range(241)]
+    assert not soak.slope_row(plateau, 180.0).flat
+    assert soak.slope_row(plateau, 1800.0).flat
+    leak = [(t * 15.0, rss(t * 15.0, 1048576.0)) for t in range(241)]
+    settled = soak.slope_row(leak, 1800.0)
+    assert not settled.flat and settled.slope * 3600 == pytest.approx(1048576, rel=0.1)
+    assert "+1.0" in settled.text and "121 samples" in settled.text
+
+
 def test_too_few_rss_samples_give_an_infinite_error_not_a_verdict() -> None:
     assert soak.fit([(0.0, 1.0), (1.0, 2.0)])[2] == math.inf
 
