@@ -52,16 +52,19 @@ TUNED_LABEL = "what-if: GPU fast path 1 s, verdicts every 2 s, render every 5 s,
 # the measured window nothing it would not pay anyway.
 _PACE_EVENT = re.compile(r"^ts=(\S+) .*?\bevent=(gpu_fast_rate_changed|verdict_changed)\b(.*)$", re.M)
 _TO_STEADY = re.compile(r"\breason=steady(?:\s|$)")
+_GPU_FIELD = re.compile(r"\bgpu=(\S+)")
+_REASON_FIELD = re.compile(r"\breason=(\S+)")
 _STARTED = re.compile(r"^ts=\S+ level=info event=started\b", re.M)  # every daemon logs it once, at info
 
 
-def pace_events(log: str, t0: float, t1: float) -> dict[str, int]:
+def pace_events(log: str, t0: float, t1: float) -> dict[str, Any]:
     """From the daemon's log, what changed its pace between wall-clock times ``t0`` and ``t1``: how many times a
-    GPU left the steady fast-path rate (a dip, a gap, PCIe traffic) and how many verdicts changed. BenchError
-    for a log without the daemon's info-level logfmt lines: zero changes would be read from nothing."""
+    GPU left the steady fast-path rate (a dip, a gap, PCIe traffic), each as ``"gpu N: reason"`` in
+    ``left_reasons``, and how many verdicts changed. BenchError for a log without the daemon's info-level logfmt
+    lines: zero changes would be read from nothing."""
     if not _STARTED.search(log):
         raise procs.BenchError("the daemon's log has no info-level logfmt 'started' line: pace changes not countable")
-    out = {"left_steady": 0, "verdict_changes": 0}
+    out: dict[str, Any] = {"left_steady": 0, "verdict_changes": 0, "left_reasons": []}
     for m in _PACE_EVENT.finditer(log):
         try:
             ts = datetime.fromisoformat(m[1]).timestamp()
@@ -73,12 +76,15 @@ def pace_events(log: str, t0: float, t1: float) -> dict[str, int]:
             out["verdict_changes"] += 1
         elif not _TO_STEADY.search(m[3]):
             out["left_steady"] += 1
+            gpu, reason = _GPU_FIELD.search(m[3]), _REASON_FIELD.search(m[3])
+            out["left_reasons"].append(f"gpu {gpu[1] if gpu else '?'}: {reason[1] if reason else '?'}")
     return out
 
 
-def fmt_pace(ev: Mapping[str, float]) -> str:
-    return (f"{ev['left_steady']:.0f} time(s) a GPU left the steady rate, {ev['verdict_changes']:.0f} verdict "
-            "change(s) in the window")
+def fmt_pace(ev: Mapping[str, Any]) -> str:
+    why = ev.get("left_reasons") or []
+    return (f"{ev['left_steady']:.0f} time(s) a GPU left the steady rate{' (' + ', '.join(why) + ')' if why else ''}, "
+            f"{ev['verdict_changes']:.0f} verdict change(s) in the window")
 
 
 def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmup: float) -> dict[str, float]:
@@ -133,6 +139,7 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
         "overruns": metric_sum(body, OVERRUNS) - metric_sum(body0, OVERRUNS),
         "scrapes": scrapes,
         "left_steady": pace["left_steady"],
+        "left_reasons": pace["left_reasons"],
         "verdict_changes": pace["verdict_changes"],
     }
 

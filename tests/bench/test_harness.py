@@ -285,9 +285,12 @@ def test_pace_events_count_only_changes_inside_the_window_and_not_returns_to_ste
     ])
     t0 = datetime(2026, 12, 2, 11, 50, 0, tzinfo=timezone.utc).timestamp()
     t1 = datetime(2026, 12, 2, 11, 50, 30, tzinfo=timezone.utc).timestamp()
-    assert overhead.pace_events(log, t0, t1) == {"left_steady": 2, "verdict_changes": 1}
-    assert overhead.pace_events(log, 0.0, 2e9) == {"left_steady": 3, "verdict_changes": 2}
-    assert overhead.pace_events(log.splitlines()[0], t0, t1) == {"left_steady": 0, "verdict_changes": 0}
+    assert overhead.pace_events(log, t0, t1) == {"left_steady": 2, "verdict_changes": 1,
+                                                 "left_reasons": ["gpu 3: dip", "gpu 5: gap"]}
+    assert overhead.pace_events(log, 0.0, 2e9) == {"left_steady": 3, "verdict_changes": 2,
+                                                   "left_reasons": ["gpu 3: dip", "gpu 5: gap", "gpu 2: traffic"]}
+    assert overhead.pace_events(log.splitlines()[0], t0, t1) == {"left_steady": 0, "verdict_changes": 0,
+                                                                 "left_reasons": []}
     # A log at warn, or in JSON, holds none of these lines: no count rather than a count of zero.
     for unreadable in ("", log.replace("level=info event=started", "level=warn event=something"),
                        '{"ts": "2026-12-02T11:49:45Z", "level": "info", "event": "started"}'):
@@ -295,3 +298,5 @@ def test_pace_events_count_only_changes_inside_the_window_and_not_returns_to_ste
             overhead.pace_events(unreadable, t0, t1)
     assert "2 time(s) a GPU left the steady rate, 1 verdict change(s)" in overhead.fmt_pace(
         {"left_steady": 2, "verdict_changes": 1})
+    assert "1 time(s) a GPU left the steady rate (gpu 3: dip), 0 verdict change(s)" in overhead.fmt_pace(
+        {"left_steady": 1, "verdict_changes": 0, "left_reasons": ["gpu 3: dip"]})
