@@ -31,7 +31,10 @@ class Options:
     # Measured from 10 s before, the window held 15 s of start-up pace.
     warmup: float = 30.0
     deep_warmup: float = 25.0  # a waiting verdict (<= 15 s after onset) must switch deep sampling on first
-    overhead_seconds: float = 45.0
+    # A multiple of the longest periodic pass while no GPU waits (per-thread, cpufreq, NUMA: every 30 s): a 45 s
+    # window held one or two of each depending on its phase, and the same steady state measured 0.78% and 1.11%
+    # in two windows of one run (04:59). 60 s holds two of each, and of every 1 s and 5 s pass a whole number.
+    overhead_seconds: float = 60.0
     overhead_scrape_every: float = 15.0
     latency_seconds: float = 5.0
     latency_levels: tuple[int, ...] = (1, 10, 50)

@@ -49,7 +49,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--skip", default="", help="comma-separated benchmarks to leave out")
     p.add_argument("--smoke", action="store_true", help="a second or two per benchmark (CI): harness check only")
     p.add_argument("--soak-minutes", type=float, default=None, help="soak length (default 10, at most 60)")
-    p.add_argument("--overhead-seconds", type=float, default=None, help="overhead window per setting (default 45)")
+    p.add_argument("--overhead-seconds", type=float, default=None, help="overhead window per setting (default 60)")
     p.add_argument("--latency-seconds", type=float, default=None, help="per concurrency level (default 5)")
     p.add_argument("--fidelity-seconds", type=float, default=None, help="burn per condition (default 20)")
     p.add_argument("--samework-seconds", type=float, default=None, help="side-by-side window (default 60)")
