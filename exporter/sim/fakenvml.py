@@ -762,6 +762,14 @@ class FakeNvml:
         self._has_events = any(d["xid_events"] for d in self._state["devices"])
         self._field_plans.clear()
 
+    def _values_changed(self) -> None:  # under self._lock
+        """The state's numbers moved (its time among them): wake event waiters when an event may have come due.
+        Without events none can: waking the watcher thread at every new state (~70 us of CPU on a VM each, 10-20
+        a second) was a cost of the simulation that the real blocking call never has."""
+        self._rewind()
+        if self._has_events:
+            self._cond.notify_all()
+
     def _rewind(self) -> None:  # under self._lock
         """After time went back (a test or a looping simulator restarted the clock), deliver Xid events from the
         new time on."""
@@ -808,15 +816,7 @@ class FakeNvml:
                 if got[1]:
                     self._install(got[0])
                 else:
-                    # The numbers moved (the time among them): rewind delivered Xid events if time went back, and
-                    # wake event waiters only when an event may have come due. Without events none can: waking the
-                    # watcher thread at every new state (~70 us of CPU on a VM each, 10-20 a second) was a cost of
-                    # the simulation that the real blocking call never has. Inline: this runs first in a GPU
-                    # sampler's tick, with cold caches, where each Python call costs microseconds.
-                    if self._xid_delivered:
-                        self._rewind()
-                    if self._has_events:
-                        self._cond.notify_all()
+                    self._values_changed()
             return
         if self._path is None:
             return
@@ -867,10 +867,8 @@ class FakeNvml:
             self._exchange.settle_group(dev)
 
     def _resolve(self, handle: object, fn: str) -> tuple[_HandleKey, dict[str, Any]]:
-        """The key and device behind ``handle``, after the lost/error/unsupported injections for ``fn``. (Every
-        device call goes through here, a dozen times per sampling tick: the checks are inline, not calls.)"""
-        if self._init_count <= 0:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        """The key and device behind ``handle``, after the lost/error/unsupported injections for ``fn``."""
+        self._need_init()
         key = self._handle_ids.get(id(handle))
         if key is None or self._handle_ptrs.get(key) is not handle:
             # A copy of a handle (a struct field read back, e.g. c_nvmlEventData_t.device): by address.
@@ -882,12 +880,10 @@ class FakeNvml:
         dev = self._by_uuid.get(key.uuid)
         if dev is None:  # the device left the bus between enumeration and this call
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        if self._exchange is not None:  # its numbers as of the newest state taken (applied per device, when read)
-            self._exchange.settle_group(dev)
+        self._settle_device(dev)  # its numbers as of the newest state taken (applied per device, when read)
         if key.gi is not None and fn not in MIG_HANDLE_CALLS:
             raise AssertionError(f"FakeNvml: {fn} is not modelled for a MIG device handle")
-        if dev["lost"] or dev["errors"] or dev["unsupported"]:
-            self._inject(dev, fn)
+        self._inject(dev, fn)
         if key.gi is None and dev["mig"] is not None and fn in MIG_UNSUPPORTED:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return key, dev
@@ -1122,8 +1118,7 @@ class FakeNvml:
     @_api
     def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:  # noqa: N802, N803
         """Averages over the two samples: 100*(I2-I1)/(t2-t1) for ratios, MiB/s for PCIe."""
-        if self._init_count <= 0:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        self._need_init()
         mg = metricsGet
         if not isinstance(mg, pynvml.c_nvmlGpmMetricsGet_t):
             raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet wants a c_nvmlGpmMetricsGet_t, not {mg!r}")
