@@ -370,8 +370,9 @@ class ProcCollector(Collector):
             else:  # no schedstat: the tick-resolution times say whether it ran
                 ran = st.utime + st.stime > prev[_UTIME] + prev[_STIME]
             switches = self._switches(d) if ran or prev is None else prev[_SWITCHES]
-            yield (tid, st.comm, st.state, st.utime, st.stime, st.processor, None if sched is None else sched[1],
-                   switches, None if sched is None else sched[0])
+            yield ThreadStat(tid=tid, comm=st.comm, state=st.state, utime=st.utime, stime=st.stime,
+                             processor=st.processor, run_delay=None if sched is None else sched[1],
+                             switches=switches, on_cpu=None if sched is None else sched[0])
 
     def _sched(self, d: str) -> tuple[float, float] | None:
         """A thread's (seconds on a CPU, run delay) from its schedstat; None where unreadable (gone -- its stat
