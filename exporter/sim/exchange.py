@@ -72,14 +72,18 @@ GROUPED = "devices"
 class Plan:
     """How a reader takes one set of slots from the values block: one ``unpack_from`` at byte ``at`` of ``bits``
     (every number as its int64 word, to compare) and, when they moved, of ``values`` (ints as int64, floats as
-    float64); ``slots`` are the numbers' (container, key, is-a-reasons-bitmask) in the block's order. Precompiled
-    per shape: a device read after a sleep runs with cold caches, and the Python executed per settle, not the bytes
-    copied, was what the daemon paid."""
+    float64); number ``i`` in the block's order lives at ``containers[i][keys[i]]``, and ``reasons`` lists the
+    ones that are a reasons bitmask. Precompiled per shape: a device read after a sleep runs with cold caches, and
+    the Python executed per settle, not the bytes copied, was what the daemon paid. Parallel tuples, not a tuple
+    per number: a (container, key) pair per number was ~1,500 tracked tuples on the 8-GPU host that every
+    collection of the daemon's long-lived objects traversed -- a cost a real host does not pay."""
 
     at: int = 0
     bits: struct.Struct = field(default_factory=lambda: struct.Struct("<"))
     values: struct.Struct = field(default_factory=lambda: struct.Struct("<"))
-    slots: tuple[tuple[Any, Any, bool], ...] = ()
+    containers: tuple[Any, ...] = ()
+    keys: tuple[Any, ...] = ()
+    reasons: tuple[int, ...] = ()
 
 
 @dataclass
@@ -114,7 +118,7 @@ class Group:
     plan: Plan = field(default_factory=Plan)
 
 
-def _plan(spans: list[tuple[int, int, str]], slots: list[tuple[Any, Any, bool]]) -> Plan:
+def _plan(spans: list[tuple[int, int, str]], slots: list[Slot]) -> Plan:
     """The :class:`Plan` of ``spans`` -- (first byte in the block, how many numbers, ``"q"`` or ``"d"``) in
     increasing byte order -- whose numbers are ``slots``; the bytes between two spans are skipped (``x``)."""
     spans = [s for s in spans if s[1] > 0]
@@ -129,7 +133,9 @@ def _plan(spans: list[tuple[int, int, str]], slots: list[tuple[Any, Any, bool]])
         bits.append(f"{n}q")
         values.append(f"{n}{kind}")
         pos = start + 8 * n
-    return Plan(at, struct.Struct("".join(bits)), struct.Struct("".join(values)), tuple(slots))
+    return Plan(at, struct.Struct("".join(bits)), struct.Struct("".join(values)),
+                containers=tuple(c for c, _ in slots), keys=tuple(k for _, k in slots),
+                reasons=tuple(i for i, (_, k) in enumerate(slots) if k == REASONS))
 
 
 def _runs(flags: list[bool]) -> list[tuple[int, int]]:
@@ -288,8 +294,7 @@ class Reader:
         self._seq = -1
         self._shape_id = -1
         self.state: dict[str, Any] | None = None
-        self._ints: list[Slot] = []
-        self._floats: list[Slot] = []
+        self._counts = (0, 0)  # the shape's ints and floats (its slots live on in the plans only)
         # The values of the newest state taken (every number's word: ints, then floats, as in the file) and its
         # generation; the devices' groups by id of their mapping, the state's own numbers (its time: outside every
         # group) as a group of their own, and the DEFERRED buffers by (id of the mapping, key). A group or buffer
@@ -351,7 +356,7 @@ class Reader:
             m = self._remap()  # the writer grew the file for a larger shape
             if m is None or end > len(m):
                 return None
-        new_shape = shape_id != self._shape_id or (n_int, n_float) != (len(self._ints), len(self._floats))
+        new_shape = shape_id != self._shape_id or (n_int, n_float) != self._counts
         if new_shape:
             loaded = self._load(seq, n_int, n_float)
             if loaded is None:
@@ -366,8 +371,8 @@ class Reader:
             self.busy = True
             return None  # written meanwhile: the next poll reads the newer one
         if new_shape:
-            self.state, self._ints, self._floats, self._shape_id = state, ints, floats, shape_id
-            self._install_plans(n_int, n_float, regions, groups)
+            self.state, self._counts, self._shape_id = state, (n_int, n_float), shape_id
+            self._install_plans(ints, floats, regions, groups)
         # Taken, not yet applied: the state's own numbers (its time) at once, each device's when a call reads it
         # (settle_group) -- a fast tick reads the waiting GPUs, and unpacking and comparing all eight devices'
         # numbers at every new state was most of what the daemon paid the simulation (cold caches: 100-300 us).
@@ -379,14 +384,15 @@ class Reader:
         assert self.state is not None
         return self.state, new_shape
 
-    def _install_plans(self, n_int: int, n_float: int, regions: list[Region], groups: list[Group]) -> None:
+    def _install_plans(self, ints: list[Slot], floats: list[Slot], regions: list[Region],
+                       groups: list[Group]) -> None:
         """Precompile how each device, the state's own numbers and each DEFERRED buffer are taken from the block
-        of a shape with ``n_int`` ints and ``n_float`` floats (a float slot ``j`` is word ``n_int + j``)."""
+        of a shape whose numbers live at ``ints`` and ``floats`` (a float slot ``j`` is word ``len(ints) + j``)."""
+        n_int, n_float = len(ints), len(floats)
         ne_int, ne_float = _eager_counts(n_int, n_float, regions)
-        ints, floats = self._ints, self._floats
 
-        def slots(i0: int, i1: int, f0: int, f1: int) -> list[tuple[Any, Any, bool]]:
-            return [(c, k, k == REASONS) for c, k in ints[i0:i1] + floats[f0:f1]]
+        def slots(i0: int, i1: int, f0: int, f1: int) -> list[Slot]:
+            return ints[i0:i1] + floats[f0:f1]
 
         def plan(i0: int, i1: int, f0: int, f1: int) -> Plan:
             return _plan([(8 * i0, i1 - i0, "q"), (8 * (n_int + f0), f1 - f0, "d")], slots(i0, i1, f0, f1))
@@ -399,7 +405,7 @@ class Reader:
         self._groups = {id(g.container): g for g in groups}
         # Outside every group (the state's own numbers): runs of ints, then runs of floats, in byte order.
         spans: list[tuple[int, int, str]] = []
-        top: list[tuple[Any, Any, bool]] = []
+        top: list[Slot] = []
         for lo, hi in _runs([not x for x in grouped_i]):
             spans.append((8 * lo, hi - lo, "q"))
             top += slots(lo, hi, 0, 0)
@@ -424,10 +430,9 @@ class Reader:
         g.seen = words
         values = p.values.unpack_from(self._block, p.at)
         moved = range(len(words)) if seen is None else [i for i, w in enumerate(words) if w != seen[i]]
-        slots = p.slots
+        containers, keys, reasons = p.containers, p.keys, p.reasons
         for i in moved:
-            c, k, reasons = slots[i]
-            c[k] = _reasons_of(values[i]) if reasons else values[i]
+            containers[i][keys[i]] = _reasons_of(values[i]) if i in reasons else values[i]
         self.assigned += len(moved)
 
     def settle_group(self, container: Any) -> None:
@@ -479,7 +484,7 @@ class Reader:
         words = p.bits.unpack_from(self._block, p.at)
         if words != r.applied:
             values = p.values.unpack_from(self._block, p.at)
-            for (c, k, _), v in zip(p.slots, values, strict=True):
+            for c, k, v in zip(p.containers, p.keys, values, strict=True):
                 c[k] = v
             self.assigned += len(values)
             r.applied = words
