@@ -25,19 +25,22 @@ from exporter.webconfig import WebConfigError, WebConfigManager
 
 _log = log.get_logger(component="daemon")
 
-# The collector's thresholds once the daemon runs (CPython's default is 700, 10, 10). The young threshold
-# must stay small: in steady state every sample buffered evicts one as big, so the young generation's count
-# (allocations minus deallocations) rarely climbs -- at 20,000 a young collection came once or twice a
-# minute and then traversed everything buffered since (10-17 ms, and the row tuples of exporter/samples/rows.py
-# stay tracked until a collection first sees them). At 1,000 on the 8-GPU benchmark host: a young collection
-# about every 2 s at 1.3 ms (2.7 ms two waiting), a middle one every 20 s at 4.5 ms (5.5), the same CPU in all.
-GC_THRESHOLDS = (1_000, 10, 10)
+# The collector's thresholds once the daemon runs (CPython's default is 700, 10, 10). Every collection is a
+# pause that can stall a 100 ms GPU tick or a scrape (#14: p99 <= 10 ms), so young and middle collections are
+# kept small rather than rare: a young collection traverses what was allocated since the last (at 20,000 one
+# came once or twice a minute and took 10-17 ms), a middle one the survivors of the young collections since
+# its last (at 1,000, 10 it examined ~13k objects, 4-10 ms of CPU with two GPUs waiting on this VM). At 500, 4
+# on the 8-GPU benchmark host, two waiting: a young collection about every 1.5 s at 0.4 ms (max 0.9), a middle
+# one every 6 s at 1.7 ms (max 3.4) -- ~0.01% of a core more in all. Each object is still examined once per
+# generation it passes through; only the full collections come at most every 80 young ones instead of 100 --
+# and what they traverse is what lives in the buffers (bench/overhead.py times one at its window's end).
+GC_THRESHOLDS = (500, 4, 20)
 
 
 @contextlib.contextmanager
 def tuned_gc() -> Iterator[None]:
     """Move every object alive after start-up (modules, the pipeline, collectors, caches) to the permanent
-    generation (``gc.freeze``), which full collections do not traverse, and collect less often
+    generation (``gc.freeze``), which full collections do not traverse, and keep each collection small
     (``GC_THRESHOLDS``). A full collection then traverses only what was allocated since -- mostly the samples
     in the ring buffers (bench/overhead.py reports the pauses). Frozen objects are still freed by
     reference counting; only cycles among them would stay, and start-up builds long-lived objects only.
