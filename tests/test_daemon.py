@@ -143,7 +143,7 @@ def test_the_garbage_collector_is_tuned_while_the_daemon_serves_and_restored_aft
     thresholds, frozen = gc.get_threshold(), gc.get_freeze_count()
     with tuned_gc():
         # What was alive at start-up is out of every full collection's way; young and middle collections are
-        # smaller (each pause shorter), full ones no more frequent than a middle one in twenty.
+        # smaller (each pause shorter), and full ones wait for at least as many middle ones as by default.
         assert gc.get_freeze_count() > frozen
         assert gc.get_threshold() == GC_THRESHOLDS
         assert GC_THRESHOLDS[0] < thresholds[0] and GC_THRESHOLDS[1] < thresholds[1] <= GC_THRESHOLDS[2]

@@ -16,6 +16,7 @@ import pytest
 
 from exporter.sim import exchange
 from exporter.sim.fakenvml import FakeNvml, advance_state, normalize_state
+from tests.support.gctrack import tracked_inside
 
 DEV = {"pci_bus_id": "0000:82:00.0", "power_w": 120.5, "sm_clock_mhz": 1410}
 
@@ -398,3 +399,24 @@ def test_calls_within_the_shortest_poll_interval_look_at_the_exchange_once(tmp_p
     s2["devices"][0]["xid_events"] = [{"t": 0.5, "xid": 48}]
     w.write(s2)
     assert fake.nvmlEventSetWait_v2(es, 0).eventData == 48
+
+
+def test_the_reader_keeps_fewer_tracked_objects_than_the_numbers_it_applies(tmp_path: Path) -> None:
+    # Every full collection of the daemon under simulation traverses what the reader keeps beside the state. A
+    # (container, key) pair per number -- two, with the plans' copies -- was ~1,700 tracked tuples on the 8-GPU
+    # host that a real host does not have; the plans hold each set of slots as two tuples instead.
+    def kept(n: int) -> tuple[int, int]:
+        d = tmp_path / str(n)
+        d.mkdir()
+        s = _state(n)
+        exchange.Writer(d).write(s)
+        r = exchange.Reader(d, normalize_state)
+        assert r.poll() is not None
+        assert r.state is not None
+        in_state = {id(o) for o in tracked_inside(r.state)}
+        ints, floats, _ = exchange.walk(s)
+        return sum(1 for o in tracked_inside(r) if id(o) not in in_state), len(ints) + len(floats)
+
+    (objs2, nums2), (objs8, nums8) = kept(2), kept(8)
+    assert nums8 - nums2 > 100, "the test needs devices with numbers to apply"
+    assert objs8 - objs2 < nums8 - nums2, (objs8 - objs2, nums8 - nums2)
