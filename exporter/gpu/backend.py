@@ -221,12 +221,13 @@ class _Gpu:
     processes_t: float | None = None  # when; None: enumerate on the next slow cycle
     active: bool | None = None  # the driver's newest samples showed work (None: not known yet)
     # adaptive fast rate (exporter/gpu/pace.py): its state, the newest fast read (shown while it is not read
-    # again), and per PCIe byte counter the (time, total) a rate is measured from and that rate, with the
-    # narrowest counter's width
+    # again), and per PCIe byte counter the (time, total) a rate is measured from, the newest rate and the lower
+    # of the two newest (what the counter sustained), with the narrowest counter's width
     pace: Pace = field(default_factory=Pace)
     held: HeldFast | None = None
     pcie_ref: dict[int, tuple[float, int]] = field(default_factory=dict)
     pcie_rates: dict[int, float] = field(default_factory=dict)
+    pcie_sustained: dict[int, float] = field(default_factory=dict)
     pcie_modulus: int = M64
 
 
@@ -641,6 +642,7 @@ class NvmlBackend:
         g.held = None
         g.pcie_ref.clear()
         g.pcie_rates.clear()
+        g.pcie_sustained.clear()
         g.gpm.prev = None
         for m in g.mig.values():
             m.gpm.prev = None
@@ -748,8 +750,8 @@ class NvmlBackend:
         pace.last_read = now
         g.held = HeldFast(value, now)
         if self._steady_s is not None:
-            if g.pcie_modulus < M64 and g.pcie_rates:
-                pace.traffic(max(g.pcie_rates.values()), g.pcie_modulus, self._steady_s)
+            if g.pcie_modulus < M64 and g.pcie_sustained:
+                pace.traffic(max(g.pcie_sustained.values()), g.pcie_modulus, self._steady_s)
             steady = pace.steady(now)
             if steady != pace.steady_now:
                 pace.steady_now = steady
@@ -930,14 +932,18 @@ class NvmlBackend:
     def _pcie_rate(self, g: _Gpu, fid: int, total: int, modulus: int, now: float) -> None:
         """The adaptive rate's guard input: a byte counter's mean rate over at least a steady interval (a
         driver, or the simulator, may update the counter in steps coarser than 100 ms: a rate over one fast
-        interval would read those steps as bursts)."""
+        interval would read those steps as bursts), and the lower of the two newest such rates (one late
+        update makes one span short and the next one long: only both together say the traffic stayed there).
+        The first rate stands for both."""
         ref = g.pcie_ref.get(fid)
         if ref is None or total < ref[1] or now < ref[0]:
             g.pcie_ref[fid] = (now, total)
             return
         span = now - ref[0]
         if span >= (self._steady_s or self._fast_s):
-            g.pcie_rates[fid] = (total - ref[1]) / span
+            rate = (total - ref[1]) / span
+            g.pcie_sustained[fid] = min(rate, g.pcie_rates.get(fid, rate))
+            g.pcie_rates[fid] = rate
             g.pcie_modulus = min(g.pcie_modulus, modulus)
             g.pcie_ref[fid] = (now, total)
 

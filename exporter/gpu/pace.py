@@ -85,10 +85,13 @@ class Pace:
         self.quiet_since = None
         self.reason = reason
 
-    def traffic(self, bytes_per_s: float, modulus: int, steady_s: float) -> bool:
-        """PCIe guard: at ``bytes_per_s``, could a counter of ``modulus`` wrap more than WRAP_GUARD of a period
-        between two steady reads? Then the GPU stays at the fast rate (True)."""
-        if bytes_per_s * steady_s >= WRAP_GUARD * modulus:
+    def traffic(self, sustained: float, modulus: int, steady_s: float) -> bool:
+        """PCIe guard: at the rate a counter of ``modulus`` sustained over its two newest spans (bytes/s), could
+        it wrap more than WRAP_GUARD of a period between two steady reads? Then the GPU stays at the fast rate
+        (True). One long span after a short one (an update that came late) is inside the guard's margin; traffic
+        that stays over it holds the GPU at the fast rate from its second span on, while a 1 s read still sees
+        every wrap (a counter period per second is twice the guard)."""
+        if sustained * steady_s >= WRAP_GUARD * modulus:
             self.heat("pcie_traffic")
             return True
         return False

@@ -110,6 +110,41 @@ def test_a_gpu_moving_close_to_a_pcie_counter_period_per_second_stays_at_100_ms(
     assert r.value("gpufeed_gpu_fast_rate_gpus") == 1.0
 
 
+def _catch_up(t: float) -> dict[str, Any]:
+    """1.5 GB/s on 32-bit counters (0.35 of a period per second), except that the counter stands still for half
+    a second at t=19.6 and makes it up in the next half (a driver or simulator update that came late). The steady
+    reads come at whole seconds plus 0.1: the span from 20.1 to 21.1 holds the whole catch-up."""
+    rx = 0.0 if 19.6 <= t < 20.1 else 3.0e9 if 20.1 <= t < 20.6 else 1.5e9
+    return {"gpu_util": 1.0, "sm_active": 1.0, "pcie_rx_bytes_per_s": rx}
+
+
+def test_one_late_counter_update_does_not_take_a_steady_gpu_back_to_100_ms(rig: MakeRig) -> None:
+    # One 1 s span can hold 2.25 GB of it (0.52 of a period: over the guard), and the span before it then holds
+    # 0.75 GB: only the two together say what the counter sustained.
+    r = rig([device(0, pcie_counter_bits=32)])
+    r.rates(0, _catch_up)
+    with capture_logs() as logs:
+        r.run_until(30.0)
+    assert _field_reads(r, 12.0, 30.0) in range(16, 20), "steady throughout"
+    assert [e["interval_s"] for e in logs if e["event"] == "gpu_fast_rate_changed"] == [1.0]
+    reads = _reads(r)
+    total = {t: g.fields["pcie_rx_bytes"] for t, g in reads}
+    t_end = max(total)
+    assert abs(total[t_end] - 1.5e9 * t_end) <= 1.5e9 * 0.011, "the counter stays exact across the late update"
+
+
+def test_traffic_that_stays_over_the_guard_takes_a_steady_gpu_to_100_ms_by_its_second_span(rig: MakeRig) -> None:
+    # Steady at 1 GB/s, then 2.6 GB/s from t=20 (0.6 of a 32-bit period per second, over the guard's half).
+    r = rig([device(0, pcie_counter_bits=32)])
+    r.rates(0, lambda t: {"gpu_util": 1.0, "sm_active": 1.0, "pcie_rx_bytes_per_s": 2.6e9 if t >= 20.0 else 1e9})
+    with capture_logs() as logs:
+        r.run_until(26.0)
+    back = min(t for t, _ in _reads(r) if t > 20.0 and _field_reads(r, t, t + 1.0) >= 9)
+    assert back <= 23.1, "two spans of a second after the change, and the read that sees it"
+    assert [(e["interval_s"], e["reason"]) for e in logs if e["event"] == "gpu_fast_rate_changed"] == [
+        (1.0, "steady"), (0.1, "pcie_traffic")]
+
+
 def test_a_gpu_nothing_reports_on_is_never_steady() -> None:
     p = pace.Pace()
     assert not p.steady(100.0)
