@@ -17,7 +17,6 @@ import os
 import resource
 import threading
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 from exporter.sampling import CollectorError, NoDataError
@@ -142,11 +141,15 @@ class KeptFiles:
     def __init__(self, capacity: int | None = None, *, limit: int = CHUNK) -> None:
         self.capacity = KEPT_MAX if capacity is None else capacity
         self.limit = limit
-        # path -> fd, least recently read first; per fd: (inode (None on procfs), its link count), set at open, and
-        # when it was last read. A read updates a float in place: a new (fd, inode, links, time) tuple per read
-        # was ~3,300 objects per deep pass for the young collection to examine (issue 14, GC pauses).
-        self._fds: OrderedDict[str, int] = OrderedDict()
-        self._ident: dict[int, tuple[int | None, int]] = {}
+        # path -> fd, least recently read first (a read moves its path to the end: a plain dict keeps insertion
+        # order); per fd: its inode (None on procfs) and link count, set at open, and when it was last read. A read
+        # updates a float in place: a new (fd, inode, links, time) tuple per read was ~3,300 objects per deep pass
+        # for the young collection to examine (issue 14, GC pauses). Plain dicts of strings and numbers are not
+        # tracked by the cycle collector at all; an OrderedDict always is, and a dict of (inode, links) tuples until
+        # a full collection: 3,600 entries each, on the benchmark's host, for every full collection to walk.
+        self._fds: dict[str, int] = {}
+        self._ino: dict[int, int | None] = {}
+        self._links: dict[int, int] = {}
         self._read_at: dict[int, float] = {}
 
     def __len__(self) -> int:
@@ -157,16 +160,17 @@ class KeptFiles:
         fd = self._fds.get(path)
         if fd is not None:
             try:
-                ino, links = self._ident[fd]
-                if ino is not None and (now_links := os.fstat(fd).st_nlink) < links:
+                ino = self._ino[fd]
+                if ino is not None and (now_links := os.fstat(fd).st_nlink) < self._links[fd]:
                     # It lost a link since it was opened (a rename over its path does that): if the path still
                     # names it, it is still the file, else it was replaced.
                     if os.stat(path).st_ino != ino:
                         raise FileNotFoundError(errno.ENOENT, "replaced", path)
-                    self._ident[fd] = (ino, now_links)
+                    self._links[fd] = now_links
                 data = self._pread(fd)
                 self._read_at[fd] = time.monotonic()
-                self._fds.move_to_end(path)
+                del self._fds[path]
+                self._fds[path] = fd
                 return self._checked(path, data)
             except OSError as e:
                 if e.errno not in GONE:
@@ -183,11 +187,11 @@ class KeptFiles:
             os.close(fd)
             raise
         if self.capacity > 0 and len(self._fds) >= self.capacity:
-            self._close(self._fds.popitem(last=False)[1])
+            self._close(self._fds.pop(next(iter(self._fds))))
             BUDGET.give()
         if self.capacity > 0 and BUDGET.take():
             self._fds[path] = fd
-            self._ident[fd] = (ino, links)
+            self._ino[fd], self._links[fd] = ino, links
             self._read_at[fd] = time.monotonic()
         else:
             os.close(fd)
@@ -215,7 +219,7 @@ class KeptFiles:
             BUDGET.give()
 
     def _close(self, fd: int) -> None:
-        del self._ident[fd], self._read_at[fd]
+        del self._ino[fd], self._links[fd], self._read_at[fd]
         os.close(fd)
 
     def sweep(self, idle: float = KEPT_IDLE_S) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from array import array
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain
 from operator import ge
 from types import MappingProxyType
 
@@ -23,6 +25,7 @@ JUMP_BACK_SECONDS = 3.0
 
 Ticks = tuple[int, ...]  # one CPU's 8 counters in USER_HZ ticks, in MODES order (integers: sums stay exact)
 IDLE = MODES.index("idle")
+WIDTH = len(MODES)
 JUMP_BACK_TICKS = JUMP_BACK_SECONDS * USER_HZ
 
 
@@ -49,40 +52,52 @@ def parse_stat(text: str) -> dict[int, Ticks]:
     return out
 
 
-def to_times(ticks: Ticks) -> CpuTimes:
+def to_times(ticks: Iterable[int]) -> CpuTimes:
     """Ticks -> seconds per mode."""
     return CpuTimes(*[t / USER_HZ for t in ticks])
 
 
 class TimesView(Mapping[int, CpuTimes]):
-    """Read-only CPU -> :class:`CpuTimes` over tick tuples, converted on each access.
+    """Read-only CPU -> :class:`CpuTimes` over one packed array of ticks, converted on each access.
 
     A 192-CPU host sampled every 0.25 s would otherwise build 768 objects a second that the derived layer
-    mostly never reads (it compares a window's ends). Nothing is cached: the tick tuples are exact tuples of
-    ints, which the cycle collector stops tracking, while every CpuTimes kept would be a tracked object in the
-    ring buffer that each full collection traverses (exporter/samples/rows.py); the derived layer keeps the
-    per-CPU deltas it computes from a pair (exporter/derived/hostshape.py core_deltas) instead.
+    mostly never reads (it compares a window's ends). Nothing is cached, and the ticks are packed: one int64
+    array per sample, row ``index[cpu]`` for each CPU, with an index shared by every sample of one CPU set. A dict
+    of per-CPU tuples is tracked by the cycle collector until a full collection finds its tuples untracked, so
+    each middle collection walked every kept sample's 192 entries; the array is one object with nothing to walk
+    (issue 14). The derived layer keeps the per-CPU deltas it computes from a pair
+    (exporter/derived/hostshape.py core_deltas).
     """
 
-    __slots__ = ("_ticks",)
+    __slots__ = ("_index", "_ticks")
 
-    def __init__(self, ticks: Mapping[int, Ticks]) -> None:
-        self._ticks = ticks
+    def __init__(self, rows: Mapping[int, Ticks], index: Mapping[int, int] | None = None) -> None:
+        """``index`` (CPU -> row, rows numbered 0..n-1): pass the previous view's (:meth:`index_for`) to share it."""
+        if index is None or index.keys() != rows.keys():
+            index = {cpu: i for i, cpu in enumerate(rows)}
+        self._index = index
+        self._ticks = array("q", chain.from_iterable(rows[cpu] for cpu in index))
+
+    @property
+    def index(self) -> Mapping[int, int]:
+        """CPU -> row: shared with the next view of the same CPUs."""
+        return self._index
 
     def __getitem__(self, cpu: int) -> CpuTimes:
-        return to_times(self._ticks[cpu])
+        at = self._index[cpu] * WIDTH
+        return to_times(self._ticks[at:at + WIDTH])
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._ticks)
+        return iter(self._index)
 
     def __len__(self) -> int:
-        return len(self._ticks)
+        return len(self._index)
 
     def __contains__(self, cpu: object) -> bool:
-        return cpu in self._ticks
+        return cpu in self._index
 
     def __repr__(self) -> str:
-        return f"TimesView({len(self._ticks)} CPUs)"
+        return f"TimesView({len(self._index)} CPUs)"
 
 
 class CpuState:
@@ -168,6 +183,7 @@ class CpuCollector(Collector):
         self._state = CpuState()
         self._cpu_set: frozenset[int] = frozenset()
         self._node_of: Mapping[int, int] = MappingProxyType({})
+        self._last: CpuSample | None = None  # its views' row indexes are shared with the next sample's
 
     def samplers(self) -> list[SamplerSpec]:
         # The derived layer reads a window of at most CPU_WINDOW_MAX (its two ends): 12 s of 192-CPU samples,
@@ -186,11 +202,16 @@ class CpuCollector(Collector):
         reset = self._state.update(raw, self._node_of)
         if reset:
             self.log.info("cpu_counters_reset", cpus=",".join(map(str, reset)), reason="idle jumped back (hotplug)")
-        return CpuSample(
-            cpus=TimesView(self._state.cpus),
+        last = self._last
+        before = (last.cpus, last.node_totals) if last is not None else (None, None)
+        cpu_index, node_index = (v.index if isinstance(v, TimesView) else None for v in before)
+        sample = CpuSample(
+            cpus=TimesView(self._state.cpus, cpu_index),
             node_of=self._node_of,
-            node_totals=TimesView(self._state.nodes),
+            node_totals=TimesView(self._state.nodes, node_index),
         )
+        self._last = sample
+        return sample
 
     def _read_nodes(self) -> Mapping[int, int]:
         """CPU -> NUMA node from /sys/devices/system/node/node*/cpulist (empty when the host has no NUMA info)."""

@@ -11,12 +11,8 @@ from collections.abc import Callable
 _SHARED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 
-def tracked_inside(root: object) -> list[object]:
-    """The objects reachable from ``root`` (itself included) that the cycle collector still tracks after two
-    full collections. CPython untracks an exact tuple whose items are all untracked at a collection (so a tuple
-    of such tuples at the next) and a dict of untracked keys and values at a full one."""
-    gc.collect()
-    gc.collect()
+def _tracked_reachable(root: object) -> list[object]:
+    """The objects reachable from ``root`` (itself included) that the cycle collector tracks now."""
     seen: set[int] = set()
     out: list[object] = []
     todo = [root]
@@ -29,6 +25,21 @@ def tracked_inside(root: object) -> list[object]:
             out.append(o)
         todo.extend(gc.get_referents(o))
     return out
+
+
+def tracked_inside(root: object) -> list[object]:
+    """The objects reachable from ``root`` (itself included) that the cycle collector still tracks after two
+    full collections. CPython untracks an exact tuple whose items are all untracked at a collection (so a tuple
+    of such tuples at the next) and a dict of untracked keys and values at a full one."""
+    gc.collect()
+    gc.collect()
+    return _tracked_reachable(root)
+
+
+def walk_now(root: object) -> int:
+    """What a collection holding ``root`` visits through it right now, before any full collection has untracked
+    what it could: the referents of every tracked object reachable from it."""
+    return sum(len(gc.get_referents(o)) for o in _tracked_reachable(root))
 
 
 def cyclic_garbage(run: Callable[[], None]) -> list[object]:
