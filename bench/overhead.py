@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import procs, procstat, simcost
+from bench import gcpause, procs, procstat, simcost
 from bench.common import (
     STEADY,
     WAITING,
@@ -39,7 +39,6 @@ from bench.report import Section, fmt_mib, fmt_pct
 BUDGET_STEADY = 1.0  # % of one core, DESIGN.md "Budgets"
 BUDGET_WAITING = 3.0
 BUDGET_SIM_SHARE = 0.2  # points of one core the simulated daemon may pay that a real host would not (#14)
-BUDGET_GC_MS = 10.0  # p99 pause, every generation (#14): one longer can stall a 100 ms GPU tick or a scrape
 OVERRUNS = "gpufeed_sampler_overruns_total"
 # What the steady-state budget would take with today's code: the rates an adaptive daemon would use while
 # every GPU is working (GPU fast path and verdicts at 1 s, payload re-rendered every 5 s).
@@ -192,9 +191,9 @@ def breakdown(ctx: Context, opts: Options, scenario: Path, flags: list[str], war
             "loop_overhead_s": None if loop is None else max(0.0, loop - on_loop),
             "calls": {k: v["calls"] for k, v in dump["cpu"].items()},
             "nvml_calls": dump.get("nvml_calls", {}),
-            "gc": {gen: gc_pauses(p) for gen, p in dump.get("gc", {}).items()},
-            "gc_all": gc_pauses([p for pauses in dump.get("gc", {}).values() for p in pauses]),
-            "gc_full_now": gc_pauses(dump.get("gc_full_now", [])),
+            "gc": {gen: gcpause.summary([p]) for gen, p in dump.get("gc", {}).items()},
+            "gc_all": gcpause.summary(dump.get("gc", {}).values()),
+            "gc_full_now": full_pauses(dump.get("gc_full_now", [])),
             "pace": pace}
 
 
@@ -230,16 +229,10 @@ def _simulation_share(sec: Section, label: str, b: dict[str, Any], costs: dict[s
             f"<= {BUDGET_SIM_SHARE:g} points", total / w * 100 <= BUDGET_SIM_SHARE)
 
 
-def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
-
-
-def gc_pauses(pauses: list[list[float]]) -> dict[str, float]:
-    """Count, p99 and max (ms) of collection pauses ([wall, thread CPU] seconds each): wall and CPU time."""
-    wall, cpu = [p[0] for p in pauses], [p[1] for p in pauses]
-    return {"count": len(pauses), "p99_ms": 1000 * _p99(wall), "max_ms": 1000 * max(wall, default=0.0),
-            "cpu_p99_ms": 1000 * _p99(cpu)}
+def full_pauses(pauses: list[list[float]]) -> dict[str, float]:
+    """Count and maximum (ms), wall and CPU, of the full collections the end of a window ran ([wall, CPU] s each)."""
+    return {"count": len(pauses), "max_ms": 1000 * max((p[0] for p in pauses), default=0.0),
+            "cpu_max_ms": 1000 * max((p[1] for p in pauses), default=0.0)}
 
 
 def deep_off_flags() -> list[str]:
@@ -307,14 +300,15 @@ def run(ctx: Context, opts: Options) -> Section:
             _simulation_share(sec, label, b, costs)
         pooled, now = b["gc_all"], b["gc_full_now"]
         if now["count"]:
-            # Every generation: a young collection stalls a 100 ms tick or a scrape as much as a full one does.
-            per_gen = ", ".join(f"gen {g} {v['count']:.0f} (max {v['max_ms']:.1f} ms)"
+            # Every generation: a young collection stalls a 100 ms tick or a scrape as much as a full one does. With
+            # 10-60 collections in the window the p99 is their maximum: the budget is judged over the soak's hour
+            # (bench/soak.py), these say what one window and the heap at its end cost.
+            per_gen = ", ".join(f"gen {g} {v['count']:.0f} (max {v['max_ms']:.1f} ms, CPU {v['cpu_max_ms']:.1f})"
                                 for g, v in sorted(b["gc"].items()))
-            worst = max(pooled["p99_ms"], now["p99_ms"])
-            sec.add(f"GC pauses, every generation, {label}",
-                    f"p99 {pooled['p99_ms']:.1f} ms (CPU {pooled['cpu_p99_ms']:.1f} ms; {per_gen} in {w:.0f} s); "
-                    f"a full collection at the window's end {now['p99_ms']:.1f} ms (CPU {now['cpu_p99_ms']:.1f} ms)",
-                    f"p99 <= {BUDGET_GC_MS:g} ms", worst <= BUDGET_GC_MS)
+            sec.add(f"GC pauses in the window, every generation, {label}",
+                    f"{pooled['count']:.0f} collections in {w:.0f} s, max {pooled['max_ms']:.1f} ms (CPU "
+                    f"{pooled['cpu_max_ms']:.1f} ms): {per_gen}; a full collection at the window's end "
+                    f"{now['max_ms']:.1f} ms (CPU {now['cpu_max_ms']:.1f} ms)")
     sec.note(f"Host: {host}. {ctx.simulate_detail}.")
     sec.note("CPU breakdown: a second run of the same configuration under bench/probe.py, which charges each "
              "sampler run and each payload render with the CPU time of the thread that ran it.")

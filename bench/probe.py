@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import exporter.daemon as daemon_mod
 import exporter.engine as engine_mod
 import exporter.exposition as exposition_mod
+from bench.gcpause import PauseBins
 from bench.simcost import count_delta, snapshot_calls
 from exporter.cli import main
 
@@ -43,18 +44,23 @@ _cpu: dict[str, list[float]] = {}
 _reset_at = [0.0, time.monotonic(), 0.0]
 
 
-# Garbage-collector pauses in the window, per generation: gc.callbacks around every collection, wall time and
-# the collecting thread's CPU time (on a shared box the wall time includes the scheduler's preemptions).
-_gc_pauses: dict[int, list[tuple[float, float]]] = {0: [], 1: [], 2: []}
+# Garbage-collector pauses in the window, per generation (bench/gcpause.py: fixed bins, so that an hour's recording
+# holds no more memory than a minute's), and the pauses of the full collection the end of the window runs.
+_gc_pauses: dict[int, PauseBins] = {0: PauseBins(), 1: PauseBins(), 2: PauseBins()}
 _gc_started = [0.0, 0.0]
+_full_now: list[list[float]] = []  # the pauses of _freeze's own collection
+_in_freeze = [False]
 
 
 def _gc_callback(phase: str, info: dict[str, Any]) -> None:
     if phase == "start":
         _gc_started[:] = [time.perf_counter(), time.thread_time()]
+        return
+    wall, cpu = time.perf_counter() - _gc_started[0], time.thread_time() - _gc_started[1]
+    if _in_freeze[0]:
+        _full_now.append([wall, cpu])
     else:
-        _gc_pauses[int(info["generation"])].append(
-            (time.perf_counter() - _gc_started[0], time.thread_time() - _gc_started[1]))
+        _gc_pauses[int(info["generation"])].add(wall, cpu)
 
 
 SIM_RELOAD = ("simulation only: fake NVML state exchange (FakeNvml._maybe_reload and the exchange's per-device and "
@@ -70,8 +76,8 @@ def _reset(signum: int, frame: FrameType | None) -> None:
     """SIGUSR1: start the CPU accounts afresh (the benchmark's window starts after warm-up)."""
     _fake_calls0[:] = [snapshot_calls(f.calls) for f in _fakes]
     _cpu.clear()
-    for pauses in _gc_pauses.values():
-        pauses.clear()
+    for gen in _gc_pauses:
+        _gc_pauses[gen] = PauseBins()
     _on_loop[0] = 0.0
     _reset_at[:] = [time.process_time(), time.monotonic(), time.thread_time()]  # handlers run on the main thread
 
@@ -83,9 +89,13 @@ def _freeze(signum: int, frame: FrameType | None) -> None:
     """SIGUSR2: end of the benchmark's window; the dump reports the accounts as they are now, and one full
     collection run then (its pause is what any gen-2 collection of the daemon costs at that heap size)."""
     _frozen[:] = [_accounts()]
-    _gc_pauses[2].clear()
-    gc.collect()
-    _frozen[0]["gc_full_now"] = [list(p) for p in _gc_pauses[2]]
+    _full_now.clear()
+    _in_freeze[0] = True
+    try:
+        gc.collect()
+    finally:
+        _in_freeze[0] = False
+    _frozen[0]["gc_full_now"] = list(_full_now)
 
 
 def _nvml_calls() -> dict[str, int]:
@@ -105,7 +115,7 @@ def _accounts() -> dict[str, Any]:
         "cpu": {part: {"calls": int(v[0]), "cpu_s": v[1]} for part, v in _cpu.items()},
         "window": {"process_cpu_s": time.process_time() - _reset_at[0], "wall_s": time.monotonic() - _reset_at[1],
                    "loop_thread_cpu_s": time.thread_time() - _reset_at[2], "loop_charged_s": _on_loop[0]},
-        "gc": {str(gen): [list(p) for p in pauses] for gen, pauses in _gc_pauses.items()},
+        "gc": {str(gen): pauses.dump() for gen, pauses in _gc_pauses.items()},
     }
 
 

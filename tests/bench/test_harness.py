@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, fidelity, procs, procstat, report, scrape, series, soak, verdicts
+from bench import common, fidelity, gcpause, procs, procstat, report, scrape, series, soak, verdicts
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -23,6 +23,24 @@ def test_percentile_is_nearest_rank() -> None:
     assert scrape.percentile(values, 100) == 100.0
     assert scrape.percentile([7.0], 99) == 7.0
     assert math.isnan(scrape.percentile([], 50))
+
+
+def test_gc_pause_bins_give_a_p99_within_a_bin_of_the_exact_one_and_pool_generations() -> None:
+    young, middle = gcpause.PauseBins(), gcpause.PauseBins()
+    pauses = [0.0004 + 0.00001 * i for i in range(990)] + [0.012 + 0.001 * i for i in range(10)]  # 1% over 10 ms
+    for i, p in enumerate(pauses):
+        (young if i % 3 else middle).add(p, p / 2)
+    s = gcpause.summary([young.dump(), middle.dump()])
+    exact = sorted(pauses)[int(0.99 * len(pauses))]
+    assert s["count"] == 1000
+    assert exact * 1000 <= s["p99_ms"] <= (exact + gcpause.BIN_S) * 1000
+    assert s["p99_ms"] > 10.0, "ten pauses in a thousand over 10 ms: the p99 is over"
+    assert s["max_ms"] == pytest.approx(21.0) and s["cpu_max_ms"] == pytest.approx(10.5)
+    assert gcpause.summary([young.dump()])["count"] + gcpause.summary([middle.dump()])["count"] == 1000
+    one = gcpause.PauseBins()
+    one.add(0.2, 0.1)  # beyond the last bin: the p99 is the exact maximum, not the bins' edge
+    assert gcpause.summary([one.dump()])["p99_ms"] == pytest.approx(200.0)
+    assert gcpause.summary([])["count"] == 0 and gcpause.summary([])["p99_ms"] == 0.0
 
 
 def test_leaking_rss_has_a_slope_outside_its_confidence_interval() -> None:

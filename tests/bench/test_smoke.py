@@ -130,6 +130,9 @@ def test_soak_smoke_samples_rss_over_time(ctx: Context, opts: Options) -> None:
     assert all(rss > 0 for _, rss in samples)
     assert [t for t, _ in samples] == sorted(t for t, _ in samples)
     assert not math.isnan(sec.raw["slope_bytes_per_s"])
+    # The daemon ran under the probe: its collections were timed from the warm-up's end, and the end's own full one.
+    assert len(sec.raw["gc_full_now"]) == 1 and sec.raw["gc_full_now"][0][0] > 0
+    assert sec.raw["gc_all"]["count"] == sum(v["count"] for v in sec.raw["gc"].values())
 
 
 def test_verdicts_smoke_plays_a_shared_scenario_and_times_each_expected_verdict(ctx: Context, opts: Options) -> None:
