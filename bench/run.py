@@ -49,6 +49,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--skip", default="", help="comma-separated benchmarks to leave out")
     p.add_argument("--smoke", action="store_true", help="a second or two per benchmark (CI): harness check only")
     p.add_argument("--soak-minutes", type=float, default=None, help="soak length (default 10, at most 60)")
+    p.add_argument("--soak-speed", type=float, default=None,
+                   help="scenario speed of the soak (default 1: the daemon samples at its real rates; N > 1 ages "
+                        "the scenario N times faster, every sampler running N times as often)")
     p.add_argument("--overhead-seconds", type=float, default=None, help="overhead window per setting (default 60)")
     p.add_argument("--latency-seconds", type=float, default=None, help="per concurrency level (default 5)")
     p.add_argument("--fidelity-seconds", type=float, default=None, help="burn per condition (default 20)")
@@ -69,6 +72,10 @@ def options(ns: argparse.Namespace) -> Options:
             raise SystemExit(f"--soak-minutes must be in (0, {MAX_SOAK_MINUTES:g}]")
         opts.soak_seconds = ns.soak_minutes * 60
         opts.soak_warmup = min(opts.soak_warmup, opts.soak_seconds / 3)
+    if ns.soak_speed is not None:
+        if not 1 <= ns.soak_speed <= 20:
+            raise SystemExit("--soak-speed must be in [1, 20]")
+        opts.soak_speed = ns.soak_speed
     for name in ("overhead", "latency", "fidelity", "samework"):
         value = getattr(ns, f"{name}_seconds")
         if value is not None:

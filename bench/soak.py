@@ -1,5 +1,7 @@
-"""Soak: play the cycling 8-GPU scenario fast for a bounded time; the daemon's RSS must stay flat, and its
-garbage-collection pauses are judged here.
+"""Soak: play the cycling 8-GPU scenario (idle, training, two GPUs waiting: a loop every 5 minutes) for a bounded
+time; the daemon's RSS must stay flat, and its garbage-collection pauses are judged here. It plays at the real
+speed by default (``--soak-speed``): the engine runs on scenario time, so a faster play runs every sampler that
+many times as often -- an ageing test, not the daemon the budgets are about.
 
 RSS is sampled every ``soak_every`` seconds. The first ``soak_warmup`` seconds are left out of the fit:
 the engine's history buffers fill up during the first --engine.history (30 s by default), and growth

@@ -32,9 +32,12 @@ _log = log.get_logger(component="daemon")
 # its last (at 1,000, 10 it examined ~13k objects, 4-10 ms of CPU with two GPUs waiting on this VM). At 500, 4
 # on the 8-GPU benchmark host, two waiting: a young collection about every 1.5 s at 0.4 ms (max 0.9), a middle
 # one every 6 s at 1.7 ms (max 3.4) -- ~0.01% of a core more in all. Each object is still examined once per
-# generation it passes through; only the full collections come at most every 80 young ones instead of 100 --
-# and what they traverse is what lives in the buffers (bench/overhead.py times one at its window's end).
-GC_THRESHOLDS = (500, 4, 20)
+# generation it passes through. A full collection traverses what lives in the buffers: 5-9 ms of CPU on that host
+# (bench/overhead.py times one at its window's end), the longest pause there is. At a threshold2 of 20 one came
+# every ~100 s, 3 of 328 collections in the cycling scenario's 5 minutes -- ~1%, the p99 itself; at 50 one comes
+# at most every 200 young ones (about every 4 minutes), and cyclic garbage that reached the oldest generation
+# waits that long (1,800 objects in that scenario's 5 minutes).
+GC_THRESHOLDS = (500, 4, 50)
 
 
 @contextlib.contextmanager

@@ -161,7 +161,7 @@ def test_run_py_prints_the_table_and_writes_raw_json_without_touching_the_docs(t
 
 
 def test_run_py_rejects_unknown_benchmarks_and_unbounded_soaks() -> None:
-    for args in (["--only", "nope"], ["--soak-minutes", "120"]):
+    for args in (["--only", "nope"], ["--soak-minutes", "120"], ["--soak-speed", "0.5"]):
         proc = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), *args],
                               capture_output=True, text=True, timeout=60, check=False)
         assert proc.returncode != 0
