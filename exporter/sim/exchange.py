@@ -151,6 +151,62 @@ def _runs(flags: list[bool]) -> list[tuple[int, int]]:
     return out
 
 
+class _Walk:
+    """One :func:`walk`'s state. Methods, not two closures calling each other through their cells: that cycle kept
+    the walked state, its slots and groups alive until a full collection of the daemon -- ~1,000 objects of
+    cyclic garbage per shape change, freed by the daemon's longest pause (#14)."""
+
+    def __init__(self, state: Any, groups: list[Group] | None) -> None:
+        self.state, self.groups = state, groups
+        self.eager: tuple[list[Slot], list[Slot]] = ([], [])
+        self.deferred: tuple[list[Slot], list[Slot]] = ([], [])
+        self.ints, self.floats = self.eager
+        self.found: list[tuple[Any, str, int, int, int, int]] = []
+        self.shape: list[Any] = []
+
+    def visit(self, node: Any) -> None:
+        shape = self.shape
+        if isinstance(node, dict):
+            shape.append("{")
+            for k, v in node.items():
+                shape.append(k)
+                self.leaf(node, k, v)
+            shape.append("}")
+        elif isinstance(node, list):
+            shape.append(("[", len(node)))
+            for i, v in enumerate(node):
+                self.leaf(node, i, v)
+
+    def leaf(self, container: Any, key: Any, v: Any) -> None:
+        shape, eager = self.shape, self.eager
+        if key == REASONS and isinstance(v, list):
+            shape.append("r")
+            self.ints.append((container, key))
+        elif isinstance(v, bool) or v is None or isinstance(v, str):
+            shape.append(v if not isinstance(v, str) else ("s", v))
+        elif isinstance(v, int):
+            shape.append("i")
+            self.ints.append((container, key))
+        elif isinstance(v, float):
+            shape.append("f")
+            self.floats.append((container, key))
+        elif self.groups is not None and container is self.state and key == GROUPED and isinstance(v, list):
+            shape.append(("[", len(v)))
+            for i, item in enumerate(v):
+                i0, f0 = len(eager[0]), len(eager[1])
+                self.leaf(v, i, item)
+                if isinstance(item, dict):
+                    self.groups.append(Group(item, i0, len(eager[0]), f0, len(eager[1])))
+        elif key in DEFERRED and isinstance(container, dict) and self.ints is eager[0]:
+            self.ints, self.floats = self.deferred
+            i0, f0 = len(self.ints), len(self.floats)
+            self.visit(v)
+            self.found.append((container, key, i0, len(self.ints), f0, len(self.floats)))
+            self.ints, self.floats = eager
+        else:
+            self.visit(v)
+
+
 def walk(state: Any, regions: list[Region] | None = None,
          groups: list[Group] | None = None) -> tuple[list[Slot], list[Slot], list[Any]]:
     """The int slots, the float slots (each: the DEFERRED ones last), and the shape signature of ``state``
@@ -160,59 +216,14 @@ def walk(state: Any, regions: list[Region] | None = None,
     A device's ``clock_event_reasons`` (a list of names) is a number too: its NVML bitmask, an int slot (the
     reasons of a waiting GPU flip with every idle gap, and as shape each flip cost a JSON parse and a full
     validation). The writer encodes it, the reader decodes it (:func:`_reasons_of`)."""
-    eager: tuple[list[Slot], list[Slot]] = ([], [])
-    deferred: tuple[list[Slot], list[Slot]] = ([], [])
-    ints, floats = eager
-    found: list[tuple[Any, str, int, int, int, int]] = []
-    shape: list[Any] = []
-
-    def visit(node: Any) -> None:
-        if isinstance(node, dict):
-            shape.append("{")
-            for k, v in node.items():
-                shape.append(k)
-                leaf(node, k, v)
-            shape.append("}")
-        elif isinstance(node, list):
-            shape.append(("[", len(node)))
-            for i, v in enumerate(node):
-                leaf(node, i, v)
-
-    def leaf(container: Any, key: Any, v: Any) -> None:
-        nonlocal ints, floats
-        if key == REASONS and isinstance(v, list):
-            shape.append("r")
-            ints.append((container, key))
-        elif isinstance(v, bool) or v is None or isinstance(v, str):
-            shape.append(v if not isinstance(v, str) else ("s", v))
-        elif isinstance(v, int):
-            shape.append("i")
-            ints.append((container, key))
-        elif isinstance(v, float):
-            shape.append("f")
-            floats.append((container, key))
-        elif groups is not None and container is state and key == GROUPED and isinstance(v, list):
-            shape.append(("[", len(v)))
-            for i, item in enumerate(v):
-                i0, f0 = len(eager[0]), len(eager[1])
-                leaf(v, i, item)
-                if isinstance(item, dict):
-                    groups.append(Group(item, i0, len(eager[0]), f0, len(eager[1])))
-        elif key in DEFERRED and isinstance(container, dict) and ints is eager[0]:
-            ints, floats = deferred
-            i0, f0 = len(ints), len(floats)
-            visit(v)
-            found.append((container, key, i0, len(ints), f0, len(floats)))
-            ints, floats = eager
-        else:
-            visit(v)
-
-    visit(state)
+    w = _Walk(state, groups)
+    w.visit(state)
+    eager, deferred = w.eager, w.deferred
     n_int, n_float = len(eager[0]), len(eager[1])
     if regions is not None:
         regions.extend(Region(c, k, n_int + i0, n_int + i1, n_float + f0, n_float + f1)
-                       for c, k, i0, i1, f0, f1 in found)
-    return eager[0] + deferred[0], eager[1] + deferred[1], shape
+                       for c, k, i0, i1, f0, f1 in w.found)
+    return eager[0] + deferred[0], eager[1] + deferred[1], w.shape
 
 
 def _int_of(v: Any) -> int:

@@ -16,7 +16,7 @@ import pytest
 
 from exporter.sim import exchange
 from exporter.sim.fakenvml import FakeNvml, advance_state, normalize_state
-from tests.support.gctrack import tracked_inside
+from tests.support.gctrack import cyclic_garbage, tracked_inside
 
 DEV = {"pci_bus_id": "0000:82:00.0", "power_w": 120.5, "sm_clock_mhz": 1410}
 
@@ -420,3 +420,15 @@ def test_the_reader_keeps_fewer_tracked_objects_than_the_numbers_it_applies(tmp_
     (objs2, nums2), (objs8, nums8) = kept(2), kept(8)
     assert nums8 - nums2 > 100, "the test needs devices with numbers to apply"
     assert objs8 - objs2 < nums8 - nums2, (objs8 - objs2, nums8 - nums2)
+
+
+def test_a_new_shape_leaves_no_cyclic_garbage(tmp_path: Path) -> None:
+    # A shape change walks the whole state; the walk's two recursive closures held each other, and through their
+    # cells the state, its slots and its groups, until a full collection of the daemon freed them (#14).
+    s0 = _state(4)
+    assert cyclic_garbage(lambda: exchange.walk(s0, [], [])) == []
+    w, fake, h = _served(tmp_path, s0)
+    grown = _state(5)
+    w.write(grown)
+    assert cyclic_garbage(lambda: fake.nvmlDeviceGetPowerUsage(h)) == []
+    assert fake.nvmlDeviceGetCount() == 5
