@@ -42,7 +42,7 @@ def walk_now(root: object) -> int:
     return sum(len(gc.get_referents(o)) for o in _tracked_reachable(root))
 
 
-def cyclic_garbage(run: Callable[[], None]) -> list[object]:
+def cyclic_garbage(run: Callable[[], object]) -> list[object]:
     """The objects that ``run`` left for the cycle collector to free: unreachable, held only by reference cycles.
     Automatic collection is off meanwhile, so nothing ``run`` leaves is freed before it is counted."""
     gc.collect()
