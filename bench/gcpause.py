@@ -20,9 +20,9 @@ BINS = 2000  # ... up to 100 ms; longer pauses land in the last bin, and the exa
 
 
 class PauseBins:
-    """Counts of pauses per bin, wall and CPU apart, with the exact maxima and the sums (one generation)."""
+    """Counts of pauses per bin, wall and CPU apart, with the exact maxima (one generation)."""
 
-    __slots__ = ("count", "cpu", "max_cpu", "max_wall", "sum_cpu", "sum_wall", "wall")
+    __slots__ = ("count", "cpu", "max_cpu", "max_wall", "wall")
 
     def __init__(self) -> None:
         # Arrays, not lists: a list of 2,000 ints would be 2,000 more referents for each full collection of the
@@ -30,7 +30,7 @@ class PauseBins:
         self.wall = array("q", bytes(8 * BINS))
         self.cpu = array("q", bytes(8 * BINS))
         self.count = 0
-        self.max_wall = self.max_cpu = self.sum_wall = self.sum_cpu = 0.0
+        self.max_wall = self.max_cpu = 0.0
 
     def add(self, wall: float, cpu: float) -> None:
         self.wall[min(BINS - 1, int(wall / BIN_S))] += 1
@@ -38,13 +38,10 @@ class PauseBins:
         self.count += 1
         self.max_wall = max(self.max_wall, wall)
         self.max_cpu = max(self.max_cpu, cpu)
-        self.sum_wall += wall
-        self.sum_cpu += cpu
 
     def dump(self) -> dict[str, Any]:
         """JSON-ready: only the bins that hold pauses (``{bin index: count}``)."""
         return {"bin_s": BIN_S, "count": self.count, "max_wall_s": self.max_wall, "max_cpu_s": self.max_cpu,
-                "sum_wall_s": self.sum_wall, "sum_cpu_s": self.sum_cpu,
                 "wall": {str(i): n for i, n in enumerate(self.wall) if n},
                 "cpu": {str(i): n for i, n in enumerate(self.cpu) if n}}
 
@@ -83,3 +80,10 @@ def summary(dumps: Iterable[Mapping[str, Any]]) -> dict[str, float]:
             "max_ms": 1000 * max_wall,
             "cpu_p99_ms": 1000 * min(_quantile(cpu, count, bin_s, 0.99), max_cpu),
             "cpu_max_ms": 1000 * max_cpu}
+
+
+def full_pauses(pauses: list[list[float]]) -> dict[str, float]:
+    """Count and maximum (ms), wall and CPU, of the full collections the end of a window ran ([wall, CPU] s each,
+    as bench/probe.py dumps them)."""
+    return {"count": len(pauses), "max_ms": 1000 * max((p[0] for p in pauses), default=0.0),
+            "cpu_max_ms": 1000 * max((p[1] for p in pauses), default=0.0)}

@@ -193,7 +193,7 @@ def breakdown(ctx: Context, opts: Options, scenario: Path, flags: list[str], war
             "nvml_calls": dump.get("nvml_calls", {}),
             "gc": {gen: gcpause.summary([p]) for gen, p in dump.get("gc", {}).items()},
             "gc_all": gcpause.summary(dump.get("gc", {}).values()),
-            "gc_full_now": full_pauses(dump.get("gc_full_now", [])),
+            "gc_full_now": gcpause.full_pauses(dump.get("gc_full_now", [])),
             "pace": pace}
 
 
@@ -227,12 +227,6 @@ def _simulation_share(sec: Section, label: str, b: dict[str, Any], costs: dict[s
             f"{100 * total / w:.2f} points: fake NVML state reload {100 * reload / w:.2f}, the fake's calls beyond "
             f"the real binding's {100 * extra / w:.2f} ({sum(b['nvml_calls'].values())} calls; {top})",
             f"<= {BUDGET_SIM_SHARE:g} points", total / w * 100 <= BUDGET_SIM_SHARE)
-
-
-def full_pauses(pauses: list[list[float]]) -> dict[str, float]:
-    """Count and maximum (ms), wall and CPU, of the full collections the end of a window ran ([wall, CPU] s each)."""
-    return {"count": len(pauses), "max_ms": 1000 * max((p[0] for p in pauses), default=0.0),
-            "cpu_max_ms": 1000 * max((p[1] for p in pauses), default=0.0)}
 
 
 def deep_off_flags() -> list[str]:

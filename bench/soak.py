@@ -148,9 +148,9 @@ def run(ctx: Context, opts: Options) -> Section:
     if pooled["count"]:
         per_gen = ", ".join(f"gen {g} {v['count']:.0f} (p99 {v['p99_ms']:.1f} ms, max {v['max_ms']:.1f})"
                             for g, v in sorted(sec.raw["gc"].items()))
-        full = sec.raw["gc_full_now"]
-        at_end = (f"; a full collection at the end {1000 * full[0][0]:.1f} ms (CPU {1000 * full[0][1]:.1f} ms)"
-                  if full else "")
+        end_full = gcpause.full_pauses(sec.raw["gc_full_now"])
+        at_end = (f"; a full collection at the end {end_full['max_ms']:.1f} ms (CPU {end_full['cpu_max_ms']:.1f} ms)"
+                  if end_full["count"] else "")
         sec.add("GC pauses over the soak, every generation",
                 f"p99 {pooled['p99_ms']:.1f} ms, max {pooled['max_ms']:.1f} ms (CPU p99 {pooled['cpu_p99_ms']:.1f}, "
                 f"max {pooled['cpu_max_ms']:.1f} ms) over {pooled['count']:.0f} collections in {span / 60:.1f} min: "

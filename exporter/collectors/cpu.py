@@ -72,7 +72,8 @@ class TimesView(Mapping[int, CpuTimes]):
     __slots__ = ("_index", "_ticks")
 
     def __init__(self, rows: Mapping[int, Ticks], index: Mapping[int, int] | None = None) -> None:
-        """``index`` (CPU -> row, rows numbered 0..n-1): pass the previous view's (:meth:`index_for`) to share it."""
+        """``index`` (CPU -> row, rows numbered 0..n-1): pass the previous view's (:attr:`index`) to share it; a new
+        one is built when the CPUs differ."""
         if index is None or index.keys() != rows.keys():
             index = {cpu: i for i, cpu in enumerate(rows)}
         self._index = index
@@ -183,7 +184,9 @@ class CpuCollector(Collector):
         self._state = CpuState()
         self._cpu_set: frozenset[int] = frozenset()
         self._node_of: Mapping[int, int] = MappingProxyType({})
-        self._last: CpuSample | None = None  # its views' row indexes are shared with the next sample's
+        # The newest views' row indexes (TimesView.index), shared with the next sample's while the CPUs stay.
+        self._cpu_index: Mapping[int, int] | None = None
+        self._node_index: Mapping[int, int] | None = None
 
     def samplers(self) -> list[SamplerSpec]:
         # The derived layer reads a window of at most CPU_WINDOW_MAX (its two ends): 12 s of 192-CPU samples,
@@ -202,16 +205,10 @@ class CpuCollector(Collector):
         reset = self._state.update(raw, self._node_of)
         if reset:
             self.log.info("cpu_counters_reset", cpus=",".join(map(str, reset)), reason="idle jumped back (hotplug)")
-        last = self._last
-        before = (last.cpus, last.node_totals) if last is not None else (None, None)
-        cpu_index, node_index = (v.index if isinstance(v, TimesView) else None for v in before)
-        sample = CpuSample(
-            cpus=TimesView(self._state.cpus, cpu_index),
-            node_of=self._node_of,
-            node_totals=TimesView(self._state.nodes, node_index),
-        )
-        self._last = sample
-        return sample
+        per_cpu = TimesView(self._state.cpus, self._cpu_index)
+        per_node = TimesView(self._state.nodes, self._node_index)
+        self._cpu_index, self._node_index = per_cpu.index, per_node.index
+        return CpuSample(cpus=per_cpu, node_of=self._node_of, node_totals=per_node)
 
     def _read_nodes(self) -> Mapping[int, int]:
         """CPU -> NUMA node from /sys/devices/system/node/node*/cpulist (empty when the host has no NUMA info)."""
