@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import math
 import os
+import struct
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -318,3 +319,15 @@ def test_pace_events_count_only_changes_inside_the_window_and_not_returns_to_ste
         {"left_steady": 2, "verdict_changes": 1})
     assert "1 time(s) a GPU left the steady rate (gpu 3: dip), 0 verdict change(s)" in overhead.fmt_pace(
         {"left_steady": 1, "verdict_changes": 0, "left_reasons": ["gpu 3: dip"]})
+
+
+def test_cpus_awake_holds_a_zero_latency_request_while_open_and_says_why_when_it_cannot(tmp_path: Path) -> None:
+    from bench.latency import cpus_awake
+
+    dev = tmp_path / "cpu_dma_latency"
+    dev.write_bytes(b"")
+    with cpus_awake(str(dev)) as why:
+        assert why is None
+        assert dev.read_bytes() == struct.pack("=i", 0)  # the request the kernel holds while the file is open
+    with cpus_awake(str(tmp_path / "absent")) as why:
+        assert why is not None and "not writable" in why

@@ -91,6 +91,10 @@ def test_latency_smoke_times_both_exporters_at_every_level(ctx: Context, opts: O
                 assert pair[name]["n"] > 0, (mode, level, name)
                 assert pair[name]["p50"] <= pair[name]["p99"]
                 assert pair[name]["bytes_per_req"] > 0
+    # Where the CPUs were kept awake, the one-scraper levels were measured once more with them free to halt.
+    assert isinstance(sec.raw["cpus_awake"], bool)
+    for mode in ("prometheus", "text"):
+        assert (f"{mode}/1, idle CPUs halting" in sec.raw) == sec.raw["cpus_awake"]
 
 
 def test_fidelity_smoke_reads_sample_timestamps_from_the_real_daemon(ctx: Context, opts: Options) -> None:
