@@ -54,6 +54,12 @@ from exporter.snapshot import Snapshot, Stamped
 # evaluates the GPU at once instead of at its next --stable-interval. A tenth of the GPU's time: well above
 # the jitter of a steady GPU's readings, well below the drop of a GPU that starts to wait.
 TRIP_ACTIVITY = 0.1
+# Host-level findings (numa_mismatch, memory_pressure, a powersave governor, link downgrades) are evaluated at
+# least this often while every GPU stands; a shorter --stable-interval evaluates them at that pace. A stable
+# GPU's evaluation every 10 s (its counters at most that far behind, its verdict still tripped at once by its
+# activity) is half of what 5 s cost -- ~8 ms of CPU per run on an 8-GPU host; the host findings alone are
+# well under a millisecond, and keep the 5 s they had.
+HOST_FINDINGS_S = 5.0
 # Host samplers slowed while no GPU waits (DESIGN.md "Sampling that pays only for what it learns"), and their
 # slow interval; back to the configured one as soon as an evaluation sees a GPU waiting. A configured interval
 # slower than this is kept. Counters and rate() stay exact: /proc/stat jiffies and PSI's total stall time are
@@ -61,15 +67,18 @@ TRIP_ACTIVITY = 0.1
 # the CPU shape and PSI over the classifier's window -- comes at the configured rates again within one slow
 # interval of the onset (2 s: the shape compares the ends of its <= 12 s window, which a pair 2 s apart gives
 # as well as one 1 s apart, and a /proc/stat pass on a 192-CPU host costs ~2 ms of CPU); the 30 s passes
-# (per-thread reads, cpufreq governors, NUMA placement) feed findings of a working GPU from their newest
-# sample, and are read at their configured rate as soon as the GPU waits. The PCIe chain (5 s) is not
-# slowed: pcie_link_downgraded judges the hops upstream of a GPU over the classifier's window (15 s), which a
-# 30 s pass would leave empty half of the time -- the series of those hops would come and go.
+# (cpufreq governors, NUMA placement) feed findings of a working GPU from their newest sample, and are read at
+# their configured rate as soon as the GPU waits. Per-thread reads serve waiting GPUs (DESIGN.md: deep
+# evidence on demand): while none waits a pass every 60 s keeps the pair a GPU's first evaluation after its
+# onset starts from and the process-thread series (a pass over 8 x 150 threads costs ~35 ms of CPU: 0.12%
+# of a core at 30 s); the onset brings --collector.derived.deep-interval within the next run. The PCIe chain
+# (5 s) is not slowed: pcie_link_downgraded judges the hops upstream of a GPU over the classifier's window
+# (15 s), which a 30 s pass would leave empty half of the time -- the series of those hops would come and go.
 # The GPU processes' own counters (proc, 1 s) go to 5 s: CPU time and I/O are cumulative, the CPU shape takes
 # the ends of its 10 s window, and NUMA placement and the process series read the newest sample.
 QUIET_INTERVALS = {
     names.CPU: 2.0, names.PRESSURE: 2.0, names.PROC: 5.0,
-    names.PROC_THREADS: 30.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
+    names.PROC_THREADS: 60.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
 }
 # Of those, the ones back at their quiet pace while GPUs wait once their verdicts have settled.
 SETTLED_QUIET = frozenset({names.CPU, names.PRESSURE})
@@ -165,14 +174,15 @@ class Analyzer(Stage):
                "Per-thread sampling interval once every waiting GPU's verdict has held for the whole window "
                "(/proc/stat and PSI then go back to their quiet 2 s too); --collector.derived.deep-interval "
                "again as soon as a verdict moves or another GPU starts waiting."),
-        Option("stable-interval", "duration", 5.0,
-               "How often a GPU whose verdict holds is evaluated again. Each run (--collector.derived.interval) "
-               "still checks its newest activity, and evaluates it at once when the activity moved; a GPU whose "
-               "verdict changed within the window (or does not agree with its newest evidence) is evaluated "
-               "every run."),
+        Option("stable-interval", "duration", 10.0,
+               "How often a GPU whose verdict holds is evaluated again (its state and waiting seconds advance at "
+               "each evaluation: at most this far behind). Each run (--collector.derived.interval) still checks "
+               "its newest activity, and evaluates it at once when the activity moved; a GPU whose verdict "
+               "changed within the window (or does not agree with its newest evidence) is evaluated every run. "
+               "Host-level findings are evaluated at least every 5 s."),
         Option("quiet-host", "bool", True,
-               "While no GPU waits, read /proc/stat and PSI every 2 s and the per-thread, cpufreq and NUMA "
-               "passes every 30 s; their configured intervals again as soon as a GPU waits."),
+               "While no GPU waits, read /proc/stat and PSI every 2 s, the cpufreq and NUMA passes every 30 s "
+               "and the per-thread pass every 60 s; their configured intervals again as soon as a GPU waits."),
     )
 
     def __init__(self, options: Mapping[str, Any], targets: Targets) -> None:
@@ -185,7 +195,8 @@ class Analyzer(Stage):
         self.hold_s = float(options.get("hold", 3.0))
         self.deep_fast = float(options.get("deep-interval", 0.5))
         self.deep_settled = float(options.get("deep-settled-interval", 2.0))
-        self.stable_s = max(self.interval, float(options.get("stable-interval", 5.0)))
+        self.stable_s = max(self.interval, float(options.get("stable-interval", 10.0)))
+        self.host_s = max(self.interval, min(self.stable_s, HOST_FINDINGS_S))
         self.quiet_host = bool(options.get("quiet-host", True))
         self._configured: dict[str, float] = {}  # host sampler -> its configured interval, learnt at first sight
         self._engine: EngineReader | None = None
@@ -264,7 +275,7 @@ class Analyzer(Stage):
                 self._gpus.setdefault(key, _GpuState()).pending_s += dt
         due = {idx for idx in identities if self._due(idx, keys_of[idx], identities[idx], lost, now)}
         shape = (frozenset(identities), frozenset(lost))
-        if not due and shape == self._shape and self._previous is not None and now - self._host_t < self.stable_s:
+        if not due and shape == self._shape and self._previous is not None and now - self._host_t < self.host_s:
             self._request_full(now)
             return UNCHANGED  # every verdict holds and no activity moved: the previous state stands
         self._shape = shape

@@ -177,9 +177,10 @@ def _busiest_first(t: ThreadLoad) -> tuple[float, int]:
 
 # Thread loads of one process between two deep samples, kept for its newest pair only (one entry per
 # process, holding the samples so an id is never reused while it lives): a stable GPU is evaluated every 5 s
-# while its deep samples change every 30 s, and the same 150 threads' subtractions were redone six times. One
-# entry per process bounds what it keeps to one evaluation's loads (a 256-pair cache held ~7,000 ThreadLoad
-# objects that every full collection traversed). Kept sorted busiest first, as thread_loads returns them.
+# while its deep samples change every quiet pass (30 s then), and the same 150 threads' subtractions were
+# redone six times. One entry per process bounds what it keeps to one evaluation's loads (a 256-pair cache
+# held ~7,000 ThreadLoad objects that every full collection traversed). Kept sorted busiest first, as
+# thread_loads returns them.
 _LOADS: dict[int, tuple[ProcessSample, ProcessSample, float, float, bool, tuple[ThreadLoad, ...]]] = {}
 _LOADS_MAX = 512  # processes; past it (a host churning through workers) the cache is emptied
 

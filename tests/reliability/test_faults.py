@@ -311,7 +311,7 @@ def test_gpu_process_with_10000_threads_is_sampled_with_bounded_series(host: Hos
         d.mkdir()
         (d / "stat").write_text(f"{tid} {tail}")
     n_before = len(host.series())
-    host.run(31.0)  # no GPU waits: the per-thread pass runs at its quiet pace, every 30 s
+    host.run(61.0)  # no GPU waits: the per-thread pass runs at its quiet pace, every 60 s
     st = host.engine.snapshot.status["proc_threads"]
     assert st.success, st.error
     s = host.series()
