@@ -179,7 +179,7 @@ class Analyzer(Stage):
                "each evaluation: at most this far behind). Each run (--collector.derived.interval) still checks "
                "its newest activity, and evaluates it at once when the activity moved; a GPU whose verdict "
                "changed within the window (or does not agree with its newest evidence) is evaluated every run. "
-               "Host-level findings are evaluated at least every 5 s."),
+               f"Host-level findings are evaluated at least every {HOST_FINDINGS_S:g} s."),
         Option("quiet-host", "bool", True,
                "While no GPU waits, read /proc/stat and PSI every 2 s, the cpufreq and NUMA passes every 30 s "
                "and the per-thread pass every 60 s; their configured intervals again as soon as a GPU waits."),

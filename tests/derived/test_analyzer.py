@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 
@@ -99,3 +101,32 @@ def test_without_the_engine_wired_the_analyzer_reports_no_data() -> None:
     an = Analyzer({}, Targets())
     with pytest.raises(NoDataError):
         an.update()
+
+
+def test_a_stable_gpu_waits_its_stable_interval_while_host_findings_keep_their_own_pace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter.derived import evaluate
+    from exporter.derived.analyzer import HOST_FINDINGS_S
+
+    gpu_at: list[float] = []
+    host_at: list[float] = []
+    real_gpu, real_host = evaluate.evaluate_gpu, evaluate.host_findings
+
+    def gpu(*args: Any, **kwargs: Any) -> Any:
+        gpu_at.append(eng.t)
+        return real_gpu(*args, **kwargs)
+
+    def host(*args: Any, **kwargs: Any) -> Any:
+        host_at.append(eng.t)
+        return real_host(*args, **kwargs)
+
+    monkeypatch.setattr("exporter.derived.analyzer.evaluate_gpu", gpu)  # the names the analyzer calls
+    monkeypatch.setattr("exporter.derived.analyzer.host_findings", host)
+    an, eng = make(GpuSpec(util=const(0.95), sm=const(0.7)), [ThreadSpec(1, 0.3, 0.02)], 90.0)
+    run(an, eng, [float(t) for t in range(1, 91)])
+    assert an.stable_s == 10.0 and an.stable_s > HOST_FINDINGS_S
+    settled = [t for t in gpu_at if t >= 40.0]  # the verdict has held for the whole window by then
+    assert settled and all(b - a == pytest.approx(an.stable_s) for a, b in pairwise(settled))
+    late = [t for t in host_at if t >= 40.0]
+    assert all(b - a <= HOST_FINDINGS_S + 1e-9 for a, b in pairwise(late))
+    assert len(late) > len(settled)
