@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter import linkmath, thresholds
-from exporter.derived.gpuview import THERMAL_REASONS, GpuView
+from exporter.clockevents import THERMAL_REASONS
+from exporter.derived.gpuview import GpuView
 from exporter.derived.hostshape import CpuShape, IoSignals
 from exporter.derived.series import Point
 from exporter.names import XID_MEANING

@@ -13,15 +13,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# Clock-event reasons that mean power or thermal limits pulled the clocks down (NVML clocksEventReasons).
+from exporter.clockevents import GPU_IDLE as GPU_IDLE_REASON
+from exporter.clockevents import THROTTLE_REASONS
 from exporter.derived import series
 from exporter.derived.series import Burst, Point
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuSample, GpuSlow
 from exporter.snapshot import Stamped
-
-# Clock-event reasons that mean power or thermal limits pulled the clocks down (NVML clocksEventReasons).
-THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
-THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal", "hw_slowdown", "hw_power_brake"})
-GPU_IDLE_REASON = "gpu_idle"
 
 
 @dataclass(frozen=True, slots=True)

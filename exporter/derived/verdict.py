@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.derived.gpuview import THERMAL_REASONS, GpuView
+from exporter.clockevents import THERMAL_REASONS
+from exporter.derived.gpuview import GpuView
 from exporter.derived.hostshape import SATURATED_CORE, CpuShape, IoSignals, ProcLoad, ThreadLoad
 from exporter.names import WAITING_CAUSES
 

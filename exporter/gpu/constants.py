@@ -7,21 +7,10 @@ backend agree without importing ``pynvml`` at module import time.
 
 from __future__ import annotations
 
-from types import MappingProxyType
+from exporter import clockevents
 
-# Clock-event ("throttle") reason bits, nvmlClocksEventReason* in nvml.h; the names are the ones of
-# shared/scenarios/SPEC.md and the ``reason`` label of gpufeed_gpu_clock_event_reason.
-CLOCK_EVENT_REASONS = MappingProxyType({
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal": 0x20,
-    "hw_thermal": 0x40,
-    "hw_power_brake": 0x80,
-    "display_clock": 0x100,
-})
+# Clock-event ("throttle") reason bits, nvmlClocksEventReason* in nvml.h, by name: exporter/clockevents.py.
+CLOCK_EVENT_REASONS = clockevents.CLOCK_EVENT_REASONS
 
 # The field values (NVML_FI_DEV_*) gpufeed reads are declared in exporter/gpu/fields.py.
 

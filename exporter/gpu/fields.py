@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exporter import clockevents as R  # noqa: N812
+
 COUNTER = "counter"
 GAUGE = "gauge"
 # How the driver returns a field (nvmlValueType_t): a 32-bit or 64-bit unsigned integer; "pcie" follows the
@@ -60,7 +62,7 @@ class Field:
 
 def _throttle(reason: str, field_id: int, nvml_name: str) -> Field:
     return Field(
-        key=f"throttle_{reason}", field_id=field_id, nvml_name=nvml_name, kind=COUNTER,
+        key=R.throttle_key(reason), field_id=field_id, nvml_name=nvml_name, kind=COUNTER,
         metric="gpufeed_gpu_throttle_seconds", scale=1e-9, value_type=ULL, max_rate=1e9,
         labels=MappingProxyType({"reason": reason}), fake_key=f"throttle_ns.{reason}",
         help="Time the clocks were held down for the reason, from NVML's cumulative clock-event counters.",
@@ -106,11 +108,11 @@ FIELDS: tuple[Field, ...] = (
           scale=1e-3, value_type=ULL, max_rate=1e8, fake_key="energy_mj"),
     # NVML_FI_DEV_CLOCKS_EVENT_REASON_* (nvml.h; 74 and 76 are the older PERF_POLICY_* names of the same
     # counters), nanoseconds; the DCGM equivalents are documented "in ns" since dcgm-exporter PR #589.
-    _throttle("sw_power_cap", 74, "NVML_FI_DEV_PERF_POLICY_POWER"),
-    _throttle("sync_boost", 76, "NVML_FI_DEV_PERF_POLICY_SYNC_BOOST"),
-    _throttle("sw_thermal", 269, "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
-    _throttle("hw_thermal", 270, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
-    _throttle("hw_power_brake", 271, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN"),
+    _throttle(R.SW_POWER_CAP, 74, "NVML_FI_DEV_PERF_POLICY_POWER"),
+    _throttle(R.SYNC_BOOST, 76, "NVML_FI_DEV_PERF_POLICY_SYNC_BOOST"),
+    _throttle(R.SW_THERMAL, 269, "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
+    _throttle(R.HW_THERMAL, 270, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
+    _throttle(R.HW_POWER_BRAKE, 271, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN"),
     # Memory errors, slow path. ECC totals over every memory of the device (nvml.h: "Total single/double bit
     # volatile/aggregate ECC errors"); NVML calls single-bit errors corrected and double-bit ones uncorrected
     # (nvmlMemoryErrorType_t). Volatile counts reset when the driver reloads, aggregate ones persist in the

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from exporter.gpu.fields import THROTTLE_KEYS
+from exporter.clockevents import TIME_KEYS
 
 # One empty mapping for every sample that has nothing there: a default_factory building one per sample left a
 # tracked proxy per GPU per tick in the ring buffers, for the cycle collector to traverse (issue 14).
@@ -129,7 +129,7 @@ class GpuFast:
     @property
     def throttle_seconds(self) -> Mapping[str, float]:
         """Clock-event reason -> cumulative seconds the clocks were held down for it."""
-        return {r: v for r, key in THROTTLE_KEYS.items() if (v := self.fields.get(key)) is not None}
+        return {r: v for r, key in TIME_KEYS.items() if (v := self.fields.get(key)) is not None}
 
 
 @dataclass(frozen=True, slots=True)

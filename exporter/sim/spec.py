@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Union
 
+from exporter import clockevents
+
 
 class ScenarioError(Exception):
     """An invalid scenario; the message names the file and the key path."""
@@ -35,10 +37,7 @@ class Noise:
 
 Value = Union[float, Square, Noise]  # noqa: UP007 - a runtime alias, kept 3.10-compatible
 
-CLOCK_EVENT_REASONS = (
-    "gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal",
-    "hw_thermal", "hw_power_brake", "display_clock",
-)
+CLOCK_EVENT_REASONS = tuple(clockevents.CLOCK_EVENT_REASONS)
 THREAD_STATES = ("R", "S", "D")
 CPU_MODES = ("user", "system", "iowait", "irq", "softirq")
 DISK_KEYS = ("reads_per_s", "read_bytes_per_s", "writes_per_s", "write_bytes_per_s", "await_ms", "in_flight")
