@@ -27,7 +27,7 @@ GAUGE = "gauge"
 # How the driver returns a field (nvmlValueType_t): a 32-bit or 64-bit unsigned integer; "pcie" follows the
 # device's PCIe byte-counter width (32 bits on every driver seen so far; the fake models both).
 UINT, ULL, PCIE = "uint", "ull", "pcie"
-# Which sampling path reads the field (exporter/gpu/backend.py): the fast one, or the slow one.
+# Which sampling path reads the field (exporter/gpu/fast.py, slow.py): the fast one, or the slow one.
 FAST, SLOW = "fast", "slow"
 
 

@@ -1,0 +1,538 @@
+"""The NVML session: init and shutdown, enumeration and handles, MIG discovery, lost GPUs, and the calling
+conventions every NVML call of the sampling paths goes through (:meth:`NvmlSession._timed`, ``_opt``,
+``_failed``). The sampling paths (exporter/gpu/fast.py, buffered.py, slow.py) build on it, and
+:class:`~exporter.gpu.backend.NvmlBackend` puts them together.
+
+Enumeration acquires each index on its own (:meth:`NvmlSession._acquire`: handle, UUID, setup); a GPU that
+answers GPU_IS_LOST or UNKNOWN there is marked lost while the others are sampled.
+
+MIG: a GPU whose ``nvmlDeviceGetMigMode`` is enabled is enumerated with its MIG devices
+(``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``, their GPU and compute instance
+ids, UUIDs and names). Its whole-GPU utilisation, samples and per-process utilisation are unsupported by the
+driver, so each instance gets GPM pairs of its own (``nvmlGpmMigSampleGet``), its memory and its compute
+processes (through its MIG handle, which needs no privileges). A change of MIG mode, or an instance that
+answers NOT_FOUND / INVALID_ARGUMENT (destroyed), re-enumerates that GPU's instances on the next slow cycle.
+
+Errors (nvml.h return codes): ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_PERMISSION`` disable that
+call (or field) for that GPU, logged once. ``GPU_IS_LOST`` marks the GPU lost (so do three ``UNKNOWN`` in a
+row: drivers answer that for a GPU that fell off the bus); the others keep sampling, and NVML is
+re-initialised with exponential backoff until the GPU answers again. No NVML library (or bindings) or no GPU
+raise :class:`GpuUnavailableError` (absence by design) and are retried every ``retry_unavailable_s``. Any other
+``nvmlInit`` error (``NO_PERMISSION``: the daemon's user cannot open ``/dev/nvidiactl``; ``DRIVER_NOT_LOADED``:
+the library is there but the kernel module is not; anything else) raises :class:`GpuInitError` naming the
+NVML error and a hint, logged once, retried with exponential backoff up to ``retry_unavailable_s``. Any
+other exception (a bug, or the strict fake's AssertionError) propagates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from exporter import log
+from exporter import pci as pcimod
+from exporter.gpu.binding import (
+    DISABLING,
+    ERR_DRIVER_NOT_LOADED,
+    ERR_GPU_IS_LOST,
+    ERR_INVALID_ARGUMENT,
+    ERR_NO_PERMISSION,
+    ERR_NOT_FOUND,
+    ERR_UNKNOWN,
+    UNAVAILABLE,
+    ArrayTypes,
+    CallStats,
+    code,
+    describe,
+    errname,
+)
+from exporter.gpu.calls import CallTimes
+from exporter.gpu.events import XidWatcher
+from exporter.gpu.state import GPM_METRICS, NO_FIELDS, GpmStream, GpuLostError, GpuState, MigDevice
+from exporter.samples.gpu import GpuIdentity, MigIdentity
+
+NvmlProvider = Callable[[], Any]
+
+# nvmlInit errors on a host that has the NVML library: a misconfiguration to report, with what to do about it.
+_INIT_HINTS = {
+    ERR_NO_PERMISSION: "the daemon's user cannot open /dev/nvidiactl or /dev/nvidia*: add the daemon user to "
+                       "the video group (or the group owning /dev/nvidia*) and restart gpufeed",
+    ERR_DRIVER_NOT_LOADED: "the NVML library is installed but the NVIDIA kernel module is not loaded: check "
+                           "'lsmod | grep nvidia', dmesg and nvidia-smi",
+}
+_INIT_HINT_OTHER = "check nvidia-smi and dmesg on this host"
+
+# nvmlDeviceGetCpuAffinity / GetMemoryAffinity bitmask sizes in 64-bit words: 1024 CPUs, 256 nodes.
+CPU_SET_WORDS = 16
+NODE_SET_WORDS = 4
+AFFINITY_SCOPE_NODE = 0
+
+UNKNOWN_STREAK_LOST = 3
+
+MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
+
+
+class GpuUnavailableError(Exception):
+    """NVML cannot be used on this host (no library, no driver, no GPU); the message says which."""
+
+
+class GpuInitError(Exception):
+    """NVML is installed but ``nvmlInit`` failed (no permission, driver not loaded, ...): a failure to report,
+    not absence; the message names the NVML error and what to do about it."""
+
+
+def _bits(words: Iterable[int]) -> frozenset[int]:
+    """Set bit positions of an array of 64-bit words (bit i of word w = item 64*w + i)."""
+    out: set[int] = set()
+    for w, word in enumerate(words):
+        v = int(word)
+        while v:
+            low = v & -v
+            out.add(64 * w + low.bit_length() - 1)
+            v ^= low
+    return frozenset(out)
+
+
+class NvmlSession:
+    """One NVML session for every GPU of the host: the GPUs, their handles and state, under one lock."""
+
+    def __init__(
+        self,
+        provider: NvmlProvider,
+        *,
+        clock: Callable[[], float],
+        numa_of: Callable[[str], int | None] | None,
+        gpu_hardware: Callable[[], bool] | None,
+        retry_unavailable_s: float,
+        lost_backoff_s: tuple[float, float],
+        profile: bool,
+        event_thread: bool,
+    ) -> None:
+        self._provider = provider
+        self._clock = clock
+        self._numa_of = numa_of
+        self._gpu_hardware = gpu_hardware
+        self._retry_unavailable_s = retry_unavailable_s
+        self._backoff_min, self._backoff_max = lost_backoff_s
+        self._lock = threading.RLock()
+        self._nvml: Any = None
+        self._initialised = False
+        self._gpus: dict[int, GpuState] = {}
+        self._identity_map: Mapping[int, GpuIdentity] = NO_FIELDS
+        self._unavailable: str | None = None
+        self._init_failed: str | None = None
+        self._init_backoff = min(self._backoff_min, retry_unavailable_s)
+        self._next_init: float = float("-inf")
+        self._backoff = self._backoff_min
+        self._next_reinit: float | None = None
+        self._profile = profile
+        self.calls = CallTimes()
+        self.array_types = ArrayTypes()  # the hot calls' result buffer types, built once (exporter/gpu/binding.py)
+        self.stats: dict[str, CallStats] = {}
+        self.driver_version: str | None = None
+        self._tag = f"{id(self):x}"
+        self._log = log.get_logger(component="gpu_backend")
+        # Xid events: a thread of their own in the daemon, drained by the slow path under an inline engine.
+        self.events = XidWatcher(clock, threaded=event_thread, tag=self._tag, timed=self.calls.call)
+
+    @property
+    def identities(self) -> Mapping[int, GpuIdentity]:
+        """Every GPU enumerated so far."""
+        with self._lock:
+            return self._identities()
+
+    def _identities(self) -> Mapping[int, GpuIdentity]:  # under self._lock
+        """Every GPU's identity: the previous mapping while no identity changed, as every sample holds one (a
+        new one per sample would be two more objects per sample for the cycle collector to traverse)."""
+        known = self._identity_map
+        if len(known) != len(self._gpus) or any(known.get(i) is not g.identity for i, g in self._gpus.items()):
+            known = self._identity_map = MappingProxyType({i: g.identity for i, g in self._gpus.items()})
+        return known
+
+    def close(self) -> None:
+        """Stop the Xid watcher, free GPM samples and shut NVML down."""
+        with self._lock:
+            if self._initialised:
+                self._teardown()
+            self.events.disarm()
+
+    # ---- session ------------------------------------------------------------------------------------------------
+
+    def _ensure_init(self) -> None:
+        if self._initialised:
+            return
+        now = self._clock()
+        if now < self._next_init:
+            if self._init_failed is not None:
+                raise GpuInitError(self._init_failed)
+            if self._unavailable is not None:
+                raise GpuUnavailableError(self._unavailable)
+        self._next_init = now + self._retry_unavailable_s
+        try:
+            self._init()
+        except GpuUnavailableError as e:
+            self._unavailable, self._init_failed = str(e), None
+            raise
+        except GpuInitError as e:
+            self._unavailable, self._init_failed = None, str(e)
+            self._next_init = now + self._init_backoff
+            if log.once(("nvml_init_failed", self._tag, str(e))):
+                self._log.error("nvml_init_failed", error=str(e), retry_in=self._init_backoff)
+            self._init_backoff = min(self._init_backoff * 2, self._retry_unavailable_s)
+            raise
+        if self._init_failed is not None:
+            log.forget(("nvml_init_failed", self._tag, self._init_failed))
+        self._unavailable = self._init_failed = None
+        self._init_backoff = min(self._backoff_min, self._retry_unavailable_s)
+
+    def _init(self) -> None:
+        """Load NVML, initialise, enumerate; GpuUnavailableError when there is nothing to sample."""
+        try:
+            nvml = self._provider()
+        except ImportError as e:
+            raise GpuUnavailableError(f"NVML Python bindings not importable: {e}") from e
+        self._nvml = nvml
+        try:
+            self._timed("nvmlInit", nvml.nvmlInit)
+        except nvml.NVMLError as e:
+            rc = code(e)
+            if rc in UNAVAILABLE:
+                raise GpuUnavailableError(UNAVAILABLE[rc]) from e
+            if rc == ERR_DRIVER_NOT_LOADED and self._gpu_hardware is not None and not self._gpu_hardware():
+                # Images that ship the driver's user-space libraries run on CPU-only hosts too: with no NVIDIA
+                # GPU on the PCI bus, an unloaded kernel module is absence, not a fault.
+                raise GpuUnavailableError(
+                    "NVML library installed but no NVIDIA GPU on the PCI bus (kernel module not loaded)") from e
+            hint = _INIT_HINTS.get(rc, _INIT_HINT_OTHER)
+            raise GpuInitError(f"nvmlInit failed: {errname(e)}: {hint}") from e
+        self._initialised = True
+        try:
+            try:
+                self.driver_version = str(self._timed("nvmlSystemGetDriverVersion", nvml.nvmlSystemGetDriverVersion))
+            except nvml.NVMLError:
+                self.driver_version = None
+            count = int(self._timed("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
+            if count <= 0:
+                raise GpuUnavailableError("NVML reports no GPU")
+            self._enumerate(count, self._clock())
+        except GpuUnavailableError:
+            self._teardown()
+            raise
+        except nvml.NVMLError as e:
+            self._teardown()
+            raise GpuUnavailableError(f"NVML enumeration failed: {errname(e)}") from e
+        self._log.info("nvml_initialised", driver=self.driver_version, gpus=len(self._gpus),
+                       gpm=",".join(str(i) for i, g in sorted(self._gpus.items()) if g.gpm_ok) or "none",
+                       mig=",".join(str(i) for i, g in sorted(self._gpus.items()) if g.identity.mig_mode) or "none")
+
+    def _teardown(self) -> None:
+        nvml = self._nvml
+        self.events.disarm()  # the event set goes before NVML does
+        for g in self._gpus.values():
+            self._free_gpm(g)
+        if self._initialised:
+            try:
+                self._timed("nvmlShutdown", nvml.nvmlShutdown)
+            except nvml.NVMLError as e:
+                self._log.debug("nvml_shutdown_failed", error=errname(e))
+        self._initialised = False
+
+    def _enumerate(self, count: int, now: float, *, only_lost: bool = False) -> None:
+        """(Re)acquire a handle for every index (``only_lost``: for lost GPUs only); GPUs keep their
+        counters across a re-init (matched by UUID)."""
+        by_uuid = {g.identity.uuid: g for g in self._gpus.values() if g.identity.uuid}
+        fresh: dict[int, GpuState] = {}
+        for idx in range(count):
+            cur = self._gpus.get(idx)
+            if only_lost and cur is not None and not cur.lost:
+                fresh[idx] = cur
+                continue
+            fresh[idx] = self._acquire(idx, by_uuid, now)
+        # A GPU that left the bus may drop out of the enumeration: keep reporting it as lost.
+        for old in self._gpus.values():
+            if old not in fresh.values() and old.index not in fresh:
+                if not old.lost:
+                    self._mark_lost(old, now)
+                fresh[old.index] = old
+        self._gpus = fresh
+        # The reachable GPUs changed (start, recovery, re-init): watch their Xid events from now on.
+        reachable = {i: g.handle for i, g in sorted(fresh.items()) if not g.lost and g.handle is not None}
+        self.events.arm(self._nvml, reachable)
+
+    def _acquire(self, idx: int, by_uuid: Mapping[str, GpuState], now: float) -> GpuState:
+        """One index of the enumeration: its handle, UUID and setup; the GPU it was before (matched by UUID in
+        ``by_uuid``, keeping its counters), or a new one; lost when the driver says so."""
+        nvml = self._nvml
+        try:
+            handle = self._timed("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, idx)
+            uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
+        except nvml.NVMLError as e:
+            if code(e) not in (ERR_GPU_IS_LOST, ERR_UNKNOWN):
+                raise
+            old = self._gpus.get(idx)
+            g = old or GpuState(idx, None, GpuIdentity(idx, "", "", "", False))
+            g.handle = None
+            if not g.lost:
+                self._mark_lost(g, now)
+            return g
+        g = by_uuid.get(uuid) or GpuState(idx, handle, GpuIdentity(idx, uuid, "", "", False))
+        was_lost = g.lost
+        g.index, g.handle, g.lost, g.unknown_streak = idx, handle, False, 0
+        try:
+            self._setup(g)
+        except GpuLostError:
+            g.lost = was_lost
+            if not g.lost:
+                self._mark_lost(g, now)
+            return g
+        if was_lost:
+            for c in g.counters.values():
+                c.rebase()
+            self._log.info("gpu_recovered", gpu=idx, uuid=uuid)
+            log.forget(("gpu_lost", self._tag, str(idx)))
+        return g
+
+    def _setup(self, g: GpuState) -> None:
+        """Identity, GPM support, affinity and MIG devices of a freshly acquired handle."""
+        nvml, h = self._nvml, g.handle
+        name = self._opt(g, "nvmlDeviceGetName", nvml.nvmlDeviceGetName, h)
+        info = self._opt(g, "nvmlDeviceGetPciInfo", nvml.nvmlDeviceGetPciInfo, h)
+        bdf = pcimod.from_nvml(info.busId, int(info.domain)) if info is not None else ""
+        gpm = False
+        if "nvmlGpmQueryDeviceSupport" not in g.disabled:
+            sup = self._opt(g, "nvmlGpmQueryDeviceSupport", nvml.nvmlGpmQueryDeviceSupport, h)
+            gpm = bool(sup is not None and sup.isSupportedDevice)
+        self._free_gpm(g)
+        g.gpm_ok = gpm
+        mig_mode = self._mig_mode(g)
+        if gpm and not mig_mode:
+            self._alloc_gpm(g.gpm)
+        cpus = None
+        words = self._opt(g, "nvmlDeviceGetCpuAffinity", nvml.nvmlDeviceGetCpuAffinity, h, CPU_SET_WORDS)
+        if words is not None:
+            cpus = _bits(words) or None
+        numa = self._numa_of(bdf) if (self._numa_of is not None and bdf) else None
+        if numa is None:
+            nodes = self._opt(g, "nvmlDeviceGetMemoryAffinity", nvml.nvmlDeviceGetMemoryAffinity, h,
+                              NODE_SET_WORDS, AFFINITY_SCOPE_NODE)
+            if nodes is not None and len(b := _bits(nodes)) == 1:
+                numa = next(iter(b))
+        g.identity = GpuIdentity(
+            index=g.index, uuid=g.identity.uuid, name=str(name) if name is not None else "",
+            pci_bus_id=bdf, gpm=gpm, numa_node=numa, cpu_affinity=cpus, mig_mode=mig_mode,
+        )
+        if mig_mode:
+            self._enumerate_mig(g)
+
+    def _alloc_gpm(self, gpm: GpmStream) -> None:
+        """Two GPM samples and the metrics request of one stream (a GPU's or one MIG instance's)."""
+        nvml = self._nvml
+        s1 = self._timed("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
+        s2 = self._timed("nvmlGpmSampleAlloc", nvml.nvmlGpmSampleAlloc)
+        mg = nvml.c_nvmlGpmMetricsGet_t()
+        mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(GPM_METRICS)
+        for i, mid in enumerate(GPM_METRICS):
+            mg.metrics[i].metricId = mid
+        gpm.samples, gpm.mg, gpm.prev = [s1, s2], mg, None
+        if gpm.sm_active_seconds is None:
+            gpm.sm_active_seconds, gpm.graphics_seconds = 0.0, 0.0
+
+    def _free_samples(self, gpm: GpmStream, index: int) -> None:
+        for s in gpm.samples:
+            try:
+                self._timed("nvmlGpmSampleFree", self._nvml.nvmlGpmSampleFree, s)
+            except self._nvml.NVMLError as e:
+                self._log.debug("gpm_sample_free_failed", gpu=index, error=errname(e))
+        gpm.samples, gpm.mg, gpm.prev = [], None, None
+
+    def _free_gpm(self, g: GpuState) -> None:
+        self._free_samples(g.gpm, g.index)
+        for m in g.mig.values():
+            self._free_samples(m.gpm, g.index)
+
+    # ---- MIG ------------------------------------------------------------------------------------------------
+
+    def _mig_mode(self, g: GpuState) -> bool:
+        """Whether the GPU runs in MIG mode now (False where NVML has no MIG: pre-Ampere, consumer boards)."""
+        mode = self._opt(g, "nvmlDeviceGetMigMode", self._nvml.nvmlDeviceGetMigMode, g.handle)
+        return mode is not None and int(mode[0]) == MIG_ENABLED
+
+    def _enumerate_mig(self, g: GpuState) -> None:
+        """(Re)acquire the GPU's MIG devices; instances that stay (same GPU instance id and UUID) keep their GPM
+        integrals, so a re-enumeration never makes a counter jump."""
+        nvml, h = self._nvml, g.handle
+        g.mig_stale = False
+        g.processes_t = None  # the instances changed: enumerate their processes on this slow cycle
+        n = self._opt(g, "nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        found: dict[int, MigDevice] = {}
+        for i in range(int(n)):
+            try:
+                mh = self._timed("nvmlDeviceGetMigDeviceHandleByIndex", nvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+                gi = int(self._timed("nvmlDeviceGetGpuInstanceId", nvml.nvmlDeviceGetGpuInstanceId, mh))
+                ci = int(self._timed("nvmlDeviceGetComputeInstanceId", nvml.nvmlDeviceGetComputeInstanceId, mh))
+                uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, mh))
+                name = str(self._timed("nvmlDeviceGetName", nvml.nvmlDeviceGetName, mh))
+            except nvml.NVMLError as e:
+                if code(e) == ERR_NOT_FOUND:  # an unpopulated slot: fewer instances than the maximum
+                    continue
+                self._failed(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)
+                if "nvmlDeviceGetMigDeviceHandleByIndex" in g.disabled:
+                    break
+                continue
+            ident = MigIdentity(gi=gi, ci=ci, uuid=uuid, name=name)
+            old = g.mig.get(gi)
+            if old is not None and old.identity.uuid == uuid:
+                old.identity, old.handle = ident, mh
+                found[gi] = old
+            else:
+                if old is not None:
+                    self._free_samples(old.gpm, g.index)
+                found[gi] = MigDevice(ident, mh)
+        for gi, old in g.mig.items():
+            if gi not in found:
+                self._free_samples(old.gpm, g.index)
+        for m in found.values():
+            if g.gpm_ok and not m.gpm.samples:
+                self._alloc_gpm(m.gpm)
+        g.mig = found
+        g.identity = dataclasses.replace(
+            g.identity, mig_mode=True, mig=tuple(m.identity for _, m in sorted(found.items())))
+        self._log.info("gpu_mig_enumerated", gpu=g.index, instances=",".join(map(str, sorted(found))) or "none")
+
+    def _leave_mig(self, g: GpuState) -> None:
+        """MIG mode was turned off: back to whole-GPU GPM."""
+        for m in g.mig.values():
+            self._free_samples(m.gpm, g.index)
+        g.mig, g.mig_stale = {}, False
+        g.processes_t = None
+        g.identity = dataclasses.replace(g.identity, mig_mode=False, mig=())
+        if g.gpm_ok and not g.gpm.samples:
+            self._alloc_gpm(g.gpm)
+        self._log.info("gpu_mig_disabled", gpu=g.index)
+
+    def _mig_gone(self, g: GpuState, e: BaseException) -> bool:
+        """An instance call failed because the instance is gone (destroyed, reconfigured): re-enumerate."""
+        if code(e) in (ERR_NOT_FOUND, ERR_INVALID_ARGUMENT):
+            g.mig_stale = True
+            return True
+        return False
+
+    def _check_mig(self, g: GpuState) -> None:
+        """Follow MIG reconfiguration: mode switched (it takes effect at a GPU reset) or instances changed."""
+        if "nvmlDeviceGetMigMode" in g.disabled and not g.identity.mig_mode:
+            return
+        mode = self._mig_mode(g)
+        if mode and (not g.identity.mig_mode or g.mig_stale):
+            if not g.identity.mig_mode:
+                self._free_samples(g.gpm, g.index)  # whole-GPU GPM is unsupported in MIG mode
+            self._enumerate_mig(g)
+        elif not mode and g.identity.mig_mode and "nvmlDeviceGetMigMode" not in g.disabled:
+            self._leave_mig(g)
+
+    def _mark_lost(self, g: GpuState, now: float) -> None:
+        g.lost = True
+        g.pace.reset()
+        g.held = None
+        g.pcie_ref.clear()
+        g.pcie_rates.clear()
+        g.pcie_sustained.clear()
+        g.gpm.prev = None
+        for m in g.mig.values():
+            m.gpm.prev = None
+        if log.once(("gpu_lost", self._tag, str(g.index))):
+            self._log.warning("gpu_lost", gpu=g.index, uuid=g.identity.uuid, retry_in=self._backoff)
+        if self._next_reinit is None:
+            self._next_reinit = now + self._backoff
+
+    def _reinit(self, now: float) -> None:
+        """Try to get lost GPUs back; back off exponentially while any stays lost.
+
+        With healthy GPUs left, only the lost ones are re-acquired (handle, UUID, setup), so the healthy
+        ones keep their GPM pairs and counters undisturbed; with every GPU lost, NVML itself is shut down
+        and initialised again.
+        """
+        nvml = self._nvml
+        healthy = any(not g.lost for g in self._gpus.values())
+        try:
+            if not healthy or not self._initialised:
+                self._teardown()
+                self._timed("nvmlInit", nvml.nvmlInit)
+                self._initialised = True
+            count = int(self._timed("nvmlDeviceGetCount", nvml.nvmlDeviceGetCount))
+            self._enumerate(count, now, only_lost=healthy)
+        except nvml.NVMLError as e:
+            self._log.warning("nvml_reinit_failed", error=errname(e), retry_in=self._backoff)
+            if not self._initialised:
+                # Keep the last enumeration; every GPU is unreachable until the next attempt.
+                for g in self._gpus.values():
+                    g.lost, g.handle = True, None
+        if any(g.lost for g in self._gpus.values()):
+            self._backoff = min(self._backoff * 2, self._backoff_max)
+            self._next_reinit = now + self._backoff
+        else:
+            self._backoff = self._backoff_min
+            self._next_reinit = None
+
+    # ---- calling NVML ---------------------------------------------------------------------------------------
+
+    def _timed(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call NVML, timing the call for gpufeed_nvml_call_duration_seconds (and, profiling, CallStats)."""
+        t0 = time.perf_counter()
+        if not self._profile:
+            try:
+                return fn(*args)
+            finally:
+                self.calls.observe(name, time.perf_counter() - t0)
+        st = self.stats.setdefault(name, CallStats())
+        try:
+            out = fn(*args)
+        except Exception as e:
+            st.errors[errname(e)] = st.errors.get(errname(e), 0) + 1
+            raise
+        finally:
+            took = time.perf_counter() - t0
+            self.calls.observe(name, took)
+            st.calls += 1
+            st.total_us += took * 1e6
+            st.max_us = max(st.max_us, took * 1e6)
+        st.last = describe(out)
+        return out
+
+    def _opt(self, g: GpuState, name: str, fn: Callable[..., Any], *args: Any, raising: bool = False) -> Any:
+        """Call an NVML function for GPU ``g``: None when unsupported (disabled from now on) or failing.
+
+        ``raising`` (MIG instance calls): NOT_FOUND and INVALID_ARGUMENT -- the instance is gone -- are raised
+        to the caller instead, which re-enumerates the GPU's instances.
+        """
+        if name in g.disabled:
+            return None
+        try:
+            out = self._timed(name, fn, *args)
+        except self._nvml.NVMLError as e:
+            if raising and code(e) in (ERR_NOT_FOUND, ERR_INVALID_ARGUMENT):
+                raise
+            return self._failed(g, name, e)
+        g.unknown_streak = 0
+        return out
+
+    def _failed(self, g: GpuState, name: str, e: BaseException) -> None:
+        rc = code(e)
+        if rc == ERR_GPU_IS_LOST:
+            raise GpuLostError() from e
+        if rc == ERR_UNKNOWN:
+            g.unknown_streak += 1
+            if g.unknown_streak >= UNKNOWN_STREAK_LOST:
+                raise GpuLostError() from e
+        if rc in DISABLING:
+            g.disabled.add(name)
+            if log.once(("gpu_call_disabled", self._tag, str(g.index), name)):
+                self._log.info("gpu_call_disabled", gpu=g.index, call=name, reason=DISABLING[rc])
+            return None
+        if rc != ERR_NOT_FOUND and log.once(("gpu_call_failed", self._tag, str(g.index), name, str(rc))):
+            self._log.warning("gpu_call_failed", gpu=g.index, call=name, error=errname(e))
+        return None

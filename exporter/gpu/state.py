@@ -1,0 +1,95 @@
+"""The NVML session's runtime state per GPU, per MIG device and per GPM stream (exporter/gpu/session.py owns
+it; the sampling paths read and update it under the session lock)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
+from exporter.gpu import fields as F  # noqa: N812
+from exporter.gpu.binding import M64
+from exporter.gpu.counters import SampleIntegrator, WrappingCounter
+from exporter.gpu.pace import Pace
+from exporter.samples.gpu import GpuIdentity, GpuProcess, HeldFast, MigIdentity
+
+GPM_METRICS = (C.GPM_GRAPHICS_UTIL, C.GPM_SM_UTIL, C.GPM_SM_OCCUPANCY, C.GPM_ANY_TENSOR_UTIL,
+               C.GPM_DRAM_BW_UTIL, C.GPM_PCIE_TX_PER_SEC, C.GPM_PCIE_RX_PER_SEC)
+NO_FIELDS: Mapping[Any, Any] = MappingProxyType({})  # the one shared empty mapping
+
+
+class GpuLostError(Exception):
+    """Internal: the GPU answered GPU_IS_LOST (or UNKNOWN repeatedly)."""
+
+
+@dataclass
+class GpmStream:
+    """One GPM stream -- a GPU's, or one MIG instance's -- its sample pair and the integrals it feeds."""
+
+    samples: list[Any] = field(default_factory=list)
+    mg: Any = None
+    prev: tuple[Any, float] | None = None
+    last: dict[int, float | None] = field(default_factory=dict)
+    sm_active_seconds: float | None = None
+    graphics_seconds: float | None = None
+    # Time the integrals above were integrated up to (the newer sample of the last pair; the first sample
+    # before any pair): GpuFast.counter_t. A tick without a pair leaves it, like the integrals.
+    t: float | None = None
+
+
+@dataclass
+class MigDevice:
+    """One MIG device of a GPU in MIG mode."""
+
+    identity: MigIdentity
+    handle: Any
+    gpm: GpmStream = field(default_factory=GpmStream)
+    processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration
+    processes_seen: bool = False  # enumerated at least once (a new instance is enumerated on its first cycle)
+
+
+@dataclass
+class GpuState:
+    """Runtime state of one GPU (only the backend, under its lock, touches it)."""
+
+    index: int
+    handle: Any
+    identity: GpuIdentity
+    lost: bool = False
+    unknown_streak: int = 0
+    disabled: set[str] = field(default_factory=set)
+    disabled_fields: set[int] = field(default_factory=set)
+    # fast path
+    gpm_ok: bool = False
+    gpm: GpmStream = field(default_factory=GpmStream)
+    # One unwrapping counter per counter field of the table (exporter/gpu/fields.py), by field id.
+    counters: dict[int, WrappingCounter] = field(default_factory=lambda: {
+        f.field_id: WrappingCounter(f.max_rate) for f in F.FIELDS if f.kind == F.COUNTER})
+    # The newest value of every field, base units, per sampling path (fast / slow).
+    field_values: dict[str, dict[str, float]] = field(default_factory=lambda: {F.FAST: {}, F.SLOW: {}})
+    fields_prev_t: dict[str, float] = field(default_factory=dict)
+    wrap_warned: bool = False
+    # MIG: the instances by GPU instance id, and whether the next slow cycle must enumerate them again
+    mig: dict[int, MigDevice] = field(default_factory=dict)
+    mig_stale: bool = False
+    # buffered path
+    util: SampleIntegrator = field(default_factory=SampleIntegrator)
+    mem: SampleIntegrator = field(default_factory=SampleIntegrator)
+    # slow path
+    proc_last_seen: int = 0
+    link_capacity: float | None = None
+    processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration (at most every PROCESS_INTERVAL_S)
+    processes_t: float | None = None  # when; None: enumerate on the next slow cycle
+    active: bool | None = None  # the driver's newest samples showed work (None: not known yet)
+    # adaptive fast rate (exporter/gpu/pace.py): its state, the newest fast read (shown while it is not read
+    # again), and per PCIe byte counter the (time, total) a rate is measured from, the newest rate and the lower
+    # of the two newest (what the counter sustained), with the narrowest counter's width
+    pace: Pace = field(default_factory=Pace)
+    held: HeldFast | None = None
+    pcie_ref: dict[int, tuple[float, int]] = field(default_factory=dict)
+    pcie_rates: dict[int, float] = field(default_factory=dict)
+    pcie_sustained: dict[int, float] = field(default_factory=dict)
+    pcie_modulus: int = M64
+
