@@ -673,8 +673,9 @@ def _api_events(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class FakeNvml:
-    """The fake ``pynvml`` module (see the module docstring for the state it serves)."""
+class _FakeCore:
+    """The fake's state and what every call goes through: loading and reloading the state, handles, the
+    lost/error/unsupported injections. The calls are in the classes below, :class:`FakeNvml` last."""
 
     NVMLError = pynvml.NVMLError
 
@@ -708,36 +709,6 @@ class FakeNvml:
         self.gpm_short_pairs = 0
         self.reload_errors = 0
         self._index()
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> FakeNvml:
-        """A fake serving the JSON state in ``path``, reloaded whenever the file's mtime or size changes."""
-        p = Path(path)
-        fake = cls(json.loads(p.read_text(encoding="utf-8")))
-        st = p.stat()
-        fake._path, fake._stamp = p, (st.st_mtime_ns, st.st_size)
-        return fake
-
-    @classmethod
-    def from_exchange(cls, directory: str | os.PathLike[str], *, min_poll_s: float = 0.0) -> FakeNvml:
-        """A fake serving the state a simulator publishes in ``directory`` through :mod:`exporter.sim.exchange`
-        (what ``serve --simulate`` uses): a change of values costs the daemon an unpack, not a JSON parse.
-
-        ``min_poll_s``: a call looks at the exchange only when the last look is at least this old (real seconds).
-        ``serve --simulate`` passes a tenth of the simulator's publish period: the calls of one sampling tick
-        (a dozen within a millisecond or two) then look once, and what they serve is never staler than the
-        simulator's own publish jitter. 0 (tests): every call looks."""
-        fake = cls()
-        fake._min_poll_s = float(min_poll_s)
-        fake._exchange = Reader(Path(directory), normalize_state)
-        # The simulator writes continuously: a poll that meets a write in progress takes nothing. Retry, briefly.
-        deadline = time.monotonic() + 5.0
-        while (got := fake._exchange.poll()) is None:
-            if time.monotonic() > deadline:
-                raise StateError(f"{directory}: no complete state published within 5 s")
-            time.sleep(0.005)
-        fake._install(got[0])
-        return fake
 
     # ---- test/simulator hooks -------------------------------------------------------------------------------
 
@@ -920,111 +891,9 @@ class FakeNvml:
     def _now_us(self) -> int:
         return round(float(self._state["t"]) * 1e6)
 
-    # ---- init and enumeration -------------------------------------------------------------------------------
 
-    @_api
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's name
-        """Initialise (reference-counted, like NVML); raises the state's init_error if set."""
-        err = self._state["init_error"]
-        if err is not None:
-            raise nvml_error(err)
-        self._init_count += 1
-
-    @_api
-    def nvmlShutdown(self) -> None:  # noqa: N802
-        """Drop one init reference; the last one invalidates every event set (NVML frees them)."""
-        self._need_init()
-        self._init_count -= 1
-        if self._init_count == 0:
-            for es in self._event_sets.live():
-                es.freed = True
-            self._cond.notify_all()
-
-    @_api
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
-        """The driver version string."""
-        self._need_init()
-        return str(self._state["driver_version"])
-
-    @_api
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
-        """Number of GPUs (lost ones included, as NVML does)."""
-        self._need_init()
-        return len(self._state["devices"])
-
-    @_api
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:  # noqa: N802
-        """A ``c_nvmlDevice_t``; a lost GPU raises GPU_IS_LOST already here."""
-        self._need_init()
-        devs = self._state["devices"]
-        if not isinstance(index, int) or not 0 <= index < len(devs):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        dev = devs[index]
-        self._inject(dev, "nvmlDeviceGetHandleByIndex")
-        return self._handle(_HandleKey(dev["uuid"]))
-
-    @_api
-    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
-        key, dev = self._resolve(handle, "nvmlDeviceGetUUID")
-        return str(dev["uuid"] if key.gi is None else self._instance(dev, key.gi)["uuid"])
-
-    @_api
-    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
-        key, dev = self._resolve(handle, "nvmlDeviceGetName")
-        return str(dev["name"] if key.gi is None else self._instance(dev, key.gi)["name"])
-
-    @_api
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
-        """``nvmlPciInfo_t`` with busId in NVML's 8-hex-digit-domain upper-case form."""
-        dev = self._device(handle, "nvmlDeviceGetPciInfo")
-        domain, bus, devfn = dev["pci_bus_id"].split(":")
-        nvml_id = f"{int(domain, 16):08X}:{bus.upper()}:{devfn.upper()}"
-        info = pynvml.nvmlPciInfo_t()
-        info.busId = nvml_id.encode()
-        info.busIdLegacy = nvml_id.encode()
-        info.domain, info.bus = int(domain, 16), int(bus, 16)
-        info.device = int(devfn.split(".")[0], 16)
-        return info
-
-    # ---- MIG ------------------------------------------------------------------------------------------------
-
-    @_api
-    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:  # noqa: N802
-        """``[current, pending]``, NVML_DEVICE_MIG_ENABLE while the state lists MIG instances (even none)."""
-        dev = self._device(device, "nvmlDeviceGetMigMode")
-        mode = pynvml.NVML_DEVICE_MIG_DISABLE if dev["mig"] is None else pynvml.NVML_DEVICE_MIG_ENABLE
-        return [mode, mode]
-
-    @_api
-    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:  # noqa: N802
-        return int(self._device(device, "nvmlDeviceGetMaxMigDeviceCount")["max_mig_devices"])
-
-    @_api
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:  # noqa: N802
-        """The MIG device at ``index`` (instance list order); NOT_FOUND past the existing instances, as NVML
-        answers for an unpopulated slot; INVALID_ARGUMENT past max_mig_devices."""
-        dev = self._device(device, "nvmlDeviceGetMigDeviceHandleByIndex")
-        if not isinstance(index, int) or not 0 <= index < int(dev["max_mig_devices"]):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if dev["mig"] is None or index >= len(dev["mig"]):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return self._handle(_HandleKey(dev["uuid"], int(dev["mig"][index]["gi"])))
-
-    @_api
-    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:  # noqa: N802
-        key, dev = self._resolve(device, "nvmlDeviceGetGpuInstanceId")
-        if key.gi is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not a MIG device handle
-        return int(self._instance(dev, key.gi)["gi"])
-
-    @_api
-    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:  # noqa: N802
-        key, dev = self._resolve(device, "nvmlDeviceGetComputeInstanceId")
-        if key.gi is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return int(self._instance(dev, key.gi)["ci"])
-
-    # ---- fast path ------------------------------------------------------------------------------------------
+class _FakeFastPath(_FakeCore):
+    """The calls of the backend's fast path: field values, GPM, clocks and power."""
 
     def _field_plan(self, dev: Mapping[str, Any], fieldIds: list[Any]) -> _FieldPlan:  # noqa: N803
         """The plan of a request (AssertionError for a field the fake does not model, every call: not cached)."""
@@ -1185,6 +1054,262 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:  # noqa: N802
         """Milliwatts."""
         return round(float(self._device(handle, "nvmlDeviceGetEnforcedPowerLimit")["power_limit_w"]) * 1000)
+
+
+
+class _FakeEvents(_FakeCore):
+    """The event-set calls the Xid watcher makes."""
+
+    @_api
+    def nvmlEventSetCreate(self) -> Any:  # noqa: N802
+        """A ``c_nvmlEventSet_t``."""
+        self._need_init()
+        return self._event_sets.new(_EventSet())
+
+    def _event_set(self, ptr: object) -> _EventSet:
+        es: _EventSet = self._event_sets.get(ptr)
+        return es
+
+    @_api
+    def nvmlEventSetFree(self, eventSet: Any) -> None:  # noqa: N802, N803
+        self._event_set(eventSet).freed = True
+        self._cond.notify_all()
+
+    @_api
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:  # noqa: N802
+        """Xid critical errors and the ECC events on every fake GPU."""
+        self._device(handle, "nvmlDeviceGetSupportedEventTypes")
+        return int(pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError
+                   | pynvml.nvmlEventTypeDoubleBitEccError)
+
+    @_api
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:  # noqa: N802, N803
+        dev = self._device(handle, "nvmlDeviceRegisterEvents")
+        es = self._event_set(eventSet)
+        modelled = int(pynvml.nvmlEventTypeXidCriticalError)
+        if int(eventTypes) & ~modelled:
+            raise AssertionError(f"FakeNvml: nvmlDeviceRegisterEvents types {int(eventTypes):#x} not modelled "
+                                 "(only nvmlEventTypeXidCriticalError)")
+        es.types[dev["uuid"]] = es.types.get(dev["uuid"], 0) | int(eventTypes)
+
+    def _undelivered(self, es: _EventSet) -> bool:
+        """Whether a device registered in ``es`` has an Xid event in its list not delivered yet (it becomes due
+        when the state's ``t`` reaches it)."""
+        for dev in self._state["devices"]:
+            events = dev["xid_events"]
+            if not events or not es.types.get(dev["uuid"], 0) & pynvml.nvmlEventTypeXidCriticalError:
+                continue
+            self._settle_device(dev)  # its events' times as of the newest state taken
+            last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
+            newest = float(events[-1]["t"])
+            if newest > last or (newest == last and sum(float(e["t"]) == newest for e in events) > n_at_last):
+                return True
+        return False
+
+    def _next_event(self, es: _EventSet) -> Any | None:
+        """The oldest due, undelivered Xid event of a registered device, as ``c_nvmlEventData_t``."""
+        t = float(self._state["t"])
+        due: list[tuple[float, int, dict[str, Any], dict[str, Any]]] = []
+        for pos, dev in enumerate(self._state["devices"]):
+            if not es.types.get(dev["uuid"], 0) & pynvml.nvmlEventTypeXidCriticalError:
+                continue
+            if dev["lost"]:
+                raise nvml_error("gpu_is_lost")
+            if not dev["xid_events"]:
+                continue
+            self._settle_device(dev)  # its events' times as of the newest state taken
+            last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
+            seen_at_last = 0
+            for ev in dev["xid_events"]:
+                et = float(ev["t"])
+                if et > t:
+                    break
+                if et == last:
+                    seen_at_last += 1
+                    if seen_at_last <= n_at_last:
+                        continue
+                if et >= last:
+                    due.append((et, pos, dev, ev))
+                    break
+        if not due:
+            return None
+        et, _, dev, ev = min(due, key=lambda d: (d[0], d[1]))
+        last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
+        self._xid_delivered[dev["uuid"]] = (et, n_at_last + 1 if et == last else 1)
+        data = pynvml.c_nvmlEventData_t()
+        gi = ev.get("gi")
+        data.device = self._handle(_HandleKey(dev["uuid"]))  # the whole GPU; a MIG instance is gpuInstanceId
+        data.eventType = pynvml.nvmlEventTypeXidCriticalError
+        data.eventData = int(ev["xid"])
+        data.gpuInstanceId = NO_ID if gi is None else int(gi)
+        data.computeInstanceId = NO_ID
+        return data
+
+    @_api_events
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:  # noqa: N802, N803
+        """The next due event of the set's devices; waits (real time) up to ``timeoutms`` for one, then raises
+        NVML_ERROR_TIMEOUT as the binding does. A lost registered GPU raises GPU_IS_LOST."""
+        deadline = time.monotonic() + max(0, int(timeoutms)) / 1000.0
+        while True:
+            self._need_init()
+            es = self._event_set(eventSet)
+            data = self._next_event(es)
+            if data is not None:
+                return data
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+            # Releases the lock; _install (a new state or shape) notifies. From the exchange, new numbers matter
+            # only while an event is not due yet; otherwise only a new shape can bring one, and the GPU
+            # samplers' own calls install it (a steady GPU's at least every second), which wakes this wait: it
+            # sleeps to its timeout as the real call does (each wake-up of a thread costs ~70 us of CPU on a
+            # VM; the 4 a second a 250 ms look took showed as 0.15 -> 0.10% of a core in tick-resolution samples).
+            pending = self._exchange is None or self._undelivered(es)
+            self._cond.wait(min(left, _EVENT_POLL_S) if pending else left)
+            if self._exchange is None or self._undelivered(es) or self._exchange.shape_pending():
+                # New numbers matter only to an event not yet due (they advance ``t``); a new event, a lost
+                # GPU, is a new shape. The real call blocks in the driver at no cost to the daemon: taking
+                # every new state here, ~10 a second, charged it what no real host pays.
+                self._maybe_reload()
+
+
+class FakeNvml(_FakeFastPath, _FakeEvents):
+    """The fake ``pynvml`` module (see the module docstring for the state it serves)."""
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> FakeNvml:
+        """A fake serving the JSON state in ``path``, reloaded whenever the file's mtime or size changes."""
+        p = Path(path)
+        fake = cls(json.loads(p.read_text(encoding="utf-8")))
+        st = p.stat()
+        fake._path, fake._stamp = p, (st.st_mtime_ns, st.st_size)
+        return fake
+
+    @classmethod
+    def from_exchange(cls, directory: str | os.PathLike[str], *, min_poll_s: float = 0.0) -> FakeNvml:
+        """A fake serving the state a simulator publishes in ``directory`` through :mod:`exporter.sim.exchange`
+        (what ``serve --simulate`` uses): a change of values costs the daemon an unpack, not a JSON parse.
+
+        ``min_poll_s``: a call looks at the exchange only when the last look is at least this old (real seconds).
+        ``serve --simulate`` passes a tenth of the simulator's publish period: the calls of one sampling tick
+        (a dozen within a millisecond or two) then look once, and what they serve is never staler than the
+        simulator's own publish jitter. 0 (tests): every call looks."""
+        fake = cls()
+        fake._min_poll_s = float(min_poll_s)
+        fake._exchange = Reader(Path(directory), normalize_state)
+        # The simulator writes continuously: a poll that meets a write in progress takes nothing. Retry, briefly.
+        deadline = time.monotonic() + 5.0
+        while (got := fake._exchange.poll()) is None:
+            if time.monotonic() > deadline:
+                raise StateError(f"{directory}: no complete state published within 5 s")
+            time.sleep(0.005)
+        fake._install(got[0])
+        return fake
+
+
+    # ---- init and enumeration -------------------------------------------------------------------------------
+
+    @_api
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's name
+        """Initialise (reference-counted, like NVML); raises the state's init_error if set."""
+        err = self._state["init_error"]
+        if err is not None:
+            raise nvml_error(err)
+        self._init_count += 1
+
+    @_api
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        """Drop one init reference; the last one invalidates every event set (NVML frees them)."""
+        self._need_init()
+        self._init_count -= 1
+        if self._init_count == 0:
+            for es in self._event_sets.live():
+                es.freed = True
+            self._cond.notify_all()
+
+    @_api
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        """The driver version string."""
+        self._need_init()
+        return str(self._state["driver_version"])
+
+    @_api
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        """Number of GPUs (lost ones included, as NVML does)."""
+        self._need_init()
+        return len(self._state["devices"])
+
+    @_api
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:  # noqa: N802
+        """A ``c_nvmlDevice_t``; a lost GPU raises GPU_IS_LOST already here."""
+        self._need_init()
+        devs = self._state["devices"]
+        if not isinstance(index, int) or not 0 <= index < len(devs):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        dev = devs[index]
+        self._inject(dev, "nvmlDeviceGetHandleByIndex")
+        return self._handle(_HandleKey(dev["uuid"]))
+
+    @_api
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
+        key, dev = self._resolve(handle, "nvmlDeviceGetUUID")
+        return str(dev["uuid"] if key.gi is None else self._instance(dev, key.gi)["uuid"])
+
+    @_api
+    def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
+        key, dev = self._resolve(handle, "nvmlDeviceGetName")
+        return str(dev["name"] if key.gi is None else self._instance(dev, key.gi)["name"])
+
+    @_api
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
+        """``nvmlPciInfo_t`` with busId in NVML's 8-hex-digit-domain upper-case form."""
+        dev = self._device(handle, "nvmlDeviceGetPciInfo")
+        domain, bus, devfn = dev["pci_bus_id"].split(":")
+        nvml_id = f"{int(domain, 16):08X}:{bus.upper()}:{devfn.upper()}"
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = nvml_id.encode()
+        info.busIdLegacy = nvml_id.encode()
+        info.domain, info.bus = int(domain, 16), int(bus, 16)
+        info.device = int(devfn.split(".")[0], 16)
+        return info
+
+    # ---- MIG ------------------------------------------------------------------------------------------------
+
+    @_api
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:  # noqa: N802
+        """``[current, pending]``, NVML_DEVICE_MIG_ENABLE while the state lists MIG instances (even none)."""
+        dev = self._device(device, "nvmlDeviceGetMigMode")
+        mode = pynvml.NVML_DEVICE_MIG_DISABLE if dev["mig"] is None else pynvml.NVML_DEVICE_MIG_ENABLE
+        return [mode, mode]
+
+    @_api
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:  # noqa: N802
+        return int(self._device(device, "nvmlDeviceGetMaxMigDeviceCount")["max_mig_devices"])
+
+    @_api
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:  # noqa: N802
+        """The MIG device at ``index`` (instance list order); NOT_FOUND past the existing instances, as NVML
+        answers for an unpopulated slot; INVALID_ARGUMENT past max_mig_devices."""
+        dev = self._device(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if not isinstance(index, int) or not 0 <= index < int(dev["max_mig_devices"]):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if dev["mig"] is None or index >= len(dev["mig"]):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return self._handle(_HandleKey(dev["uuid"], int(dev["mig"][index]["gi"])))
+
+    @_api
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:  # noqa: N802
+        key, dev = self._resolve(device, "nvmlDeviceGetGpuInstanceId")
+        if key.gi is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not a MIG device handle
+        return int(self._instance(dev, key.gi)["gi"])
+
+    @_api
+    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:  # noqa: N802
+        key, dev = self._resolve(device, "nvmlDeviceGetComputeInstanceId")
+        if key.gi is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(self._instance(dev, key.gi)["ci"])
 
     # ---- buffered samples -------------------------------------------------------------------------------------
 
@@ -1355,117 +1480,3 @@ class FakeNvml:
         if dev["numa_node_id"] is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(dev["numa_node_id"])
-
-    # ---- events ---------------------------------------------------------------------------------------------
-
-    @_api
-    def nvmlEventSetCreate(self) -> Any:  # noqa: N802
-        """A ``c_nvmlEventSet_t``."""
-        self._need_init()
-        return self._event_sets.new(_EventSet())
-
-    def _event_set(self, ptr: object) -> _EventSet:
-        es: _EventSet = self._event_sets.get(ptr)
-        return es
-
-    @_api
-    def nvmlEventSetFree(self, eventSet: Any) -> None:  # noqa: N802, N803
-        self._event_set(eventSet).freed = True
-        self._cond.notify_all()
-
-    @_api
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:  # noqa: N802
-        """Xid critical errors and the ECC events on every fake GPU."""
-        self._device(handle, "nvmlDeviceGetSupportedEventTypes")
-        return int(pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError
-                   | pynvml.nvmlEventTypeDoubleBitEccError)
-
-    @_api
-    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:  # noqa: N802, N803
-        dev = self._device(handle, "nvmlDeviceRegisterEvents")
-        es = self._event_set(eventSet)
-        modelled = int(pynvml.nvmlEventTypeXidCriticalError)
-        if int(eventTypes) & ~modelled:
-            raise AssertionError(f"FakeNvml: nvmlDeviceRegisterEvents types {int(eventTypes):#x} not modelled "
-                                 "(only nvmlEventTypeXidCriticalError)")
-        es.types[dev["uuid"]] = es.types.get(dev["uuid"], 0) | int(eventTypes)
-
-    def _undelivered(self, es: _EventSet) -> bool:
-        """Whether a device registered in ``es`` has an Xid event in its list not delivered yet (it becomes due
-        when the state's ``t`` reaches it)."""
-        for dev in self._state["devices"]:
-            events = dev["xid_events"]
-            if not events or not es.types.get(dev["uuid"], 0) & pynvml.nvmlEventTypeXidCriticalError:
-                continue
-            self._settle_device(dev)  # its events' times as of the newest state taken
-            last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
-            newest = float(events[-1]["t"])
-            if newest > last or (newest == last and sum(float(e["t"]) == newest for e in events) > n_at_last):
-                return True
-        return False
-
-    def _next_event(self, es: _EventSet) -> Any | None:
-        """The oldest due, undelivered Xid event of a registered device, as ``c_nvmlEventData_t``."""
-        t = float(self._state["t"])
-        due: list[tuple[float, int, dict[str, Any], dict[str, Any]]] = []
-        for pos, dev in enumerate(self._state["devices"]):
-            if not es.types.get(dev["uuid"], 0) & pynvml.nvmlEventTypeXidCriticalError:
-                continue
-            if dev["lost"]:
-                raise nvml_error("gpu_is_lost")
-            if not dev["xid_events"]:
-                continue
-            self._settle_device(dev)  # its events' times as of the newest state taken
-            last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
-            seen_at_last = 0
-            for ev in dev["xid_events"]:
-                et = float(ev["t"])
-                if et > t:
-                    break
-                if et == last:
-                    seen_at_last += 1
-                    if seen_at_last <= n_at_last:
-                        continue
-                if et >= last:
-                    due.append((et, pos, dev, ev))
-                    break
-        if not due:
-            return None
-        et, _, dev, ev = min(due, key=lambda d: (d[0], d[1]))
-        last, n_at_last = self._xid_delivered.get(dev["uuid"], (-math.inf, 0))
-        self._xid_delivered[dev["uuid"]] = (et, n_at_last + 1 if et == last else 1)
-        data = pynvml.c_nvmlEventData_t()
-        gi = ev.get("gi")
-        data.device = self._handle(_HandleKey(dev["uuid"]))  # the whole GPU; a MIG instance is gpuInstanceId
-        data.eventType = pynvml.nvmlEventTypeXidCriticalError
-        data.eventData = int(ev["xid"])
-        data.gpuInstanceId = NO_ID if gi is None else int(gi)
-        data.computeInstanceId = NO_ID
-        return data
-
-    @_api_events
-    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:  # noqa: N802, N803
-        """The next due event of the set's devices; waits (real time) up to ``timeoutms`` for one, then raises
-        NVML_ERROR_TIMEOUT as the binding does. A lost registered GPU raises GPU_IS_LOST."""
-        deadline = time.monotonic() + max(0, int(timeoutms)) / 1000.0
-        while True:
-            self._need_init()
-            es = self._event_set(eventSet)
-            data = self._next_event(es)
-            if data is not None:
-                return data
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-            # Releases the lock; _install (a new state or shape) notifies. From the exchange, new numbers matter
-            # only while an event is not due yet; otherwise only a new shape can bring one, and the GPU
-            # samplers' own calls install it (a steady GPU's at least every second), which wakes this wait: it
-            # sleeps to its timeout as the real call does (each wake-up of a thread costs ~70 us of CPU on a
-            # VM; the 4 a second a 250 ms look took showed as 0.15 -> 0.10% of a core in tick-resolution samples).
-            pending = self._exchange is None or self._undelivered(es)
-            self._cond.wait(min(left, _EVENT_POLL_S) if pending else left)
-            if self._exchange is None or self._undelivered(es) or self._exchange.shape_pending():
-                # New numbers matter only to an event not yet due (they advance ``t``); a new event, a lost
-                # GPU, is a new shape. The real call blocks in the driver at no cost to the daemon: taking
-                # every new state here, ~10 a second, charged it what no real host pays.
-                self._maybe_reload()
