@@ -14,8 +14,7 @@ from exporter.gpu.state import GpuLostError, GpuState
 class FieldValues(NvmlSession):
     """The batched field read of both sampling paths that read fields (fast and slow)."""
 
-    # The fast path's two rates: ``_fast_s`` (its sampler's) and, when longer, the steady rate of a GPU whose
-    # activity shows no dip (None: every GPU at the fast rate, every tick).
+    # The fast path's two rates (set by NvmlBackend): its sampler's, and the steady one (None: no steady rate).
     _fast_s: float
     _steady_s: float | None
 
