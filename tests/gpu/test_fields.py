@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pynvml
 
+from exporter import clockevents
 from exporter.collectors.gpu import sparse
 from exporter.gpu import fields
 from tests.support.gpurig import Rig, device
@@ -28,6 +29,14 @@ def test_entries_sharing_a_family_agree_on_kind_help_and_label_names() -> None:
     for metric, entries in by_metric.items():
         assert len({(e.kind, e.help, tuple(e.labels)) for e in entries}) == 1, metric
         assert len({tuple(e.labels.values()) for e in entries}) == len(entries), metric
+
+
+def test_every_throttle_time_field_is_a_clock_event_reason_the_samples_read_back() -> None:
+    # GpuFast.throttle_seconds reads the keys of exporter/clockevents.py, not this table: an entry under another
+    # reason or key would be read by the backend and never reach the derived layer.
+    assert fields.THROTTLE_KEYS
+    for reason, key in fields.THROTTLE_KEYS.items():
+        assert clockevents.TIME_KEYS.get(reason) == key, reason
 
 
 def test_all_fields_of_a_path_come_from_one_driver_call_per_gpu_per_tick(rig: MakeRig) -> None:
