@@ -7,7 +7,7 @@
 - :class:`Option` -- a per-stage setting; registration turns it into a flag and a config key.
 - :class:`Targets` -- the typed channel between stages: which processes use which GPU (and its PCI address),
   published by the GPU collector, read by the proc and numa collectors and the analyzer; and the focus of
-  deep (per-thread) sampling, set by the analyzer.
+  deep (per-thread) sampling, the analyzer's cadence (``exporter/derived/cadence.py``) sets it.
 - :class:`CollectorContext` -- what a collector is given: roots, its options, the targets, the NVML module to
   use (the real ``pynvml`` when None) and the clock.
 """

@@ -16,9 +16,9 @@ from typing import Any
 
 from exporter import linkmath
 from exporter.derived import findings as fnd
-from exporter.derived.gpuview import GpuView, gpu_view
+from exporter.derived.gpuview import GpuView, activity_points, gpu_view
 from exporter.derived.hostshape import CpuShape, IoSignals, cpu_shape
-from exporter.derived.series import IDLE_LEVEL, Point, gaps
+from exporter.derived.series import IDLE_LEVEL, Point, gaps, mean_and_idle
 from exporter.derived.verdict import WAITING_LEAVE, Candidate, classify
 from exporter.derived.workload import GroupSignals, Workload, enrich, group_signals
 from exporter.samples.derived import Finding
@@ -28,6 +28,10 @@ from exporter.samples.topology import NumaSample, PcieSample
 from exporter.samples.workload import WorkloadSample
 from exporter.snapshot import Stamped
 
+# The tripwire of a stable GPU (activity_moved): activity this far from what the last evaluation saw evaluates
+# the GPU at once instead of at its next --stable-interval. A tenth of the GPU's time: well above the jitter of
+# a steady GPU's readings, well below the drop of a GPU that starts to wait.
+TRIP_ACTIVITY = 0.1
 # When the mean activity of the last third of the window differs from the whole window's by this much,
 # the condition changed inside the window and the recent part is judged alone (fast onset detection).
 ONSET_CHANGE = 0.25
@@ -95,6 +99,24 @@ def overlap_mean(points: Sequence[Point], start: float, end: float) -> float | N
             tot += p.value * (b - a)
             w += b - a
     return tot / w if w > 0 else None
+
+
+def activity_moved(fast: Sequence[Stamped[GpuSample]], buffered: Sequence[Stamped[GpuSample]], index: int, *,
+                   gpm: bool, start: float, now: float, util: float | None, shape_mean: float,
+                   idle_ratio: float) -> bool:
+    """The tripwire: whether GPU ``index``'s activity since ``start`` differs from what its last evaluation saw
+    (its mean utilisation ``util``, mean activity ``shape_mean`` and idle share ``idle_ratio``).
+
+    A dip, a gap or new work shows as the new stretch's mean utilisation, mean activity (the burstiness
+    points: SM activity with GPM) or idle share leaving the window's by more than ``TRIP_ACTIVITY``."""
+    util_points, shape = activity_points(fast, buffered, index, gpm)
+    covered = mean_and_idle([p for p in shape if p.t + p.dt > start])
+    if covered is None:
+        return False
+    _, mean, idle = covered
+    new_util = overlap_mean(util_points, start, now)
+    return (abs(mean - shape_mean) > TRIP_ACTIVITY or abs(idle - idle_ratio) > TRIP_ACTIVITY
+            or (new_util is not None and abs(new_util - (util or 0.0)) > TRIP_ACTIVITY))
 
 
 def since(window: Sequence[Stamped[Any]], start: float) -> Sequence[Stamped[Any]]:

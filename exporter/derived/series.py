@@ -171,17 +171,21 @@ def gaps(points: Sequence[Point], level: float = IDLE_LEVEL) -> tuple[Gap, ...]:
     return tuple(out)
 
 
-def burstiness(points: Sequence[Point], level: float = IDLE_LEVEL) -> Burst:
-    """Mean, coefficient of variation, idle share, idle gaps and their periodicity over ``points``."""
-    if not points:
-        return EMPTY_BURST
+def mean_and_idle(points: Sequence[Point], level: float = IDLE_LEVEL) -> tuple[float, float, float] | None:
+    """The span ``points`` cover, their time-weighted mean and idle share; None when they cover no time."""
     w = sum(p.dt for p in points)
     if w <= 0:
+        return None
+    return w, sum(p.value * p.dt for p in points) / w, sum(p.dt for p in points if p.value < level) / w
+
+
+def burstiness(points: Sequence[Point], level: float = IDLE_LEVEL) -> Burst:
+    """Mean, coefficient of variation, idle share, idle gaps and their periodicity over ``points``."""
+    if (covered := mean_and_idle(points, level)) is None:
         return EMPTY_BURST
-    m = sum(p.value * p.dt for p in points) / w
+    w, m, idle = covered
     var = sum(p.dt * (p.value - m) ** 2 for p in points) / w
     cv = math.sqrt(var) / m if m > 1e-9 else None
-    idle = sum(p.dt for p in points if p.value < level) / w
     gs = gaps(points, level)
     periodic, period = _periodicity(gs)
     return Burst(mean=m, cv=cv, idle_ratio=idle, gaps=gs, periodic=periodic, period_s=period, span_s=w)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter import names
-from exporter.derived.analyzer import QUIET_INTERVALS
+from exporter.derived.cadence import QUIET_INTERVALS
 from tests.derived.test_analyzer import run
 from tests.derived.test_deep_focus import _two_gpus
 from tests.derived.test_scenarios import CONTRACT, assert_settled_within

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from exporter import names
-from exporter.derived.analyzer import QUIET_INTERVALS
+from exporter.derived.cadence import QUIET_INTERVALS
 
 from .faults import Host, scratch_dir
 
