@@ -1,0 +1,2 @@
+"""``gpufeed diagnose``: the one-shot report per GPU (:mod:`.command`), its JSON, text and exit code
+(:mod:`.report`) and the JSON Schema it is published under (:mod:`.schema`, ``report.schema.json``)."""
