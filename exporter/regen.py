@@ -1,5 +1,5 @@
 """Write generated files, or check that the committed copies match: the one loop every generator runs
-(``alerts/generate.py``, ``deploy/grafana/generate.py``, :mod:`exporter.diagnose.schema`)."""
+(``alerts/generate.py``, ``deploy/grafana/generate.py``, :mod:`exporter.schemas`)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from exporter import names
-from exporter.diagnose import report, schema
+from exporter import names, schemas
+from exporter.diagnose import report
 from exporter.fleet import playbook, plots
 from exporter.vocabulary import FINDING, FINDING_LIST, STATE_COLOURS, VERDICT, VERDICT_LIST, runbook_anchor
 
@@ -80,29 +80,28 @@ def test_the_committed_dashboards_paint_each_state_and_verdict_in_its_colour() -
     assert [(n, c) for n, c in named if c != colours[n]] == []
 
 
-def test_the_diagnose_schema_enums_are_the_vocabulary_and_the_committed_file_is_generated() -> None:
-    committed = schema.PATH.read_text(encoding="utf-8")
-    assert schema.text() == committed, "run python3 -m exporter.diagnose.schema"
-    doc = json.loads(committed)
+def test_the_schemas_enums_are_the_vocabulary_and_the_committed_files_are_generated() -> None:
+    for path, text in schemas.outputs().items():
+        assert path.read_text(encoding="utf-8") == text, "run python3 -m exporter.schemas"
+    assert schemas.FLEET in schemas.outputs()
+    assert schemas.main(["--check"]) == 0
+    doc = report.schema()
     assert doc["$defs"]["cause"]["enum"] == [*names.VERDICTS, None]
     assert doc["properties"]["finding_events"]["items"]["properties"]["check"]["enum"] == list(names.FINDINGS)
-    assert doc == report.schema()
-    assert schema.main(["--check"]) == 0
+    fleet = json.loads(schemas.FLEET.read_text())
+    causes = [e["enum"] for e in _enums(fleet) if "launch_bound" in e["enum"]]
+    assert causes == [list(names.WAITING_CAUSES)]
+    assert fleet["$defs"]["cause_series"]["required"] == list(names.WAITING_CAUSES)
 
 
-def test_a_stale_enum_in_the_diagnose_schema_is_caught(tmp_path: Path) -> None:
-    doc = json.loads(schema.PATH.read_text(encoding="utf-8"))
+def test_a_stale_enum_in_a_schema_is_caught(tmp_path: Path) -> None:
+    doc = json.loads(schemas.DIAGNOSE.read_text(encoding="utf-8"))
     doc["$defs"]["cause"]["enum"].remove("io_bound")
     stale = tmp_path / "report.schema.json"
     stale.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    assert json.loads(schema.text(stale))["$defs"]["cause"]["enum"] == [*names.VERDICTS, None]
-    assert schema.text(stale) != stale.read_text(encoding="utf-8")
-
-
-def test_the_fleet_report_schema_lists_the_waiting_causes() -> None:
-    doc = json.loads((REPO / "docs" / "report.schema.json").read_text())
-    causes = [e["enum"] for e in _enums(doc) if "launch_bound" in e["enum"]]
-    assert causes and all(c == list(names.WAITING_CAUSES) for c in causes), causes
+    assert schemas.text(stale, schemas.diagnose_vocabulary) != stale.read_text(encoding="utf-8")
+    assert json.loads(schemas.text(stale, schemas.diagnose_vocabulary))["$defs"]["cause"]["enum"] == [
+        *names.VERDICTS, None]
 
 
 def _enums(node: Any) -> list[dict[str, Any]]:
