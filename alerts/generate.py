@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from exporter import thresholds as judgements  # noqa: E402 -- the repo root is put on sys.path above
 from exporter.names import FINDINGS, WAITING_CAUSES, XID_MEANING  # noqa: E402
+from exporter.regen import write_or_check  # noqa: E402
 
 DEFAULTS = judgements.PATH
 ALERTS_FILE = "gpufeed-alerts.yml"
@@ -805,25 +806,13 @@ def main(argv: list[str] | None = None) -> int:
     if ns.out.resolve() != HERE and urllib.parse.urlsplit(cfg["runbook_base_url"]).hostname == PLACEHOLDER_HOST:
         print(f"generate.py: note: runbook_url links point at the placeholder {cfg['runbook_base_url']}; set "
               "runbook_base_url (or --runbook-base-url) to where your docs/runbooks.md is rendered", file=sys.stderr)
-    drift = []
     files = {ns.out / name: text for name, text in outputs(cfg).items()}
     if ns.k8s_out is not None:
         files[ns.k8s_out] = render(prometheus_rule(cfg))
     if ns.out.resolve() == HERE:  # the repository's own copies: the Helm chart's files, the mixin
         files.update({CHART_RULES / name: text for name, text in outputs(cfg).items()})
         files.update({MIXIN / name: text for name, text in mixin_outputs(cfg).items()})
-    for path, text in files.items():
-        if ns.check:
-            if not path.exists() or path.read_text() != text:
-                drift.append(str(path))
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    if drift:
-        print("generated rules differ from the committed files (run python3 alerts/generate.py): "
-              + ", ".join(drift), file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check(files, check=ns.check, what="generated rules", command="python3 alerts/generate.py")
 
 
 if __name__ == "__main__":

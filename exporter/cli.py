@@ -38,7 +38,7 @@ exit status:
   2  usage: a bad flag, value or scenario file
   3  the host could not be seen: no procfs at --path.procfs, or no source could be read
 
-The JSON (--json) is described by the JSON Schema exporter/report.schema.json (docs/derived.md).
+The JSON (--json) is described by the JSON Schema exporter/diagnose/report.schema.json (docs/derived.md).
 Shipped scenarios (--scenario NAME): {shipped}."""
 
 
@@ -95,7 +95,8 @@ def _diagnose_parser(sub: Any) -> argparse.ArgumentParser:
                    help="play a scenario (a file, or the name of a shipped one) in virtual time instead of the host")
     p.add_argument("--duration", default=None, metavar="DURATION",
                    help="how long to sample the live host, e.g. 30s, 1m30s (default 30s)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema: exporter/report.schema.json)")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON (schema: exporter/diagnose/report.schema.json)")
     p.add_argument("--check", action="store_true",
                    help="with --scenario: exit 1 when one of its expect entries fails, 0 when all hold")
     p.add_argument("--timeline", action="store_true", help="with --scenario: also list each change of a verdict")
@@ -181,7 +182,7 @@ def _run(argv: Sequence[str] | None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     if ns.command == "diagnose":
-        from exporter.diagnose import run_diagnose
+        from exporter.diagnose.command import run_diagnose
 
         return run_diagnose(ns)
     if ns.command == "examples":

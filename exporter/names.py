@@ -1,10 +1,13 @@
-"""One name per concept: sampler names and the verdict, state, finding and severity vocabulary.
+"""One name per concept: sampler names and the verdict, state, finding and severity vocabulary (the verdicts'
+and findings' names taken from their records in exporter/vocabulary.py).
 
 Every string here is used verbatim in code, metric labels, alert rules (``alerts/generate.py``), dashboards
 (``deploy/grafana/generate.py``), JSON output and docs; import it from here, never retype it.
 """
 
 from __future__ import annotations
+
+from exporter.vocabulary import FINDING_LIST, VERDICT_LIST
 
 # ---- samplers (a collector may have several; each runs at its own interval) ---------------------------------
 GPU_FAST = "gpu"  # GPM pairs, field values, SM clock (100 ms)
@@ -25,27 +28,15 @@ DERIVED = "derived"  # the analyzer: verdicts, findings, state seconds
 WORKLOAD = "workload"  # process trees and cgroups of the GPU processes
 KUBERNETES = "kubernetes"  # the kubelet's pod-resources API: which pod holds which GPU
 
-# ---- the verdict (DESIGN.md) ----------------------------------------------------------------------------------
-VERDICTS = (
-    "healthy", "idle", "launch_bound", "input_bound", "io_bound", "transfer_bound",
-    "gpu_throttled", "gpu_inefficient", "latency_bound",
-)
+# ---- the verdict and the findings (DESIGN.md): the records are exporter/vocabulary.py's --------------------------
+VERDICTS = tuple(v.name for v in VERDICT_LIST)
 # The verdicts that mean the GPU is waiting; gpufeed_gpu_waiting_seconds_total{cause} is split over them.
-WAITING_CAUSES = ("launch_bound", "input_bound", "io_bound", "transfer_bound", "latency_bound")
+WAITING_CAUSES = tuple(v.name for v in VERDICT_LIST if v.waiting)
 # A verdict that needs nothing done: diagnose exits 0 only when every GPU has one of these.
-QUIET_VERDICTS = ("healthy", "idle")
+QUIET_VERDICTS = tuple(v.name for v in VERDICT_LIST if v.quiet)
 STATES = ("working", "waiting", "idle")
-
-# ---- platform findings, independent of the verdict --------------------------------------------------------------
-FINDINGS = (
-    "pcie_link_downgraded", "pcie_errors", "numa_mismatch", "cpu_governor_powersave",
-    "gpu_clock_throttled", "memory_pressure", "nfs_retransmissions", "gpu_lost",
-    # GPU health (NVML events and ECC counters)
-    "gpu_xid_error", "gpu_memory_errors",
-    # Workloads (DESIGN.md "Workloads"): the GPU's container or job is held back by its CPU quota, or its
-    # threads wait for CPUs other jobs hold; the GPU's memory is (nearly) full while it is partly idle.
-    "cpu_quota_throttled", "cpu_contention", "gpu_memory_full",
-)
+# Platform findings, independent of the verdict.
+FINDINGS = tuple(f.name for f in FINDING_LIST)
 SEVERITIES = ("critical", "warning", "info")
 
 # ---- GPU health ------------------------------------------------------------------------------------------------

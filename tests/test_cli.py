@@ -328,13 +328,13 @@ def _subparsers(parser: Any) -> dict[str, Any]:
 def test_every_flag_of_every_command_given_garbage_answers_without_a_traceback(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import exporter.daemon
-    import exporter.diagnose
+    import exporter.diagnose.command
 
     def started(*_a: Any, **_k: Any) -> int:
         return 0  # a garbage value that is a valid setting "starts" the daemon: fine, it was taken
 
     monkeypatch.setattr(exporter.daemon, "run_daemon", started)
-    monkeypatch.setattr(exporter.diagnose, "_sample_live", _no_sampling)
+    monkeypatch.setattr(exporter.diagnose.command, "_sample_live", _no_sampling)
     commands = _subparsers(build_parser(load_all()))
     tried = 0
     for command in ("serve", "check-config", "diagnose"):

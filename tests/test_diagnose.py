@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 import structlog
 
-from exporter import report
-from exporter.diagnose import run_diagnose
+from exporter.diagnose import report
+from exporter.diagnose.command import run_diagnose
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hosts" / "capture"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from exporter import __version__, buildinfo, examples, report
+from exporter import __version__, buildinfo, examples
+from exporter.diagnose import report
 from exporter.exposition import self_metrics
 from exporter.snapshot import Snapshot
 
@@ -71,7 +72,7 @@ def test_the_wheel_carries_thresholds_schema_and_the_examples(wheel: Path) -> No
     import zipfile
 
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"exporter/thresholds.yaml", "exporter/report.schema.json", "exporter/_revision.txt"} <= names
+    assert {"exporter/thresholds.yaml", "exporter/diagnose/report.schema.json", "exporter/_revision.txt"} <= names
     for kind, (src, pattern) in examples.SOURCES.items():
         for f in sorted((REPO / src).glob(pattern)):
             assert f"exporter/data/{kind}/{f.name}" in names

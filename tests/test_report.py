@@ -1,10 +1,10 @@
-"""The diagnose report (exporter/report.py): exit codes and the text a person reads, for either mode."""
+"""The diagnose report (exporter/diagnose/report.py): exit codes and the text a person reads, for either mode."""
 
 from __future__ import annotations
 
 import io
 
-from exporter import report
+from exporter.diagnose import report
 
 
 def _report(cause: str, findings: list[dict[str, object]]) -> dict[str, object]:

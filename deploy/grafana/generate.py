@@ -22,7 +22,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from exporter.names import VERDICTS  # noqa: E402 -- the repo root is put on sys.path above
+from exporter.regen import write_or_check  # noqa: E402
 from exporter.thresholds import DEFAULTS as LIMITS  # noqa: E402 -- the thresholds the alert rules use
+from exporter.vocabulary import STATE_COLOURS, VERDICT_LIST  # noqa: E402
 
 OUT = HERE / "dashboards"
 # The repository's other copies, written with the default --out: Helm reads files inside the chart only, and
@@ -60,12 +62,8 @@ DISK_BUSY: Steps = [(None, "green"), (0.5, "orange")]
 def thresholds(steps: Steps) -> dict[str, Any]:
     return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
 
-# Colours of the states and causes, the same on every panel.
-COLORS = {
-    "working": "green", "healthy": "green", "waiting": "orange", "idle": "#8e8e8e",
-    "launch_bound": "purple", "input_bound": "blue", "io_bound": "yellow", "transfer_bound": "red",
-    "latency_bound": "#73bfb8", "gpu_throttled": "dark-red", "gpu_inefficient": "#ff9830",
-}
+# Colours of the states and verdicts, the same on every panel and in gpufeed report (exporter/vocabulary.py).
+COLORS = {**STATE_COLOURS, **{v.name: v.colour for v in VERDICT_LIST}}
 
 
 def target(expr: str, legend: str = "", *, ref: str = "A", instant: bool = False, fmt: str = "time_series"
@@ -677,20 +675,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--check", action="store_true", help="exit 1 if the JSON in --out differs from the generator")
     ns = p.parse_args(argv)
-    drift = []
     dirs = (ns.out, *COPIES) if ns.out.resolve() == OUT else (ns.out,)
-    for path, text in ((d / name, text) for name, text in outputs().items() for d in dirs):
-        if ns.check:
-            if not path.exists() or path.read_text() != text:
-                drift.append(str(path))
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    if drift:
-        print("dashboards differ from the generator (run python3 deploy/grafana/generate.py): " + ", ".join(drift),
-              file=sys.stderr)
-        return 1
-    return 0
+    files = {d / name: text for name, text in outputs().items() for d in dirs}
+    return write_or_check(files, check=ns.check, what="dashboards", command="python3 deploy/grafana/generate.py")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ Which pids use which GPU:
   index resolvable through ``bus_ids``, or a PCI address). The ``gpu`` label is the key as given.
 
 A process pinned to the other socket pays a cross-socket hop on every DMA buffer and every preprocessing
-output (playbook, "Task 10"). Hosts with one node, and GPUs whose ``numa_node`` is -1, never mismatch.
+output (the field playbook's NUMA case). Hosts with one node, and GPUs whose ``numa_node`` is -1, never mismatch.
 """
 
 from __future__ import annotations

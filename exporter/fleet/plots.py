@@ -20,12 +20,10 @@ from matplotlib.figure import Figure
 
 from exporter.fleet.figures import Breakdown, GapRow, HostFinding, Report
 from exporter.names import STATES, WAITING_CAUSES
+from exporter.vocabulary import STATE_COLOURS, VERDICT
 
-STATE_COLORS = {"working": "#2e7d32", "waiting": "#ef6c00", "idle": "#b0b0b0"}
-CAUSE_COLORS = {
-    "launch_bound": "#7b1fa2", "input_bound": "#1565c0", "io_bound": "#c62828",
-    "transfer_bound": "#f9a825", "latency_bound": "#00838f",
-}
+STATE_COLORS = dict(STATE_COLOURS)
+CAUSE_COLORS = {c: VERDICT[c].colour for c in WAITING_CAUSES}
 GAP_COLOR = "#5e35b1"
 FINDING_COLOR = "#d84315"
 _RC: dict[str, Any] = {"svg.fonttype": "path", "font.size": 9, "font.family": "DejaVu Sans", "axes.spines.top": False,

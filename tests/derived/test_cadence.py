@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from exporter.derived import evaluate
-from exporter.report import check
+from exporter.diagnose.report import check
 from exporter.sim.player import PlayResult, play
 from exporter.sim.scenario import load
 from exporter.snapshot import Snapshot, Stamped

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from prometheus_client.core import Metric
 
-from exporter import report
 from exporter.derived.analyzer import Analyzer
 from exporter.derived.evaluate import MIG_NO_GPM
+from exporter.diagnose import report
 from exporter.samples.derived import DerivedState
 from exporter.samples.gpu import GpuKey
 from exporter.sampling import Targets

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import report
 from exporter.derived.evaluate import NO_GPM_NOTE
+from exporter.diagnose import report
 from tests.support.plays import played
 
 CONTRACT = sorted((Path(__file__).parent.parent / "scenarios").glob("*.yaml"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.report import check
+from exporter.diagnose.report import check
 from exporter.samples.derived import DerivedState
 from exporter.sim.player import PlayResult
 from tests.support.plays import played

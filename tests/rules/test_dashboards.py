@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from exporter.names import FINDINGS, VERDICTS
+from exporter.vocabulary import FINDING_LIST, VERDICT_LIST
 from tests.rules.conftest import ALERTS, GRAFANA, REPO
 
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
@@ -209,48 +210,9 @@ def test_fleet_tables_with_an_instance_column_open_that_host_on_the_host_board()
 # ---- every family an alert, a recording rule, a verdict or a finding rests on is on a board
 
 # The exported families that show the evidence each verdict and finding rests on (docs/derived.md's rules): the
-# series a person checks to see why the GPU got that verdict, or why the finding was raised. Every verdict and
-# finding in exporter/names.py must have its row; gpufeed_gpu_bottleneck and gpufeed_finding carry them all.
-EVIDENCE: dict[str, tuple[str, ...]] = {
-    "healthy": ("gpufeed_gpu_busy_seconds_total", "gpufeed_gpu_sm_active_seconds_total"),
-    "idle": ("gpufeed_gpu_busy_seconds_total", "gpufeed_gpu_idle_ratio", "gpufeed_gpu_state_seconds_total"),
-    "launch_bound": ("gpufeed_process_cpu_seconds_total", "gpufeed_process_threads", "gpufeed_workload_cpu_cores",
-                     "gpufeed_workload_cpu_capacity_cores", "gpufeed_gpu_idle_gap_seconds"),
-    "input_bound": ("gpufeed_process_cpu_seconds_total", "gpufeed_process_threads", "gpufeed_workload_cpu_cores",
-                    "gpufeed_workload_cpu_capacity_cores", "gpufeed_gpu_idle_gaps_periodic"),
-    "io_bound": ("gpufeed_process_threads", "gpufeed_process_read_bytes_total", "gpufeed_process_read_syscalls_total",
-                 "gpufeed_disk_io_time_seconds_total", "gpufeed_disk_read_time_seconds_total",
-                 "gpufeed_disk_reads_completed_total", "gpufeed_pressure_stalled_seconds_total",
-                 "gpufeed_nfs_rpc_retransmissions_total", "gpufeed_nfs_operations_total"),
-    "transfer_bound": ("gpufeed_gpu_pcie_rx_bytes_total", "gpufeed_gpu_pcie_tx_bytes_total",
-                       "gpufeed_pcie_link_capacity_bytes_per_second"),
-    "latency_bound": ("gpufeed_gpu_busy_seconds_total", "gpufeed_gpu_burstiness_ratio", "gpufeed_gpu_idle_gap_seconds"),
-    "gpu_throttled": ("gpufeed_gpu_sm_clock_hertz", "gpufeed_gpu_sm_clock_max_hertz", "gpufeed_gpu_clock_event_reason",
-                      "gpufeed_gpu_throttle_seconds_total", "gpufeed_gpu_power_watts", "gpufeed_gpu_power_limit_watts",
-                      "gpufeed_gpu_temperature_celsius"),
-    "gpu_inefficient": ("gpufeed_gpu_sm_active_seconds_total", "gpufeed_gpu_busy_seconds_total"),
-    # The link maxima (LnkCap, and the limit both ends allow) are labels of gpufeed_pcie_device_info.
-    "pcie_link_downgraded": ("gpufeed_pcie_link_downgraded", "gpufeed_pcie_link_current_speed_transfers_per_second",
-                             "gpufeed_pcie_link_current_width", "gpufeed_pcie_device_info"),
-    "pcie_errors": ("gpufeed_pcie_aer_errors_total", "gpufeed_gpu_pcie_replays_total"),
-    "numa_mismatch": ("gpufeed_process_numa_local_cpu_ratio", "gpufeed_process_numa_mismatch", "gpufeed_gpu_info"),
-    "cpu_governor_powersave": ("gpufeed_cpufreq_governor_cpus",),
-    "gpu_clock_throttled": ("gpufeed_gpu_sm_clock_hertz", "gpufeed_gpu_sm_clock_max_hertz",
-                            "gpufeed_gpu_clock_event_reason", "gpufeed_gpu_throttle_seconds_total"),
-    "memory_pressure": ("gpufeed_memory_total_bytes", "gpufeed_memory_available_bytes", "gpufeed_memory_dirty_bytes",
-                        "gpufeed_memory_writeback_bytes", "gpufeed_pressure_stalled_seconds_total",
-                        "gpufeed_oom_kills_total"),
-    "nfs_retransmissions": ("gpufeed_nfs_rpc_calls_total", "gpufeed_nfs_rpc_retransmissions_total"),
-    "gpu_lost": ("gpufeed_gpu_lost",),
-    "gpu_xid_error": ("gpufeed_gpu_xid_errors_total",),
-    "gpu_memory_errors": ("gpufeed_gpu_ecc_errors_total", "gpufeed_gpu_row_remap_pending",
-                          "gpufeed_gpu_row_remap_failure"),
-    "cpu_quota_throttled": ("gpufeed_workload_cpu_cores", "gpufeed_workload_cpu_capacity_cores",
-                            "gpufeed_workload_info"),
-    "cpu_contention": ("gpufeed_process_cpu_seconds_total", "gpufeed_process_threads", "gpufeed_workload_info"),
-    "gpu_memory_full": ("gpufeed_gpu_memory_used_bytes", "gpufeed_gpu_memory_total_bytes",
-                        "gpufeed_gpu_busy_seconds_total"),
-}
+# series a person checks to see why the GPU got that verdict, or why the finding was raised -- each record of
+# exporter/vocabulary.py names them; gpufeed_gpu_bottleneck and gpufeed_finding carry them all.
+EVIDENCE: dict[str, tuple[str, ...]] = {r.name: r.evidence for r in (*VERDICT_LIST, *FINDING_LIST)}
 
 
 def _families(text: str) -> set[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.report import check
+from exporter.diagnose.report import check
 from tests.support.plays import played
 
 FILES = sorted((Path(__file__).resolve().parent / "scenarios").glob("*.yaml"))

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from exporter.cli import main
-from exporter.report import check, scenario_document
-from exporter.report import schema as report_schema
+from exporter.diagnose.report import check, scenario_document
+from exporter.diagnose.report import schema as report_schema
 from exporter.sim.player import play
 from exporter.sim.scenario import load
 from tests.support import plays

@@ -19,8 +19,8 @@ import pytest
 
 from exporter import names, pipeline
 from exporter.config import resolve
+from exporter.diagnose.report import check
 from exporter.engine import VirtualClock
-from exporter.report import check
 from exporter.samples.derived import DerivedState
 from exporter.sim.fakenvml import FakeNvml
 from exporter.sim.model import Model

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import main
-from exporter.report import check, scenario_document
+from exporter.diagnose.report import check, scenario_document
 from exporter.sim.player import play
 from exporter.sim.scenario import ScenarioError, load, loads
 from tests.support import plays

@@ -1,5 +1,5 @@
 """``gpufeed diagnose``: a one-shot report per GPU, of this host (sampled in real time) or of a scenario
-(played in virtual time). Both build the daemon's pipeline and print :mod:`exporter.report`'s report."""
+(played in virtual time). Both build the daemon's pipeline and print :mod:`exporter.diagnose.report`'s report."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from exporter import examples, log, names, pipeline, report
+from exporter import examples, log, names, pipeline
 from exporter.config import ConfigError, resolve
+from exporter.diagnose import report
 from exporter.durations import parse_duration
 from exporter.engine import Engine, RealClock
 from exporter.samples.derived import DerivedState
@@ -28,7 +29,7 @@ SEEING_SAMPLERS = frozenset({names.CPU, names.MEMORY, names.GPU_FAST})
 
 def run_diagnose(ns: argparse.Namespace) -> int:
     """``--scenario``: play it in virtual time; otherwise sample this host. Returns the exit code
-    (:mod:`exporter.report`: 0 all quiet, 1 needs attention, 2 usage, 3 the host could not be seen)."""
+    (:mod:`exporter.diagnose.report`: 0 all quiet, 1 needs attention, 2 usage, 3 the host could not be seen)."""
     _configure_logging(getattr(ns, "log.level", None))
     for flag in ("scenario", "duration", "path.procfs", "path.sysfs"):
         if "\x00" in str(getattr(ns, flag, "") or ""):
@@ -119,7 +120,7 @@ def sampler_errors(engine: Engine) -> dict[str, str]:
 
 
 def live_report(engine: Engine, duration: float) -> dict[str, Any]:
-    """The live report as a JSON-ready dict: :mod:`exporter.report`'s shape, one phase named ``live``.
+    """The live report as a JSON-ready dict: :mod:`exporter.diagnose.report`'s shape, one phase named ``live``.
 
     When neither /proc/stat, /proc/meminfo nor a GPU could be read (:data:`SEEING_SAMPLERS`), the report
     carries ``error``: the host was not seen, whatever the empty verdict and finding lists would suggest.

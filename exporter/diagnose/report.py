@@ -2,7 +2,7 @@
 reads, the playbook's next check per GPU, the exit code, and ``--check`` of a scenario's expectations.
 
 The JSON is ``shared/scenarios/SPEC.md``'s, extended the same way in both modes, and published as a JSON Schema
-(``exporter/report.schema.json``, :data:`SCHEMA`; the tests validate both modes against it)::
+(``exporter/diagnose/report.schema.json``, :data:`SCHEMA`; the tests validate both modes against it)::
 
     {"scenario": name | null, "host": hostname | null, "duration_s", "window_s",
      "phases": [{"name", "end_s",
@@ -39,24 +39,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 from exporter.names import QUIET_VERDICTS
 from exporter.samples.derived import DerivedState, GpuActivity, GpuVerdict
 from exporter.samples.gpu import GpuKey
+from exporter.vocabulary import VERDICT_LIST
 
 if TYPE_CHECKING:
     from exporter.sim.player import PlayResult
 
-# The next check the field playbook would run for each verdict (shared/reference/playbook.es.txt, checklists).
-NEXT_CHECK = {
-    "launch_bound": "top -H -p {pid} (which thread is hot), then nsys profile a few steps: count kernel launches "
-                    "and syncs; fuse kernels or use CUDA Graphs",
-    "input_bound": "mpstat -P ALL 1 and pidstat -t -p {pid} 1: are the data-loader workers' cores saturated? "
-                   "then time each stage (read, decode, transform)",
-    "io_bound": "iostat -xz 1 (await, small requests) and nfsstat -c on network filesystems",
-    "transfer_bound": "lspci -vv -s {bdf} (LnkSta vs LnkCap) and nvidia-smi dmon -s t (PCIe throughput)",
-    "gpu_throttled": "nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER (clock-event reasons, temperature, power)",
-    "gpu_inefficient": "nsys profile / ncu a few steps: kernel efficiency, tensor-core use, precision, batch size",
-    "latency_bound": "nvidia-smi dmon -s u: the load is small; batch requests, or accept it for a p99 SLA",
-    "healthy": "nvidia-smi dmon -s pucvmt to watch it; nothing to fix on the host",
-    "idle": "nvidia-smi: is the job really using this GPU? (no work was submitted)",
-}
+# The next check the field playbook would run for each verdict (exporter/vocabulary.py).
+NEXT_CHECK = {v.name: v.next_check for v in VERDICT_LIST}
 NO_VERDICT_CHECK = "dmesg | grep -i xid; nvidia-smi -q"
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 LIVE_PHASE = "live"
@@ -66,7 +55,8 @@ SCHEMA_FILE = "report.schema.json"
 
 def schema() -> dict[str, Any]:
     """The JSON Schema of the report (shipped in the package)."""
-    data: dict[str, Any] = json.loads(resources.files("exporter").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
+    text = resources.files("exporter.diagnose").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    data: dict[str, Any] = json.loads(text)
     return data
 
 
