@@ -868,7 +868,8 @@ def summary_md(res: dict[str, Any]) -> str:
     bc = res.get("backend_calls") or {}
     lines += ["", "## The backend's own calls (profile)", ""]
     for name, c in (bc.get("calls") or {}).items():
-        lines.append(f"- {name}: {json.dumps(c, sort_keys=True)}")
+        shown = c | {"last": str(c.get("last"))[:100]}
+        lines.append(f"- {name}: {json.dumps(shown, sort_keys=True)}")
     if bc.get("errors") or "error" in bc or "skipped" in bc:
         lines.append(f"- errors: {json.dumps(bc.get('errors') or bc)}")
     lines += ["", "## Fields (10 ms trace under load)", "",

@@ -84,3 +84,13 @@ def test_a_section_that_no_longer_fits_the_budget_is_skipped_and_one_that_fails_
     assert run.results["broken"] == {"error": "ValueError('typo')"}
     assert run.results["errors"][0]["section"] == "broken"
     assert "- broken: ValueError('typo')" in gpu_real.summary_md(run.results)  # a partial run still summarises
+
+
+def test_the_device_scripts_parse_and_the_carried_wheels_stay_out_of_git() -> None:
+    for shell, script in (("sh", "bench/gpu_real_device.sh"), ("bash", "tools/gpu-real-wheels.sh")):
+        r = subprocess.run([shell, "-n", str(REPO / script)], capture_output=True, text=True, timeout=30, check=False)
+        assert r.returncode == 0, (script, r.stderr)
+        assert os.access(REPO / script, os.X_OK), script
+    # The device tool's command (docs/benchmarks.md) is the script's name: far inside its 2,000 characters.
+    assert "bench/gpu_real.py" in (REPO / "bench" / "gpu_real_device.sh").read_text()
+    assert "/.whl/" in (REPO / ".gitignore").read_text().splitlines()
