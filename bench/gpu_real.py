@@ -1,6 +1,6 @@
 """The real-GPU validation run: one command on a fresh NVIDIA host with PyTorch answers what only a driver can.
 
-    python bench/gpu_real.py [--out DIR] [--seconds 40] [--budget 470]
+    python bench/gpu_real.py [--out DIR] [--seconds 38] [--budget 480]
     python bench/gpu_real.py --dry-run --out DIR        # here: CPU workloads over bench/nvmlstub
 
 Sections, in order, each written to ``results.json`` in the results folder (default
@@ -89,12 +89,12 @@ RATE_SERIES = ("gpufeed_gpu_busy_seconds_total", "gpufeed_gpu_sm_active_seconds_
 class Plan:
     """Durations (seconds) and sizes of one run; ``dry()`` shrinks the defaults for the CPU dry run."""
 
-    seconds: float = 40.0  # each workload's measured loop
-    ab_seconds: float = 15.0  # each arm of the A/B
+    seconds: float = 38.0  # each workload's measured loop
+    ab_seconds: float = 12.0  # each arm of the A/B
     trace_seconds: float = 4.0  # the 10 ms field trace
     gpm_seconds: float = 3.0  # GPM samples every 100 ms
     reps: int = 50  # repetitions per NVML call
-    budget: float = 470.0  # the whole run
+    budget: float = 480.0  # the whole run (the device script's timeout allows 30 s more)
     setup_s: float = 60.0  # a workload's imports and allocation before its loop (torch and CUDA init)
     scrape_every: float = 1.0
     dry_run: bool = False
@@ -799,7 +799,7 @@ class Run:
         daemon = Daemon(self.env, self.out / "daemon.log")
         try:
             daemon.start(timeout=60.0)
-            per = plan.seconds + plan.setup_s / 2 + 10
+            per = plan.seconds + 25  # its loop, torch's import and CUDA's start, the result
             for name in WORKLOADS:
                 if not self.budget.allows(per):
                     out[name] = {"skipped": f"budget: {self.budget.left():.0f} s left"}
@@ -824,7 +824,7 @@ class Run:
         plan = Plan(**(vars(self.plan) | {"seconds": self.plan.ab_seconds}))
         arm: dict[str, Any] = {}
         for name in AB_WORKLOADS:
-            if not self.budget.allows(plan.seconds + plan.setup_s / 2 + 5):
+            if not self.budget.allows(plan.seconds + 20):
                 arm[name] = {"skipped": f"budget: {self.budget.left():.0f} s left"}
                 continue
             w = Workload(name, plan.seconds, "cpu" if plan.dry_run else "cuda", self.env)
@@ -961,12 +961,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-<gpu name>/)")
     ap.add_argument("--dry-run", action="store_true", help="CPU workloads over bench/nvmlstub (checks the harness)")
-    ap.add_argument("--seconds", type=float, help="each workload's measured seconds (default 40; dry 3)")
-    ap.add_argument("--ab-seconds", type=float, help="each A/B arm's seconds (default 15; dry 1.5)")
+    ap.add_argument("--seconds", type=float, help="each workload's measured seconds (default 38; dry 3)")
+    ap.add_argument("--ab-seconds", type=float, help="each A/B arm's seconds (default 12; dry 1.5)")
     ap.add_argument("--trace-seconds", type=float, help="the 10 ms field trace (default 4; dry 1)")
     ap.add_argument("--gpm-seconds", type=float, help="GPM at 100 ms (default 3; dry 1)")
     ap.add_argument("--reps", type=int, help="repetitions per NVML call (default 50; dry 5)")
-    ap.add_argument("--budget", type=float, help="the whole run's seconds (default 470; dry 120)")
+    ap.add_argument("--budget", type=float, help="the whole run's seconds (default 480; dry 120)")
     ns = ap.parse_args(argv)
     plan = Plan.dry() if ns.dry_run else Plan()
     for k in ("seconds", "ab_seconds", "trace_seconds", "gpm_seconds", "reps", "budget"):
@@ -987,7 +987,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (timeout(1), the device tool) unwinds like Ctrl-C: every child and the daemon are stopped.
     signal.signal(signal.SIGTERM, _interrupt)
     run = Run(plan, out, pynvml, env)
-    watchdog = threading.Timer(plan.budget + 60, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    watchdog = threading.Timer(plan.budget + 30, lambda: os.kill(os.getpid(), signal.SIGTERM))
     watchdog.daemon = True
     watchdog.start()
     try:

@@ -16,7 +16,7 @@ export PYTHONPATH PYTHONUNBUFFERED=1
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 res=/tmp/gpu_real
 rm -rf "$res"
-timeout -k 15 "${GPU_REAL_TIMEOUT:-540}" python3 bench/gpu_real.py --out "$res" "$@" >"$out/run.log" 2>&1
+timeout -k 15 "${GPU_REAL_TIMEOUT:-550}" python3 bench/gpu_real.py --out "$res" "$@" >"$out/run.log" 2>&1
 rc=$?
 cp "$res/summary.md" "$res/results.json" "$out/" 2>/dev/null
 tar -czf "$out/results.tgz" -C "$(dirname "$res")" "$(basename "$res")" 2>/dev/null
