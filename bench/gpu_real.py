@@ -95,14 +95,15 @@ class Plan:
     gpm_seconds: float = 3.0  # GPM samples every 100 ms
     reps: int = 50  # repetitions per NVML call
     budget: float = 480.0  # the whole run (the device script's timeout allows 30 s more)
-    setup_s: float = 60.0  # a workload's imports and allocation before its loop (torch and CUDA init)
+    setup_s: float = 60.0  # the most a workload's imports and allocation may take before its loop
+    start_s: float = 25.0  # what they are expected to take (torch's import, CUDA's start): budget checks
     scrape_every: float = 1.0
     dry_run: bool = False
 
     @classmethod
     def dry(cls) -> Plan:
         return cls(seconds=3.0, ab_seconds=1.5, trace_seconds=1.0, gpm_seconds=1.0, reps=5, budget=120.0,
-                   setup_s=20.0, scrape_every=0.5, dry_run=True)
+                   setup_s=20.0, start_s=2.0, scrape_every=0.5, dry_run=True)
 
 
 @dataclass
@@ -764,7 +765,7 @@ class Run:
                                                        "error": error_name(nvml, e)})
                 self.section("host", 1, lambda: host_facts(nvml, self.handles))
                 self.section("calls", 5, lambda: time_calls(nvml, self.handles, self.plan.reps))
-                self.section("backend_calls", 10, lambda: backend_calls(nvml, 2.0 if self.plan.dry_run else 6.0))
+                self.section("backend_calls", 10, lambda: backend_calls(nvml, 1.0 if self.plan.dry_run else 6.0))
                 self.section("fields", self.plan.trace_seconds + self.plan.gpm_seconds + self.plan.setup_s,
                              self._under_load)
             finally:
@@ -776,7 +777,7 @@ class Run:
     def _under_load(self) -> dict[str, Any]:
         """The field trace and GPM with matmul and pinned copies running (their ground truth kept)."""
         nvml, plan = self.nvml, self.plan
-        span = plan.trace_seconds + plan.gpm_seconds + 5.0
+        span = plan.trace_seconds + plan.gpm_seconds + plan.start_s / 5
         mode = "cpu" if plan.dry_run else "cuda"
         load = [Workload(n, span, mode, self.env) for n in ("matmul", "h2d_pinned")]
         try:
@@ -799,7 +800,7 @@ class Run:
         daemon = Daemon(self.env, self.out / "daemon.log")
         try:
             daemon.start(timeout=60.0)
-            per = plan.seconds + 25  # its loop, torch's import and CUDA's start, the result
+            per = plan.seconds + plan.start_s
             for name in WORKLOADS:
                 if not self.budget.allows(per):
                     out[name] = {"skipped": f"budget: {self.budget.left():.0f} s left"}
@@ -824,7 +825,7 @@ class Run:
         plan = Plan(**(vars(self.plan) | {"seconds": self.plan.ab_seconds}))
         arm: dict[str, Any] = {}
         for name in AB_WORKLOADS:
-            if not self.budget.allows(plan.seconds + 20):
+            if not self.budget.allows(plan.seconds + plan.start_s):
                 arm[name] = {"skipped": f"budget: {self.budget.left():.0f} s left"}
                 continue
             w = Workload(name, plan.seconds, "cpu" if plan.dry_run else "cuda", self.env)

@@ -32,7 +32,7 @@ def test_the_dry_run_writes_every_section_and_records_what_the_stub_lacks(tmp_pa
     before = set(procstat.children(os.getpid()))
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "gpu_real.py"), "--dry-run", "--out", str(out), "--seconds", "1.5",
-         "--ab-seconds", "0.5", "--trace-seconds", "0.5", "--gpm-seconds", "0.5", "--reps", "3", "--budget", "45"],
+         "--ab-seconds", "0.5", "--trace-seconds", "0.5", "--gpm-seconds", "0.5", "--reps", "3", "--budget", "50"],
         capture_output=True, text=True, timeout=100, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not set(procstat.children(os.getpid())) - before
