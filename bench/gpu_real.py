@@ -752,7 +752,10 @@ class Run:
         try:
             nvml.nvmlInit()
         except Exception as e:
-            self.results["errors"].append({"section": "init", "error": error_name(nvml, e)})
+            why = error_name(nvml, e)
+            self.results["errors"].append({"section": "init", "error": why})
+            for name in ("host", "calls", "backend_calls", "fields", "gpm"):
+                self.results[name] = {"skipped": f"nvmlInit failed: {why}"}
             nvml = None
         if nvml is not None:
             try:

@@ -6,6 +6,7 @@ the point is that the first run on a lent GPU machine does not fail on a typo, a
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import subprocess
@@ -94,3 +95,25 @@ def test_the_device_scripts_parse_and_the_carried_wheels_stay_out_of_git() -> No
     # The device tool's command (docs/benchmarks.md) is the script's name: far inside its 2,000 characters.
     assert "bench/gpu_real.py" in (REPO / "bench" / "gpu_real_device.sh").read_text()
     assert "/.whl/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_without_a_driver_every_nvml_section_says_why_and_the_workloads_fail_on_their_own(tmp_path: Path) -> None:
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("an NVML library is installed here: this is the no-driver path")
+    out = tmp_path / "results"
+    before = set(procstat.children(os.getpid()))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_real.py"), "--out", str(out), "--seconds", "0.5",
+         "--ab-seconds", "0.2", "--budget", "90"],
+        capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not set(procstat.children(os.getpid())) - before
+    res = json.loads((out / "results.json").read_text())
+    assert res["errors"][0] == {"section": "init", "error": "LIBRARY_NOT_FOUND"}
+    for section in ("host", "calls", "backend_calls", "fields", "gpm"):
+        assert res[section] == {"skipped": "nvmlInit failed: LIBRARY_NOT_FOUND"}, section
+    # No GPU: each workload's child exits saying so, recorded per workload; idle still ran against the daemon.
+    assert res["workloads"]["matmul"]["error"] == "workload never started"
+    assert "cuda mode needs PyTorch" in res["workloads"]["matmul"]["truth"]["log_tail"]
+    assert res["workloads"]["idle"]["timeline"]
+    assert "## Workloads" in (out / "summary.md").read_text()
