@@ -3,8 +3,12 @@
 # python:slim plus that venv, non-root, no compilers, no pip. See docs/deployment.md#docker for the
 # flags it needs at run time (--pid=host, /proc and /sys mounts, --gpus).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The NVML binding the image ships, pinned: pyproject.toml only sets its floor (issue 38: older bindings
+# scramble process pids), and tests/gpu/test_binding_floor.py keeps this pin at or above that floor.
+ARG NVIDIA_ML_PY_VERSION=13.615.71
 
 FROM ${PYTHON_IMAGE} AS build
+ARG NVIDIA_ML_PY_VERSION
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/gpufeed
@@ -15,7 +19,7 @@ COPY tests/scenarios/*.yaml ./tests/scenarios/
 COPY alerts/gpufeed-*.yml ./alerts/
 COPY deploy/grafana/dashboards/*.json ./deploy/grafana/dashboards/
 # Wheels only: a dependency that would need a compiler fails here instead of dragging one in.
-RUN /opt/gpufeed/bin/pip install --only-binary=:all: --no-compile . \
+RUN /opt/gpufeed/bin/pip install --only-binary=:all: --no-compile . "nvidia-ml-py==${NVIDIA_ML_PY_VERSION}" \
     && /opt/gpufeed/bin/pip uninstall --yes pip setuptools \
     && /opt/gpufeed/bin/gpufeed --version
 
