@@ -68,7 +68,7 @@ class ArrayTypes:
 
 @dataclass
 class CallStats:
-    """What one NVML function returned and cost (bench/gpu_check.py reads these)."""
+    """What one NVML function returned and cost (bench/gpu_real.py reads these)."""
 
     calls: int = 0
     errors: dict[str, int] = field(default_factory=dict)
