@@ -7,26 +7,28 @@ Every string here is used verbatim in code, metric labels, alert rules (``alerts
 
 from __future__ import annotations
 
+# ---- samplers: defined once with the stages' registration (exporter/sampling.py); re-exported for the readers
+# of their samples (``X as X``: an explicit re-export, which mypy --strict needs)
+# ruff: noqa: PLC0414
+from exporter.sampling import CPU as CPU
+from exporter.sampling import CPUFREQ as CPUFREQ
+from exporter.sampling import DERIVED as DERIVED
+from exporter.sampling import DISK as DISK
+from exporter.sampling import GPU_FAST as GPU_FAST
+from exporter.sampling import GPU_SAMPLERS as GPU_SAMPLERS
+from exporter.sampling import GPU_SAMPLES as GPU_SAMPLES
+from exporter.sampling import GPU_SLOW as GPU_SLOW
+from exporter.sampling import KUBERNETES as KUBERNETES
+from exporter.sampling import MEMORY as MEMORY
+from exporter.sampling import NFS as NFS
+from exporter.sampling import NUMA as NUMA
+from exporter.sampling import PCIE as PCIE
+from exporter.sampling import PRESSURE as PRESSURE
+from exporter.sampling import PROC as PROC
+from exporter.sampling import PROC_THREADS as PROC_THREADS
+from exporter.sampling import SELF as SELF
+from exporter.sampling import WORKLOAD as WORKLOAD
 from exporter.vocabulary import FINDING_LIST, VERDICT_LIST
-
-# ---- samplers (a collector may have several; each runs at its own interval) ---------------------------------
-GPU_FAST = "gpu"  # GPM pairs, field values, SM clock (100 ms)
-GPU_SAMPLES = "gpu_samples"  # the driver's buffered utilisation samples (1 s)
-GPU_SLOW = "gpu_slow"  # link state, clock-event reasons, temperature, memory, processes (5 s)
-GPU_SAMPLERS = (GPU_FAST, GPU_SAMPLES, GPU_SLOW)
-PROC = "proc"  # process-level /proc/<pid> files of the inspected processes
-PROC_THREADS = "proc_threads"  # per-thread /proc/<pid>/task/<tid>/stat (deep, on demand)
-CPU = "cpu"
-CPUFREQ = "cpufreq"
-MEMORY = "memory"
-PRESSURE = "pressure"
-DISK = "disk"
-NFS = "nfs"
-PCIE = "pcie"
-NUMA = "numa"
-DERIVED = "derived"  # the analyzer: verdicts, findings, state seconds
-WORKLOAD = "workload"  # process trees and cgroups of the GPU processes
-KUBERNETES = "kubernetes"  # the kubelet's pod-resources API: which pod holds which GPU
 
 # ---- the verdict and the findings (DESIGN.md): the records are exporter/vocabulary.py's --------------------------
 VERDICTS = tuple(v.name for v in VERDICT_LIST)

@@ -29,6 +29,28 @@ from exporter.durations import parse_duration
 from exporter.log import get_logger
 from exporter.snapshot import Snapshot
 
+# ---- sampler names: each spelled once, here, and used by the stages' registration (Stage.name and
+# Stage.sampler_intervals) and by every reader of a sampler's samples (the analyzer, diagnose, the simulator).
+# A stage runs one sampler named after it unless it lists several in ``sampler_intervals``.
+GPU_FAST = "gpu"  # GPM pairs, field values, SM clock (100 ms)
+GPU_SAMPLES = "gpu_samples"  # the driver's buffered utilisation samples (1 s)
+GPU_SLOW = "gpu_slow"  # link state, clock-event reasons, temperature, memory, processes (5 s)
+GPU_SAMPLERS = (GPU_FAST, GPU_SAMPLES, GPU_SLOW)
+PROC = "proc"  # process-level /proc/<pid> files of the inspected processes
+PROC_THREADS = "proc_threads"  # per-thread /proc/<pid>/task/<tid>/stat (deep, on demand)
+CPU = "cpu"
+CPUFREQ = "cpufreq"
+MEMORY = "memory"
+PRESSURE = "pressure"
+DISK = "disk"
+NFS = "nfs"
+PCIE = "pcie"
+NUMA = "numa"
+SELF = "self"  # the daemon's own /proc/self
+DERIVED = "derived"  # the analyzer: verdicts, findings, state seconds
+WORKLOAD = "workload"  # process trees and cgroups of the GPU processes
+KUBERNETES = "kubernetes"  # the kubelet's pod-resources API: which pod holds which GPU
+
 # The longest window the analyzer judges CPU shape over (its cpu window is min(window, this)): deep
 # (per-thread) samples older than this are never read, so the deep sampler keeps only this much.
 CPU_WINDOW_MAX = 10.0
@@ -257,6 +279,14 @@ class Stage(ABC):
     default_enabled: ClassVar[bool] = True
     default_interval: ClassVar[float] = 1.0
     options: ClassVar[tuple[Option, ...]] = ()
+    # Each sampler this stage runs and the option that sets its interval; empty: one sampler named after the
+    # stage, set by ``interval``. ``samplers()`` returns exactly these (tests/collectors/test_registry.py).
+    sampler_intervals: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
+    @classmethod
+    def sampler_names(cls) -> dict[str, str]:
+        """The samplers this stage registers, each with the option that sets its interval."""
+        return dict(cls.sampler_intervals) or {cls.name: "interval"}
 
     @abstractmethod
     def samplers(self) -> list[SamplerSpec]:

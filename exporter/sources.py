@@ -27,6 +27,9 @@ USER_HZ = os.sysconf("SC_CLK_TCK")
 # /proc/diskstats and /sys/block/*/size count 512-byte sectors whatever the device's sector size
 # (Documentation/admin-guide/iostats.rst, include/linux/types.h SECTOR_SHIFT).
 SECTOR_BYTES = 512
+# /proc/meminfo and /proc/<pid>/status values carry a "kB" unit that means KiB (proc(5): "kB" fields, 1024 bytes
+# each; the kernel prints them with K(x) = x << (PAGE_SHIFT - 10) in fs/proc/meminfo.c).
+BYTES_PER_KB = 1024
 
 # Largest file a collector reads. /proc/stat on a 1024-CPU host is ~150 KiB and /proc/<pid>/status ~1.5
 # KiB; sysfs attributes are at most a page. Anything larger is not the file the kernel writes.

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import builtins
-import errno
-import io
 import logging
-import os
 import shutil
 import sys
 import threading
@@ -18,7 +14,7 @@ import pytest
 import structlog
 
 from exporter import log
-from exporter.sources import KeptFiles
+from tests.support.deny import Deny, deny_reads
 from tests.support.gpurig import Rig
 from tests.support.hosts import LARGE, SAMPLERS, host
 
@@ -93,44 +89,6 @@ def rig(tmp_path: Path) -> Callable[..., Rig]:
 
 
 @pytest.fixture
-def deny(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], None]:
-    """Make reads of one path fail with EACCES, as for a non-root daemon (tests run as root in CI, where
-    chmod 000 would not stop the read)."""
-    denied: set[str] = set()
-    real_open = io.open
-    real_listdir = os.listdir
-    real_os_open = os.open
-
-    def check(path: Any) -> None:
-        if isinstance(path, str | os.PathLike) and os.fspath(path) in denied:
-            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
-
-    def fake_open(file: Any, *args: Any, **kwargs: Any) -> Any:
-        check(file)
-        return real_open(file, *args, **kwargs)
-
-    def fake_listdir(path: Any = ".") -> list[str]:
-        check(path)
-        return real_listdir(path)
-
-    def fake_os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        check(path)
-        return real_os_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", fake_os_open)
-    # A file read through a descriptor kept open (exporter/sources.py KeptFiles) fails at the read too.
-    real_kept_read = KeptFiles.read
-
-    def fake_kept_read(kept: KeptFiles, path: str) -> bytes:
-        check(path)
-        return real_kept_read(kept, path)
-
-    monkeypatch.setattr(KeptFiles, "read", fake_kept_read)
-    monkeypatch.setattr(io, "open", fake_open)
-    monkeypatch.setattr(builtins, "open", fake_open)
-    monkeypatch.setattr(os, "listdir", fake_listdir)
-
-    def add(path: Path) -> None:
-        denied.add(os.fspath(path))
-
-    return add
+def deny(monkeypatch: pytest.MonkeyPatch) -> Deny:
+    """Make reads of one path fail (EACCES unless told another errno), as for a non-root daemon."""
+    return deny_reads(monkeypatch)

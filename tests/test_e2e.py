@@ -24,7 +24,6 @@ from exporter.collectors import load_all
 from tests.support.hosts import HOST_COLLECTORS, LARGE, REPO
 
 GOLDEN = REPO / "tests" / "fixtures" / "e2e-output.txt"
-REPO = Path(__file__).resolve().parents[2]
 # The golden covers the host collectors only: their families (docs/metrics.md, Host) and their self-metrics.
 # Everything else -- other collectors, the derived layer -- belongs to the lead's whole-daemon golden.
 HOST_FAMILIES = re.compile(

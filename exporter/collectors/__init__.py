@@ -13,9 +13,14 @@ _NOT_COLLECTORS = {"base"}
 
 
 def register(cls: type[Collector]) -> type[Collector]:
-    """Class decorator: make ``cls`` available as ``--collector.<cls.name>``."""
+    """Class decorator: make ``cls`` available as ``--collector.<cls.name>``; its samplers' names
+    (``cls.sampler_names()``) are then taken."""
     if cls.name in REGISTRY and REGISTRY[cls.name] is not cls:
         raise RuntimeError(f"collector {cls.name!r} registered twice")
+    taken = {s: other.name for other in REGISTRY.values() if other is not cls for s in other.sampler_names()}
+    for sampler in cls.sampler_names():
+        if sampler in taken:
+            raise RuntimeError(f"sampler {sampler!r} of collector {cls.name!r} is collector {taken[sampler]!r}'s")
     REGISTRY[cls.name] = cls
     return cls
 

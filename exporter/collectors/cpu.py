@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from exporter.collectors import register
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.host import CpuSample, CpuTimes
-from exporter.sampling import CPU_WINDOW_MAX, Collector, CollectorContext, CollectorError, Option, SamplerSpec
+from exporter.sampling import CPU, CPU_WINDOW_MAX, Collector, CollectorContext, CollectorError, Option, SamplerSpec
 from exporter.snapshot import Snapshot
 from exporter.sources import USER_HZ, read_source, read_text
 
@@ -171,7 +171,7 @@ class CpuState:
 class CpuCollector(Collector):
     """Per-core CPU times at high rate, kept for the derived layer; exported as per-NUMA-node sums."""
 
-    name = "cpu"
+    name = CPU
     help = "Per-CPU times from /proc/stat with NUMA nodes from sysfs; per-node sums by default."
     default_interval = 0.25
     options = (

@@ -11,7 +11,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from exporter.collectors import register
 from exporter.samples.host import CpufreqCpu, CpufreqSample
 from exporter.samples.rows import RowMap
-from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError
+from exporter.sampling import CPUFREQ, Collector, CollectorContext, CollectorError, NoDataError
 from exporter.snapshot import Snapshot
 from exporter.sources import KeptFiles
 
@@ -25,7 +25,7 @@ MAX_REFRESH_RUNS = 12
 class CpufreqCollector(Collector):
     """Summarised frequency scaling: how many CPUs run each governor and how far below max they clock."""
 
-    name = "cpufreq"
+    name = CPUFREQ
     help = "CPU frequency scaling from /sys/devices/system/cpu/cpu*/cpufreq (absent in most VMs)."
     default_interval = 5.0
 

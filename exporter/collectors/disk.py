@@ -12,7 +12,7 @@ from exporter import log
 from exporter.collectors import register
 from exporter.samples.host import DiskSample, DiskStats
 from exporter.samples.rows import RowMap
-from exporter.sampling import Collector, CollectorContext, CollectorError, Option
+from exporter.sampling import DISK, Collector, CollectorContext, CollectorError, Option
 from exporter.snapshot import Snapshot
 from exporter.sources import SECTOR_BYTES, read_source
 
@@ -78,7 +78,7 @@ def parse_diskstats(text: str) -> dict[str, DiskStats]:
 class DiskCollector(Collector):
     """Per whole device: operations, bytes, time (await = time/ops), in-flight."""
 
-    name = "disk"
+    name = DISK
     help = "Whole block devices from /proc/diskstats (partitions, loop, ram, zram, dm- skipped by default)."
     default_interval = 1.0
     options = (

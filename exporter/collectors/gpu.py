@@ -33,7 +33,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from exporter import names, pci
+from exporter import pci
 from exporter.collectors import register
 from exporter.gpu import calls, fields
 from exporter.gpu.backend import PID_MAX_LIMIT, GpuInitError, GpuUnavailableError, NvmlBackend
@@ -41,6 +41,9 @@ from exporter.gpu.constants import CLOCK_EVENT_REASONS
 from exporter.gpu.events import OTHER as XID_OTHER
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuKey, GpuSample, GpuSlow, HeldFast
 from exporter.sampling import (
+    GPU_FAST,
+    GPU_SAMPLES,
+    GPU_SLOW,
     UNCHANGED,
     Collector,
     CollectorContext,
@@ -53,7 +56,7 @@ from exporter.sampling import (
 from exporter.snapshot import Snapshot
 from exporter.sources import read_bytes, read_text
 
-FAST, BUFFERED, SLOW = names.GPU_FAST, names.GPU_SAMPLES, names.GPU_SLOW
+FAST, BUFFERED, SLOW = GPU_FAST, GPU_SAMPLES, GPU_SLOW
 COMM_MAX = 64  # /proc/<pid>/comm is at most TASK_COMM_LEN (16) bytes; bound hostile input anyway
 
 
@@ -61,9 +64,10 @@ COMM_MAX = 64  # /proc/<pid>/comm is at most TASK_COMM_LEN (16) bytes; bound hos
 class GpuCollector(Collector):
     """Per-GPU signals from NVML, sampled at three rates."""
 
-    name = "gpu"
+    name = FAST
     help = "NVIDIA GPUs over NVML: activity, PCIe traffic, clocks, power, link state, processes."
     default_interval = 0.1
+    sampler_intervals = MappingProxyType({FAST: "interval", BUFFERED: "samples-interval", SLOW: "slow-interval"})
     options = (
         Option("steady-interval", "duration", 1.0,
                "Interval at which the fast path reads a GPU whose driver samples and GPM show it steadily busy or "

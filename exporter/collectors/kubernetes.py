@@ -27,10 +27,9 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter import names
 from exporter.collectors import register
 from exporter.samples.workload import KubernetesSample, PodDevice
-from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError, Option
+from exporter.sampling import KUBERNETES, Collector, CollectorContext, CollectorError, NoDataError, Option
 from exporter.snapshot import Snapshot
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -51,7 +50,7 @@ def _gpu_device(resource: str, device: str) -> str | None:
 class KubernetesCollector(Collector):
     """Pods and containers per GPU from the kubelet's pod-resources API."""
 
-    name = names.KUBERNETES
+    name = KUBERNETES
     help = "Kubernetes pod, namespace and container of each GPU, from the kubelet's pod-resources API (gRPC, v1)."
     default_interval = 5.0
     options = (

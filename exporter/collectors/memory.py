@@ -8,13 +8,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter.collectors import register
 from exporter.samples.host import MemorySample
-from exporter.sampling import Collector, CollectorError
+from exporter.sampling import MEMORY, Collector, CollectorError
 from exporter.snapshot import Snapshot
-from exporter.sources import read_source
+from exporter.sources import BYTES_PER_KB, read_source
 
-# /proc/meminfo values carry a "kB" unit that means KiB (proc(5): "kB" fields, 1024 bytes each; the kernel
-# prints them with K(x) = x << (PAGE_SHIFT - 10) in fs/proc/meminfo.c).
-BYTES_PER_KB = 1024
 FIELDS = {
     "MemTotal": "total", "MemAvailable": "available", "Dirty": "dirty", "Writeback": "writeback",
     "Mlocked": "mlocked",
@@ -67,7 +64,7 @@ def parse_oom_kills(text: str) -> int | None:
 class MemoryCollector(Collector):
     """Memory pressure inputs: headroom, dirty/writeback backlog, pinned memory, OOM kills."""
 
-    name = "memory"
+    name = MEMORY
     help = "Memory from /proc/meminfo (MemTotal, MemAvailable, Dirty, Writeback, Mlocked) and /proc/vmstat oom_kill."
     default_interval = 1.0
 

@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.collectors import register
 from exporter.samples.host import NfsSample
-from exporter.sampling import Collector, CollectorError
+from exporter.sampling import NFS, Collector, CollectorError
 from exporter.snapshot import Snapshot
 from exporter.sources import read_source
 
@@ -61,7 +61,7 @@ def parse_nfs(text: str) -> NfsSample:
 class NfsCollector(Collector):
     """NFS client: getattr storms and retransmissions are io_bound evidence on network file systems."""
 
-    name = "nfs"
+    name = NFS
     help = "NFS client RPC statistics from /proc/net/rpc/nfs (absent without an NFS client)."
     default_interval = 1.0
 

@@ -29,7 +29,7 @@ from exporter import log, pci
 from exporter.collectors import register
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.topology import NumaSample, Placement
-from exporter.sampling import Collector, CollectorContext, CollectorError, NoDataError, Option
+from exporter.sampling import NUMA, Collector, CollectorContext, CollectorError, NoDataError, Option
 from exporter.snapshot import Snapshot
 from exporter.sources import read_text
 
@@ -102,7 +102,7 @@ def placement(
 class NumaCollector(Collector):
     """NUMA nodes and the placement of every GPU process relative to its GPU's node."""
 
-    name = "numa"
+    name = NUMA
     help = "NUMA nodes (sysfs) and GPU process placement (CPU and memory affinity from /proc/<pid>/status)."
     default_interval = 5.0
     options = (

@@ -32,7 +32,7 @@ from exporter import linkmath, log, pci
 from exporter.collectors import register
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.topology import AerCounts, PcieDevice, PcieLink, PcieSample
-from exporter.sampling import Collector, CollectorContext, NoDataError, Option
+from exporter.sampling import PCIE, Collector, CollectorContext, NoDataError, Option
 from exporter.snapshot import Snapshot
 from exporter.sources import CHUNK, KeptFiles, read_text
 
@@ -57,27 +57,11 @@ HOTPLUG_SAFETY_FACTOR = 10
 
 
 @dataclass(frozen=True, slots=True)
-class _Node:
-    """A device found by enumeration: its static identity and place in the tree."""
-
-    bdf: str
-    role: str
-    path: Path
-    vendor: str
-    device: str
-    class_code: str
-    driver: str
-    numa_node: int | None
-    local_cpus: frozenset[int]
-    gpu_bdf: str | None
-    upstream: tuple[str, ...]
-    port: str
-    link_peer: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class _Topology:
-    nodes: tuple[_Node, ...]
+    # Each device found by enumeration, with its static identity and place in the tree (link, aer and
+    # link_changes are read each cycle), and its sysfs directory by BDF.
+    nodes: tuple[PcieDevice, ...]
+    paths: Mapping[str, Path]
     chains: Mapping[str, tuple[str, ...]]
     peer_paths: Mapping[str, Path]  # link peers that are not themselves tracked (parents of nvme/nic)
 
@@ -108,7 +92,7 @@ def parse_aer_total(text: str, key: str) -> int:
 class PcieCollector(Collector):
     """Link speed/width (current, max, system limit), AER totals and link changes along each GPU's path."""
 
-    name = "pcie"
+    name = PCIE
     help = "PCIe link state and AER errors of GPUs, NVMe, NICs and the bridges above GPUs, from sysfs."
     default_interval = 5.0
     options = (
@@ -184,12 +168,13 @@ class PcieCollector(Collector):
         links: dict[str, PcieLink | None] = {}
         aers: dict[str, AerCounts | None] = {}
         for node in topo.nodes:
-            if not node.path.is_dir():
+            path = topo.paths[node.bdf]
+            if not path.is_dir():
                 # Removed between enumeration and now (surprise removal before udev told us): drop it.
                 self.request_rescan(f"{node.bdf} vanished")
                 continue
-            links[node.bdf] = self._read_link(node.path)
-            aers[node.bdf] = self._read_aer(node.path)
+            links[node.bdf] = self._read_link(path)
+            aers[node.bdf] = self._read_aer(path)
         peer_max = {b: self._read_max(p) for b, p in topo.peer_paths.items()}
         devices: dict[str, PcieDevice] = {}
         for node in topo.nodes:
@@ -199,12 +184,7 @@ class PcieCollector(Collector):
             if link is not None:
                 link = self._with_limit(link, node.link_peer, links, peer_max)
             changes = self._count_change(node.bdf, link)
-            devices[node.bdf] = PcieDevice(
-                bdf=node.bdf, role=node.role, vendor=node.vendor, device=node.device,
-                class_code=node.class_code, driver=node.driver, numa_node=node.numa_node,
-                local_cpus=node.local_cpus, link=link, aer=aers[node.bdf], gpu_bdf=node.gpu_bdf,
-                upstream=node.upstream, port=node.port, link_peer=node.link_peer, link_changes=changes,
-            )
+            devices[node.bdf] = replace(node, link=link, aer=aers[node.bdf], link_changes=changes)
         chains = {g: c for g, c in topo.chains.items() if all(b in devices for b in c)}
         return PcieSample(devices=MappingProxyType(devices), chains=MappingProxyType(chains))
 
@@ -258,19 +238,22 @@ class PcieCollector(Collector):
             found.append((bdf, role, path))
         gpus = sorted((f for f in found if f[1] == "gpu"), key=lambda f: (self._vendor(f[2]) != NVIDIA, f[0]))
         feeders = [f for f in found if f[1] != "gpu"]
-        nodes: list[_Node] = []
-        bridges: dict[str, _Node] = {}
+        nodes: list[PcieDevice] = []
+        bridges: dict[str, PcieDevice] = {}
+        paths: dict[str, Path] = {}
         chains: dict[str, tuple[str, ...]] = {}
         for bdf, role, path in gpus:
             ups = self._upstream(path)
             chains[bdf] = (*(b for b, _ in ups), bdf)
             nodes.append(self._node(bdf, role, path, ups, gpu_bdf=bdf, child=None))
+            paths[bdf] = path
             for i, (b, bpath) in enumerate(ups):
                 if b in bridges:
                     continue
                 child = ups[i + 1][0] if i + 1 < len(ups) else bdf
                 bridges[b] = self._node(b, "bridge", bpath, ups[:i], gpu_bdf=bdf, child=child,
                                         hops_below=len(ups) - 1 - i)
+                paths[b] = bpath
         # The first GPU (in BDF order) below a shared bridge names it, whatever the vendor order.
         for b, node in bridges.items():
             first = min(g for g, c in chains.items() if b in c)
@@ -284,11 +267,13 @@ class PcieCollector(Collector):
             ups = self._upstream(path)
             node = self._node(bdf, role, path, ups, gpu_bdf=None, child=None)
             feeder_nodes.append(node)
+            paths[bdf] = path
             if ups and ups[-1][0] not in tracked:
                 peer_paths[ups[-1][0]] = ups[-1][1]
         all_nodes = (*nodes, *ordered_bridges, *sorted(feeder_nodes, key=lambda n: (n.role, n.bdf)))
         self.log.debug("pcie_enumerated", gpus=len(gpus), bridges=len(bridges), feeders=len(feeder_nodes))
-        return _Topology(nodes=all_nodes, chains=MappingProxyType(chains), peer_paths=MappingProxyType(peer_paths))
+        return _Topology(nodes=all_nodes, paths=MappingProxyType(paths), chains=MappingProxyType(chains),
+                         peer_paths=MappingProxyType(peer_paths))
 
     def _resolve(self, link: Path) -> Path | None:
         """Real path of /sys/bus/pci/devices/<bdf>, kept under --path.sysfs even for an absolute link."""
@@ -323,8 +308,9 @@ class PcieCollector(Collector):
     def _node(
         self, bdf: str, role: str, path: Path, ups: list[tuple[str, Path]], *, gpu_bdf: str | None,
         child: str | None, hops_below: int = 0,
-    ) -> _Node:
-        """Identity, NUMA affinity and link position of one device (read once per enumeration).
+    ) -> PcieDevice:
+        """Identity, NUMA affinity and link position of one device (read once per enumeration); its link and
+        AER counters are read each cycle.
 
         ``hops_below``: for a bridge, how many bridges sit between it and the GPU (0: directly above it).
         """
@@ -341,11 +327,11 @@ class PcieCollector(Collector):
         # Root and downstream ports' link files describe the link below them; the others, the link above.
         below = port in ("root_port", "downstream_port")
         peer = child if below else (ups[-1][0] if ups and parent_is_bdf else None)
-        return _Node(
-            bdf=bdf, role=role, path=path, vendor=self._vendor(path), device=self._hex(path / "device"),
+        return PcieDevice(
+            bdf=bdf, role=role, vendor=self._vendor(path), device=self._hex(path / "device"),
             class_code=self._hex(path / "class"), driver=self._driver(path), numa_node=self._numa_node(path),
             local_cpus=self._local_cpus(path), gpu_bdf=gpu_bdf, upstream=tuple(b for b, _ in ups), port=port,
-            link_peer=peer,
+            link_peer=peer, link=None, aer=None,
         )
 
     # ---- small readers ------------------------------------------------------------------------------------

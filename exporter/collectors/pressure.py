@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from exporter.collectors import register
 from exporter.samples.host import PressureSample, PressureTotals
 from exporter.samples.rows import RowMap
-from exporter.sampling import Collector, CollectorError, NoDataError
+from exporter.sampling import PRESSURE, Collector, CollectorError, NoDataError
 from exporter.snapshot import Snapshot
 from exporter.sources import read_text
 
@@ -20,11 +20,31 @@ RESOURCES = ("cpu", "io", "memory")
 US_PER_SECOND = 1e6
 
 
+def parse_psi(res: str, text: str) -> PressureTotals:
+    """Parse one PSI file (/proc/pressure/<res>, a cgroup's <res>.pressure): lines
+    ``some|full avg10=.. avg60=.. avg300=.. total=N``. Shared by this collector and the workload collector."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind not in ("some", "full"):
+            continue
+        for field in rest.split():
+            key, _, value = field.partition("=")
+            if key == "total":
+                try:
+                    totals[kind] = int(value) / US_PER_SECOND
+                except ValueError as e:
+                    raise CollectorError(f"pressure/{res}: bad total {value!r}") from e
+    if "some" not in totals:
+        raise CollectorError(f"pressure/{res}: no 'some ... total=' line")
+    return PressureTotals(some=totals["some"], full=totals.get("full"))
+
+
 @register
 class PressureCollector(Collector):
     """Stall time per resource: the share of wall time tasks waited on CPU, IO or memory."""
 
-    name = "pressure"
+    name = PRESSURE
     help = "Pressure stall information from /proc/pressure (kernel >= 4.20 with psi enabled)."
     default_interval = 0.25
 
@@ -41,29 +61,10 @@ class PressureCollector(Collector):
                 if e.errno == errno.EOPNOTSUPP:
                     raise NoDataError("PSI disabled; boot with psi=1 to enable it") from e
                 raise CollectorError(f"{path}: {e.strerror or e}") from e
-            out[res] = self._parse(path.name, text)
+            out[res] = parse_psi(path.name, text)
         if not out:
             raise NoDataError(f"{self.ctx.proc('pressure')} not present (kernel without PSI)")
         return PressureSample(resources=RowMap(PressureTotals, out))
-
-    @staticmethod
-    def _parse(res: str, text: str) -> PressureTotals:
-        """Parse one /proc/pressure/<res> file: lines ``some|full avg10=.. avg60=.. avg300=.. total=N``."""
-        totals: dict[str, float] = {}
-        for line in text.splitlines():
-            kind, _, rest = line.partition(" ")
-            if kind not in ("some", "full"):
-                continue
-            for field in rest.split():
-                key, _, value = field.partition("=")
-                if key == "total":
-                    try:
-                        totals[kind] = int(value) / US_PER_SECOND
-                    except ValueError as e:
-                        raise CollectorError(f"pressure/{res}: bad total {value!r}") from e
-        if "some" not in totals:
-            raise CollectorError(f"pressure/{res}: no 'some ... total=' line")
-        return PressureTotals(some=totals["some"], full=totals.get("full"))
 
     def metrics(self, snap: Snapshot) -> Iterator[Metric]:
         sample: PressureSample | None = snap.value(self.name)

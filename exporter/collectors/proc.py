@@ -30,18 +30,27 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter import log, names
+from exporter import log
 from exporter.collectors import register
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.host import NO_THREADS, ProcessSample, ProcSample, ThreadStat
 from exporter.samples.rows import Rows
-from exporter.sampling import CPU_WINDOW_MAX, Collector, CollectorContext, CollectorError, Option, SamplerSpec
+from exporter.sampling import (
+    CPU_WINDOW_MAX,
+    PROC,
+    PROC_THREADS,
+    Collector,
+    CollectorContext,
+    CollectorError,
+    Option,
+    SamplerSpec,
+)
 from exporter.snapshot import Snapshot
 from exporter.sources import GONE, USER_HZ, KeptFiles, SourceTooLargeError
 
 # utime/stime in /proc/<pid>/stat are clock ticks: "measured in clock ticks (divide by sysconf(_SC_CLK_TCK))"
 # -- proc(5), /proc/pid/stat fields (14) and (15); exporter.sources.USER_HZ.
-THREADS_SAMPLER = names.PROC_THREADS
+THREADS_SAMPLER = PROC_THREADS
 # Deep samples are read only over the analyzer's CPU window (at most CPU_WINDOW_MAX); a little margin so the
 # oldest sample of a full window is still there.
 THREADS_HISTORY = CPU_WINDOW_MAX + 2.0
@@ -178,9 +187,10 @@ class _MalformedError(Exception):
 class ProcCollector(Collector):
     """CPU time, placement and read pattern of the GPU processes; per-thread state on a second sampler."""
 
-    name = "proc"
+    name = PROC
     help = "GPU processes (and --collector.proc.pids) from /proc/<pid>/{stat,status,io,task/*/stat}."
     default_interval = 1.0
+    sampler_intervals = MappingProxyType({PROC: "interval", THREADS_SAMPLER: "threads-interval"})
     options = (
         PidListOption("pids", "list", (), "Extra pids to inspect besides the GPU processes (e.g. 123,456)."),
         Option("threads-interval", "duration", 5.0, "Interval of per-thread sampling (sampler proc_threads)."),

@@ -32,12 +32,11 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors import register
-from exporter.sampling import Collector, CollectorError
+from exporter.sampling import SELF, Collector, CollectorError
 from exporter.snapshot import Snapshot
-from exporter.sources import USER_HZ, read_source
+from exporter.sources import BYTES_PER_KB, USER_HZ, read_source
 
-SELF = Path("/proc/self")
-BYTES_PER_KB = 1024  # /proc/<pid>/status "kB" is KiB (proc(5))
+PROC_SELF = Path("/proc/self")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +94,14 @@ def count_open_fds(fd_dir: Path) -> int:
 class SelfCollector(Collector):
     """CPU, memory, threads and descriptors of the gpufeed process itself."""
 
-    name = "self"
+    name = SELF
     help = "gpufeed's own CPU time, resident memory, threads and open/maximum file descriptors (/proc/self)."
     default_interval = 5.0
 
     def update(self) -> SelfSample:
-        user, system = parse_self_stat(read_source(SELF / "stat"))
-        rss, threads = parse_self_status(read_source(SELF / "status"))
-        fds = count_open_fds(SELF / "fd")
+        user, system = parse_self_stat(read_source(PROC_SELF / "stat"))
+        rss, threads = parse_self_status(read_source(PROC_SELF / "status"))
+        fds = count_open_fds(PROC_SELF / "fd")
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         return SelfSample(user_seconds=user, system_seconds=system, resident_bytes=rss, threads=threads,
                           open_fds=fds, max_fds=None if soft == resource.RLIM_INFINITY else soft)

@@ -42,11 +42,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from exporter import cgroup as cg
 from exporter import log
 from exporter.collectors import register
-from exporter.collectors.pressure import PressureCollector
+from exporter.collectors.pressure import parse_psi
 from exporter.cpulist import CpulistError, parse_cpulist
 from exporter.samples.host import PressureTotals
 from exporter.samples.workload import CgroupCpu, CgroupInfo, ProcNode, WorkloadSample
-from exporter.sampling import Collector, CollectorContext, CollectorError, Option
+from exporter.sampling import WORKLOAD, Collector, CollectorContext, CollectorError, Option
 from exporter.snapshot import Snapshot
 from exporter.sources import CHUNK, GONE, read_bytes, read_text
 
@@ -62,7 +62,7 @@ KINDS = ("container", "slurm_job", "unit")
 class WorkloadCollector(Collector):
     """The GPU processes' descendants and container / job cgroups: the unit the verdict is judged on."""
 
-    name = "workload"
+    name = WORKLOAD
     help = ("Process trees and cgroups (v1/v2) of the GPU processes: descendants, container/job members, CPU quota "
             "and throttling, cpuset, memory limit and events, PSI, identity from the cgroup path.")
     default_interval = 5.0
@@ -298,7 +298,7 @@ class WorkloadCollector(Collector):
                 continue
             try:
                 # The same format as /proc/pressure/* (Documentation/accounting/psi.rst, "Cgroup2 interface").
-                out[res] = PressureCollector._parse(res, text)
+                out[res] = parse_psi(res, text)
             except CollectorError as e:
                 errors.append(f"{d / f'{res}.pressure'}: {e}")
         return out

@@ -21,9 +21,6 @@ from exporter.samples.host import (
 )
 from exporter.snapshot import Stamped
 
-# The longest window the CPU shape is judged over (the analyzer's cpu window is min(window, this)): deep
-# (per-thread) samples older than this are never read, so the proc_threads sampler keeps only this much.
-CPU_WINDOW_MAX = 10.0
 # A data-loader worker at >= 0.6 core in mostly user time is "busy"; a core >= 85% busy is saturated.
 WORKER_CORE = 0.6
 SATURATED_CORE = 0.85

@@ -13,12 +13,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from exporter.samples.derived import GAP_BUCKETS
+from exporter.samples.derived import IDLE_LEVEL as IDLE_LEVEL  # noqa: PLC0414 - re-exported
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuSample
 from exporter.snapshot import Stamped
-
-# Below this share of an interval the GPU counts as idle in that interval. 5%: the driver's utilisation
-# samples are quantised to 1% and a memset or a tiny kernel between batches must not split a gap.
-IDLE_LEVEL = 0.05
 
 
 class Point(NamedTuple):

@@ -32,8 +32,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from exporter.samples.derived import IDLE_LEVEL
+
 BUSY_LEVEL = 0.90  # every driver sample >= 90% busy: at most 10% waiting, under the verdict's 15-20% band
-IDLE_LEVEL = 0.05  # the derived layer's idle level (exporter/derived/series.py IDLE_LEVEL)
 STEADY_AFTER_S = 10.0
 # A steady GPU is read when waiting for the next tick would leave more than its interval (plus this share of
 # it, scheduling jitter) between two reads.

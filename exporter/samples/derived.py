@@ -69,6 +69,10 @@ class GpuActivity:
 # with +Inf, plus _sum and _count: the series budget): <= 250 ms launch/sync gaps (the sampler's floor is
 # 100 ms), <= 1 s gaps at batch boundaries, <= 2.5 s data-loader stalls, <= 10 s IO stalls; longer is a pause.
 GAP_BUCKETS = (0.25, 1.0, 2.5, 10.0)
+# Below this share of an interval the GPU counts as idle in that interval: the derived layer's gaps and the GPU
+# collector's steady pace (exporter/gpu/pace.py) agree on it. 5%: the driver's utilisation samples are quantised
+# to 1% and a memset or a tiny kernel between batches must not split a gap.
+IDLE_LEVEL = 0.05
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from typing import Any
 
 from exporter import log
 from exporter.config import Settings
-from exporter.sampling import Stage
+from exporter.sampling import KUBERNETES, Stage
 from exporter.sim import exchange
 from exporter.sim.kubelet import Kubelet
 from exporter.sim.model import Model
@@ -102,7 +102,7 @@ class LiveSimulation:
         if sc.host.kubernetes is not None:
             sim.kubelet = Kubelet(sc, sock)
         collector = dict(settings.collector)
-        collector["kubernetes"] = {**collector.get("kubernetes", {}), "socket": str(sock)}
+        collector[KUBERNETES] = {**collector.get(KUBERNETES, {}), "socket": str(sock)}
         sim.settings = replace(settings, values=values, collector=collector)
         return sim
 

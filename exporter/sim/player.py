@@ -21,6 +21,7 @@ from exporter import log, names, pipeline
 from exporter.config import resolve
 from exporter.engine import VirtualClock
 from exporter.samples.derived import DerivedState
+from exporter.sampling import Stage
 from exporter.sim.fakenvml import FakeNvml
 from exporter.sim.kubelet import Kubelet
 from exporter.sim.model import Model
@@ -29,8 +30,9 @@ from exporter.sim.spec import Scenario
 
 _log = log.get_logger(component="sim")
 
-# Which rendered files each sampler reads; "nvml" is the fake NVML's state. An unknown sampler gets all.
-SAMPLER_GROUPS: Mapping[str, frozenset[str]] = {
+# Which rendered files each sampler reads; "nvml" is the fake NVML's state. Every sampler the stages register
+# (exporter.sampling.Stage.sampler_names) needs a row here: sampler_groups() refuses a registry with one missing.
+READS: Mapping[str, frozenset[str]] = {
     names.CPU: frozenset({"stat"}),
     names.PROC: frozenset({"procs"}),
     names.PROC_THREADS: frozenset({"procs", "threads"}),
@@ -46,9 +48,23 @@ SAMPLER_GROUPS: Mapping[str, frozenset[str]] = {
     names.GPU_SLOW: frozenset({"nvml"}),
     names.DERIVED: frozenset(),
     names.WORKLOAD: frozenset({"procs", "cgroups"}),
-    names.KUBERNETES: frozenset(),
+    names.KUBERNETES: frozenset(),  # the scenario's kubelet answers on its socket (sim/kubelet.py)
+    names.SELF: frozenset(),  # the daemon's own /proc/self in the real procfs, never the rendered tree
 }
-_ALL = frozenset({*GROUPS, "nvml", "nvml_samples"})
+
+
+def sampler_groups(registry: Mapping[str, type[Stage]]) -> dict[str, frozenset[str]]:
+    """The file groups each sampler of ``registry``'s stages reads (:data:`READS`); LookupError naming the
+    samplers :data:`READS` lacks, so a new collector's sampler gets its row rather than a guess."""
+    samplers = [s for cls in registry.values() for s in cls.sampler_names()]
+    missing = sorted(set(samplers) - set(READS))
+    if missing:
+        raise LookupError(f"exporter/sim/player.py READS lists no file groups for sampler(s) {missing}")
+    return {s: READS[s] for s in samplers}
+
+
+# Which rendered files each registered sampler reads: the table the player and the live simulator redraw by.
+SAMPLER_GROUPS: Mapping[str, frozenset[str]] = sampler_groups(pipeline.registry())
 _EPS = 1e-9
 
 
@@ -119,7 +135,7 @@ def play(
                 due_now = [n for n, s in engine.samplers.items() if s.next_due <= due + _EPS]
                 groups: set[str] = set()
                 for n in due_now:
-                    groups |= SAMPLER_GROUPS.get(n, _ALL)
+                    groups |= SAMPLER_GROUPS[n]
                 renderer.render(due, groups & set(GROUPS))
                 if "nvml" in groups:
                     buffered = engine.samplers.get(names.GPU_SAMPLES)

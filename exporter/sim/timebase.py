@@ -20,12 +20,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from exporter import names
 from exporter.config import Settings
 from exporter.engine import Clock, RealClock
 from exporter.sampling import Stage
 from exporter.sim.model import Model
-from exporter.sim.player import SAMPLER_GROUPS
+from exporter.sim.player import sampler_groups
 from exporter.sim.render import GROUPS, nvml_state
 
 # Never redraw a group more often than this many seconds of the base clock: the renderer is one Python
@@ -78,15 +77,15 @@ def group_intervals(settings: Settings, registry: Mapping[str, type[Stage]]) -> 
         if not settings.enabled.get(name, cls.default_enabled):
             continue
         opts = settings.collector.get(name, {})
-        intervals[name] = float(opts.get("interval", cls.default_interval))
-        for key, val in opts.items():
-            if key.endswith("-interval"):
-                sampler = {"threads-interval": names.PROC_THREADS, "samples-interval": names.GPU_SAMPLES,
-                           "slow-interval": names.GPU_SLOW}.get(key, f"{name}_{key[:-len('-interval')]}")
-                intervals[sampler] = float(val)
+        for sampler, option in cls.sampler_names().items():
+            if option == "interval":
+                intervals[sampler] = float(opts.get("interval", cls.default_interval))
+            elif option in opts:
+                intervals[sampler] = float(opts[option])
+    groups = sampler_groups(registry)
     out: dict[str, float] = {}
     for sampler, iv in intervals.items():
-        for g in SAMPLER_GROUPS.get(sampler, frozenset()):
+        for g in groups[sampler]:
             out[g] = min(out.get(g, math.inf), iv)
     # The derived layer shortens proc_threads to 0.5 s while a GPU waits.
     out["threads"] = min(out.get("threads", math.inf), 0.5)

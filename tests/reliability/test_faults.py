@@ -8,9 +8,7 @@ outcomes is in docs/reliability.md.
 
 from __future__ import annotations
 
-import builtins
 import errno
-import io
 import os
 import re
 import shutil
@@ -22,7 +20,6 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter import log
-from exporter.sources import KeptFiles
 from tests.support.nvmlsurface import backend_functions
 
 from .faults import GPU1, GPU_PID, OTHER_GPU_PID, Host, nvml_state, scratch_dir
@@ -61,50 +58,6 @@ def host(root: Path) -> Host:
     return h
 
 
-@pytest.fixture
-def deny(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path, int], None]:
-    """Make opening/listing one path fail with an errno (tests run as root: chmod 000 would not stop them).
-    Covers open(), io.open, os.open (collectors use raw os.open/os.read on hot paths) and os.listdir."""
-    denied: dict[str, int] = {}
-    real_open, real_listdir, real_os_open = io.open, os.listdir, os.open
-
-    def check(file: Any) -> None:
-        if isinstance(file, str | os.PathLike) and os.fspath(file) in denied:
-            code = denied[os.fspath(file)]
-            raise OSError(code, os.strerror(code), os.fspath(file))
-
-    def fake_open(file: Any, *a: Any, **kw: Any) -> Any:
-        check(file)
-        return real_open(file, *a, **kw)
-
-    def fake_listdir(path: Any = ".") -> list[str]:
-        check(path)
-        return real_listdir(path)
-
-    def fake_os_open(path: Any, *a: Any, **kw: Any) -> int:
-        check(path)
-        return real_os_open(path, *a, **kw)
-
-    monkeypatch.setattr(io, "open", fake_open)
-    monkeypatch.setattr(builtins, "open", fake_open)
-    monkeypatch.setattr(os, "listdir", fake_listdir)
-    monkeypatch.setattr(os, "open", fake_os_open)
-    # A file read through a descriptor kept open (exporter/sources.py KeptFiles) fails at the read too.
-    real_kept_read = KeptFiles.read
-
-    def fake_kept_read(kept: KeptFiles, path: str) -> bytes:
-        check(path)
-        return real_kept_read(kept, path)
-
-    monkeypatch.setattr(KeptFiles, "read", fake_kept_read)
-
-    def add(path: Path, code: int = errno.EACCES) -> None:
-        if code:
-            denied[os.fspath(path)] = code
-        else:
-            denied.pop(os.fspath(path), None)
-
-    return add
 
 
 def owned_by(name: str, collectors: tuple[str, ...]) -> bool:
