@@ -46,7 +46,8 @@ def test_loop_spinning_on_tiny_launches_is_launch(workload: Start) -> None:
     assert summaries[0].label == LABEL_LAUNCH
     hot = summaries[0].hotspots[0]
     assert hot.frame.name in ("launch", "step")
-    assert hot.user is not None and hot.user.where == f"launch_spin.py:{line_of('launch_spin', 'fakecuda.launch(i + k)')}"
+    line = line_of("launch_spin", "fakecuda.launch(i + k)")
+    assert hot.user is not None and hot.user.where == f"launch_spin.py:{line}"
 
 
 def test_loop_blocked_in_a_sync_every_step_is_sync(workload: Start) -> None:
