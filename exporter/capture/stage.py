@@ -30,6 +30,7 @@ from exporter import log, names
 from exporter.capture import bundle
 from exporter.capture.options import CaptureConfig
 from exporter.capture.take import (
+    TRIGGER_DIAGNOSE,
     TRIGGER_VERDICT,
     CaptureContext,
     CaptureOutcome,
@@ -174,6 +175,16 @@ class CaptureStage(Stage):
             return self._run(self.context(gpu, trigger))
         finally:
             self._lock.release()
+
+    def take_waiting(self, trigger: str = TRIGGER_DIAGNOSE) -> list[CaptureOutcome]:
+        """Capture, one after another on this thread, every GPU whose newest verdict waits and whose processes
+        are known (``gpufeed diagnose --stacks`` after its sampling); [] when none waits. :class:`BusyError`
+        when a capture is running."""
+        state = self._state()
+        by_gpu = self.targets.by_gpu()
+        waiting = [] if state is None else [
+            gpu for gpu, v in sorted(state.gpus.items()) if v.cause in names.WAITING_CAUSES and by_gpu.get(str(gpu))]
+        return [self.take(gpu, trigger) for gpu in waiting]
 
     def start(self, gpu: int | None, trigger: str) -> str | None:
         """Start a capture on a thread of its own (which also gathers the engine's context: nothing of it runs on
