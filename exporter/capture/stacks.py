@@ -69,8 +69,13 @@ SYNC_FUNCTIONS = frozenset({
 })
 LAUNCH_FUNCTIONS = frozenset({"cuLaunchKernel", "cudaLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC"})
 
-_PROCESS = re.compile(r'process (\d+):"(.*?)"$')
-_THREAD = re.compile(r"thread \((\d+)\): ?(.*)$")
+# One record: ``process PID:"CMDLINE";`` parts (the chain from the target down), ``thread (TID)`` with an optional
+# ``: NAME``, then ``;``-separated frames, a space and the count at the end of a line. A process part ends at the
+# first ``";`` followed by another part, whatever the command line holds.
+_PART = r'process \d+:".*?";(?=process \d+:"|thread \()'
+_RECORD = re.compile(rf'(?:^|(?<=\n))((?:{_PART})*)thread \((\d+)\)(?:: ?([^;\n]*))?(?:;([^\n]*?))? (\d+)$',
+                     re.S | re.M)
+_PROCESSES = re.compile(r'process (\d+):"(.*?)";(?=process \d+:"|$)', re.S)
 _FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
 _LIBRARY = ("/site-packages/", "/dist-packages/")
 _STDLIB = re.compile(r"/lib/python\d+(\.\d+)?t?/|^<frozen |^<string>$")
@@ -190,51 +195,25 @@ def parse_frame(text: str) -> Frame:
 def parse_raw(text: str) -> list[ThreadStacks]:
     """py-spy's raw output -> one :class:`ThreadStacks` per (pid, tid), in order of first appearance.
 
-    A line that does not end in a sample count, or has no thread part, is skipped (py-spy writes whole lines;
-    a truncated last line of an interrupted capture is the only kind seen)."""
+    A command line is written as the process had it: it may hold quotes, ``;`` and newlines (``python -c``), so
+    a record is found by its shape -- process parts, the thread part, frames, the count at the end of a line --
+    not by lines. Anything else (a truncated last record of an interrupted capture) is skipped."""
     by_thread: dict[tuple[int, int], tuple[str, str, dict[tuple[Frame, ...], int]]] = {}
-    for raw in text.splitlines():
-        body, _, count = raw.rstrip().rpartition(" ")
-        if not body or not count.isdigit():
-            continue
-        pid, command, tid, name = 0, "", None, ""
-        frames: list[Frame] = []
-        for part in _split(body):
-            if tid is None:
-                pm = _PROCESS.match(part)
-                if pm is not None:
-                    pid, command = int(pm.group(1)), pm.group(2)
-                    continue
-                tm = _THREAD.match(part)
-                if tm is not None:
-                    tid, name = int(tm.group(1)), tm.group(2).strip()
-                    continue
-            frames.append(parse_frame(part))
-        if tid is None:
-            continue
-        pid = pid or tid  # without --subprocesses there is no process part: the target's own threads
+    for m in _RECORD.finditer(text):
+        processes = _PROCESSES.findall(m.group(1))
+        tid = int(m.group(2))
+        name = m.group(3) or ""
+        parts = m.group(4).split(";") if m.group(4) else []
+        while m.group(3) is not None and parts and _FRAME.match(parts[0]) is None:
+            name += ";" + parts.pop(0)  # a thread name holding ";" (a root frame always has its "(file)")
+        name = name.strip()
+        frames = tuple(parse_frame(part) for part in parts if part)
+        # Without --subprocesses there is no process part: the target's own threads.
+        pid, command = (int(processes[-1][0]), processes[-1][1]) if processes else (tid, "")
         _, _, stacks = by_thread.setdefault((pid, tid), (name, command, {}))
-        key = tuple(frames)
-        stacks[key] = stacks.get(key, 0) + int(count)
+        stacks[frames] = stacks.get(frames, 0) + int(m.group(5))
     return [ThreadStacks(pid, tid, name, command, tuple(stacks.items()))
             for (pid, tid), (name, command, stacks) in by_thread.items()]
-
-
-def _split(body: str) -> list[str]:
-    """Split on the ``;`` between parts, not on one inside a quoted command line."""
-    out: list[str] = []
-    cur: list[str] = []
-    quoted = False
-    for ch in body:
-        if ch == '"':
-            quoted = not quoted
-        if ch == ";" and not quoted:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    out.append("".join(cur))
-    return [p for p in out if p]
 
 
 def _marker(stack: tuple[Frame, ...]) -> tuple[Frame, str | None]:

@@ -140,3 +140,15 @@ def test_speedscope_file_holds_every_sample_once_per_thread() -> None:
     for prof, t in zip(doc["profiles"], threads, strict=True):
         assert sum(prof["weights"]) == t.samples == prof["endValue"]
         assert all(0 <= i < len(doc["shared"]["frames"]) for s in prof["samples"] for i in s)
+
+
+def test_command_lines_with_newlines_quotes_and_semicolons_and_thread_names_with_them_parse() -> None:
+    # A real capture of `python -c '...'` whose code has newlines, quotes and ";", and a thread named "x;y".
+    threads = parse_raw((FIXTURES / "dash_c.raw").read_text())
+    assert sorted(t.name for t in threads) == ["MainThread", "x;y"]
+    assert all(t.samples > 50 for t in threads)
+    for t in threads:
+        assert t.command.startswith("/srv/job/.venv/bin/python -c import threading\ns = \"a\";t = \"b\"\n")
+        assert t.stacks[0][0][-1].function in ("spin", "<module>")
+        assert t.stacks[0][0][0].name in ("<module>", "_bootstrap")
+    assert parse_raw("thread (7);f (/a.py:1) 5\n")[0].name == ""  # a thread without a name
