@@ -6,13 +6,14 @@ never captured. Each round measures both rates over ``--seconds`` without a capt
 the target (exporter.capture.take: py-spy for ``--seconds`` at 100 Hz, the summary and the bundle), then without
 again. The slowdown is 1 - (target / control during) / (target / control around it): the control sees the same
 machine at the same time, so a loaded, shared machine's drift cancels (on the 2-core development VM shared with
-other jobs the target's own rate moved 20-50% between 5 s windows without any capture). That needs spare cores
-for both loops and py-spy; where there are none, the rate per CPU second of the target (its iterations over its
-own utime + stime) is the figure that says what the capture costs its work. Modes: ``nonblocking`` (the
+other jobs the target's own rate moved 20-50% between 5 s windows without any capture). Both loops are pinned to
+CPU 0 and this process (so py-spy) to CPU 1 (``--no-pin`` to leave them to the scheduler, which then moves them
+against each other and the figure is noise). The rate per CPU second of the target (its iterations over its
+own utime + stime, in 10 ms ticks) is printed beside it. Modes: ``nonblocking`` (the
 default: py-spy reads the target's memory while it runs) and ``native`` (``--capture.native``: py-spy pauses
 the target at each sample to unwind native frames).
 
-    python bench/capture.py                 # 3 rounds per mode, 5 s captures
+    python bench/capture.py                 # 3 rounds per mode, 5 s captures, pinned
     python bench/capture.py --rounds 1 --seconds 2 --json out.json
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -120,9 +122,16 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--modes", default="nonblocking,native")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin: by default target and control "
+                    "share CPU 0 and this process and py-spy run on CPU 1, so the two loops see the same core "
+                    "whatever else the machine runs")
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
     target, control = Target(), Target()
+    if args.pin and len(os.sched_getaffinity(0)) >= 2:
+        for t in (target, control):
+            os.sched_setaffinity(t.proc.pid, {0})
+        os.sched_setaffinity(0, {1})  # py-spy, a child of this process, inherits it
     try:
         time.sleep(1.0)
         with tempfile.TemporaryDirectory() as tmp:
