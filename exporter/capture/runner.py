@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -149,14 +150,15 @@ def _explain(exe: str, pid: int, said: str) -> str:
     return (done.stdout + done.stderr).decode(errors="replace") or said
 
 
-def _reap(proc: subprocess.Popen[bytes], deadline: float) -> tuple[int, float]:
-    """Wait for ``proc`` until ``deadline`` (monotonic), killing it past that; its status and CPU seconds."""
+def _reap(proc: subprocess.Popen[bytes], deadline: float, cancel: threading.Event | None) -> tuple[int, float]:
+    """Wait for ``proc`` until ``deadline`` (monotonic) or ``cancel``, killing it then; its status and CPU
+    seconds."""
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
             return proc.returncode, usage.ru_utime + usage.ru_stime
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (cancel is not None and cancel.is_set()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
             _, status, usage = os.wait4(proc.pid, 0)
@@ -166,9 +168,9 @@ def _reap(proc: subprocess.Popen[bytes], deadline: float) -> tuple[int, float]:
 
 
 def record(pids: Iterable[int], *, duration: float, rate: int = 100, procfs: Path = Path("/proc"),
-           native: bool = False, binary: str | None = None) -> StackCapture:
+           native: bool = False, binary: str | None = None, cancel: threading.Event | None = None) -> StackCapture:
     """Sample ``pids`` (and their children) for ``duration`` seconds at ``rate`` Hz; never raises for what the
-    targets or py-spy do."""
+    targets or py-spy do. ``cancel`` set (the daemon stopping) kills py-spy at once."""
     targets = tuple(sorted(set(pids)))[:MAX_TARGETS]
     if not targets:
         return StackCapture(pids=(), problems=("no process to sample",))
@@ -195,14 +197,16 @@ def record(pids: Iterable[int], *, duration: float, rate: int = 100, procfs: Pat
             runs.append((pid, out, proc, log))
         deadline = time.monotonic() + duration + GRACE_S
         for pid, out, proc, log in runs:
-            rc, used = _reap(proc, deadline)
+            rc, used = _reap(proc, deadline, cancel)
             cpu += used
             said = log.read_text(errors="replace")
             try:
                 text = out.read_text(errors="replace") if out.stat().st_size <= MAX_OUTPUT_BYTES else ""
             except OSError:
                 text = ""
-            if rc == -signal.SIGKILL:
+            if rc == -signal.SIGKILL and cancel is not None and cancel.is_set():
+                problems.append(f"pid {pid}: cancelled (gpufeed stopping)")
+            elif rc == -signal.SIGKILL:
                 problems.append(f"pid {pid}: py-spy did not finish within {duration + GRACE_S:g} s")
             elif rc != 0:
                 problems.append(f"pid {pid}: {why(_explain(exe, pid, said), rc)}")

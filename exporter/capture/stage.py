@@ -52,6 +52,7 @@ CHECK_INTERVAL = 1.0
 WINDOW_SAMPLERS = (*names.GPU_SAMPLERS, names.PROC, names.PROC_THREADS, names.CPU, names.PRESSURE)
 HOST_SAMPLERS = (names.PCIE, names.NUMA, names.CPUFREQ, names.WORKLOAD, names.MEMORY, names.KUBERNETES)
 RECENT = 16  # outcomes kept for GET /captures
+CLOSE_WAIT_S = 1.0  # the drain waits this long for a cancelled capture's bundle
 
 
 class EngineView(Protocol):
@@ -103,6 +104,8 @@ class CaptureStage(Stage):
         self._cpu = 0.0
         self._recent: list[CaptureOutcome] = []
         self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()  # the running capture's: set by close(), which kills its py-spy
+        self._closed = False  # after close() nothing starts on its own thread (take() still runs when asked)
 
     def bind(self, engine: EngineView) -> None:
         """Read verdicts and samples from ``engine``."""
@@ -172,6 +175,7 @@ class CaptureStage(Stage):
         if not self._lock.acquire(blocking=False):
             raise BusyError("a capture is running")
         try:
+            self._cancel = threading.Event()
             return self._run(self.context(gpu, trigger))
         finally:
             self._lock.release()
@@ -189,8 +193,9 @@ class CaptureStage(Stage):
     def start(self, gpu: int | None, trigger: str) -> str | None:
         """Start a capture on a thread of its own (which also gathers the engine's context: nothing of it runs on
         the caller's thread, the event loop); its bundle's name, or None when one is running."""
-        if not self._lock.acquire(blocking=False):
+        if self._closed or not self._lock.acquire(blocking=False):
             return None
+        self._cancel = threading.Event()
         wall = self.wall()
 
         def run() -> None:
@@ -209,8 +214,9 @@ class CaptureStage(Stage):
 
     def _run(self, ctx: CaptureContext, wall: float | None = None) -> CaptureOutcome:
         wall = self.wall() if wall is None else wall
+        cancel = self._cancel
         try:
-            out = take(ctx, self.config, procfs=self.procfs, binary=self.binary, wall=wall)
+            out = take(ctx, self.config, procfs=self.procfs, binary=self.binary, wall=wall, cancel=cancel)
         except Exception as e:  # a bug must not kill the thread silently nor leave the lock held
             _log.error("capture_failed", gpu=ctx.gpu, trigger=ctx.trigger, error=repr(e))
             raise
@@ -229,6 +235,14 @@ class CaptureStage(Stage):
         t = self._thread
         if t is not None:
             t.join(timeout)
+
+    def close(self) -> None:
+        """The engine stops: kill a running py-spy (its bundle says "cancelled") and wait a moment for the
+        thread to write it; nothing starts on its own thread after this (diagnose --stacks still calls take()
+        once its sampling has stopped the engine)."""
+        self._closed = True
+        self._cancel.set()
+        self.wait(CLOSE_WAIT_S)
 
     @property
     def running(self) -> bool:

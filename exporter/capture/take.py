@@ -6,6 +6,7 @@ endpoint through the stage; never raises for what the workload, py-spy or the di
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -132,13 +133,14 @@ def summary_markdown(ctx: CaptureContext, outcome: CaptureOutcome, threads: list
 
 
 def take(ctx: CaptureContext, config: CaptureConfig, *, procfs: Path = Path("/proc"),
-         binary: str | None = None, wall: float | None = None) -> CaptureOutcome:
-    """Sample, judge, write. The CPU charged is py-spy's plus this thread's."""
+         binary: str | None = None, wall: float | None = None,
+         cancel: threading.Event | None = None) -> CaptureOutcome:
+    """Sample, judge, write. The CPU charged is py-spy's plus this thread's; ``cancel`` stops py-spy early."""
     wall = time.time() if wall is None else wall
     cpu0 = time.thread_time()
     name = bundle_name(wall, ctx.gpu, ctx.trigger)
     stacks = runner.record(ctx.pids, duration=config.duration, rate=config.rate, procfs=procfs,
-                           native=config.native, binary=binary)
+                           native=config.native, binary=binary, cancel=cancel)
     threads = summarize(stacks.threads, gpu_pids=stacks.pids, cpu_share=stacks.cpu_share)
     label = dominant_label(threads)
     cause = None if ctx.verdict is None else ctx.verdict.cause

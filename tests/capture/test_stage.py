@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -170,3 +171,21 @@ def test_enabled_builds_the_stage_after_the_analyzer(tmp_path: Path) -> None:
 def test_bad_capture_settings_name_the_flag(flag: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve(pipeline.registry(), {}, {flag: value})
+
+
+def test_closing_the_stage_cancels_a_running_capture_at_once(workload: Start, tmp_path: Path) -> None:
+    proc = workload("sync_wait")
+    targets = Targets()
+    targets.publish({"0": [proc.pid]})
+    stage = CaptureStage(CaptureConfig(enabled=True, duration=30.0, dir=tmp_path / "c"), targets)
+    _engine(stage, "latency_bound").run_until(1.0)
+    assert stage.start(0, TRIGGER_HTTP) is not None
+    time.sleep(1.0)
+    started = time.monotonic()
+    stage.close()
+    stage.wait(10)
+    assert time.monotonic() - started < 5 and not stage.running
+    (b,) = list((tmp_path / "c").iterdir())
+    record = json.loads((b / "capture.json").read_text())
+    assert record["problems"] == [f"pid {proc.pid}: cancelled (gpufeed stopping)"]
+    assert stage.start(0, TRIGGER_HTTP) is None  # none after close
