@@ -117,3 +117,15 @@ def test_py_spy_past_its_deadline_is_killed(tmp_path: Path, monkeypatch: pytest.
     cap = runner.record([os.getpid()], duration=1, binary=str(hang))
     assert time.monotonic() - started < 5
     assert cap.unavailable == f"stacks unavailable: pid {os.getpid()}: py-spy did not finish within 1.5 s"
+
+
+def test_native_mode_shows_the_c_frames_under_the_sync(workload: Start) -> None:
+    proc = workload("sync_wait")
+    cap = runner.record([proc.pid], duration=2, native=True)
+    assert cap.problems == ()
+    main = next(t for t in cap.threads if t.tid == proc.pid)
+    stack, _ = max(main.stacks, key=lambda s: s[1])
+    names = [f.name for f in stack]
+    assert names.index("synchronize") < len(names) - 1, "native frames below the Python one"
+    assert any(not f.file.endswith(".py") and f.file for f in stack[names.index("synchronize") + 1:])
+    assert summarize(cap.threads, gpu_pids=cap.pids)[0].label == LABEL_SYNC
