@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import yamlsafe
+from exporter.capture import options as capture_options
 from exporter.durations import format_duration
 from exporter.log import FORMATS, LEVELS
 from exporter.names import DERIVED
@@ -89,6 +90,7 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
            "of a shipped scenario (gpufeed examples)."),
     Option("simulate-speed", "float", 1.0, "Play the simulated scenario this many times faster than real time "
            f"(at most {MAX_SIMULATE_SPEED:g}); intervals, rates and windows stay in scenario time."),
+    *capture_options.CAPTURE_OPTIONS,
 )
 
 _CHOICES = {"log.level": LEVELS, "log.format": FORMATS}
@@ -217,6 +219,10 @@ def resolve(
         # would judge on less than the window their help texts and the dashboards say.
         raise ConfigError(f"--engine.history ({format_duration(values['engine.history'])}) must be at least "
                           f"--collector.derived.window ({format_duration(window)})")
+    try:
+        capture_options.check(values)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     speed = values["simulate-speed"]
     if not 0 < speed <= MAX_SIMULATE_SPEED:  # NaN fails this too
         # Above this the daemon would sample a 100 ms source every millisecond of wall time: its sampling, not

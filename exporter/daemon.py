@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import hotplug, log, pipeline
+from exporter.capture.http import routes as capture_routes
 from exporter.config import Settings
 from exporter.engine import Clock, VirtualClock
 from exporter.exposition import Renderer, unix_offset
@@ -102,6 +103,7 @@ class Daemon:
             healthy=self.engine.alive,
             policy=self.webconfig,
             on_scrape=self.pacer.scraped,
+            routes=capture_routes(self.pipeline.capture) if self.pipeline.capture is not None else None,
         )
         self._stop = asyncio.Event()
         self._render_task: asyncio.Task[None] | None = None

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter import log
+from exporter.capture.options import CaptureConfig
+from exporter.capture.stage import CaptureStage
 from exporter.collectors import load_all
 from exporter.config import Settings
 from exporter.derived.analyzer import Analyzer
@@ -34,13 +36,15 @@ def registry() -> dict[str, type[Stage]]:
 
 @dataclass
 class Pipeline:
-    """The assembled parts. ``engine.stages`` is ``collectors`` then the analyzer (when enabled)."""
+    """The assembled parts. ``engine.stages`` is ``collectors``, the analyzer and the capture stage (each when
+    enabled)."""
 
     settings: Settings
     collectors: list[Collector]
     analyzer: Analyzer | None
     engine: Engine
     targets: Targets
+    capture: CaptureStage | None = None  # --capture.enabled: the stage, also for POST /capture and diagnose
 
     @property
     def stages(self) -> list[Stage]:
@@ -94,8 +98,15 @@ def build(
         except Exception as e:
             _log.error("collector_init_failed", collector=name, error=repr(e))
     built: list[Stage] = [*collectors, *([analyzer] if analyzer is not None else [])]
+    # Nothing of the capture exists unless enabled (settings built by hand in tests may not have the key).
+    stage = CaptureStage(CaptureConfig.from_values(settings.values), targets, procfs=settings.procfs) \
+        if settings.values.get("capture.enabled") else None
+    built += [stage] if stage is not None else []
     history = float(settings["engine.history"]) if history_seconds is None else history_seconds
     engine = Engine(built, clock, history_seconds=history, inline=inline, on_publish=on_publish)
     if analyzer is not None:
         analyzer.bind(engine)
-    return Pipeline(settings=settings, collectors=collectors, analyzer=analyzer, engine=engine, targets=targets)
+    if stage is not None:
+        stage.bind(engine)
+    return Pipeline(settings=settings, collectors=collectors, analyzer=analyzer, engine=engine, targets=targets,
+                    capture=stage)

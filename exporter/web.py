@@ -46,8 +46,8 @@ _log = log.get_logger(component="web")
 
 MAX_HEADER_BYTES = 16 * 1024
 REASONS = {
-    200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-    408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long", 429: "Too Many Requests",
+    200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+    408: "Request Timeout", 409: "Conflict", 413: "Payload Too Large", 414: "URI Too Long", 429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     503: "Service Unavailable", 505: "HTTP Version Not Supported",
 }
@@ -110,6 +110,13 @@ class Request:
     path: str
     version: str
     headers: dict[str, str]
+    query: str = ""
+
+
+# A further path served behind the same TLS, auth and rate limit as the telemetry path (POST /capture, GET
+# /captures: exporter/capture/http.py): (method, query string) -> (status, body, content type). GET, HEAD and
+# POST reach it; it must answer at once (nothing here waits for it).
+Route = Callable[[str, str], tuple[int, bytes, str]]
 
 
 class _BadRequestError(Exception):
@@ -292,8 +299,10 @@ class WebServer:
         *,
         policy: AccessPolicy | None = None,
         on_scrape: Callable[[str], concurrent.futures.Future[None] | None] | None = None,
+        routes: Mapping[str, Route] | None = None,
     ) -> None:
         self.renderer = renderer
+        self.routes = dict(routes or {})
         # Told of every scrape of the telemetry path (the scraper: its address and User-Agent); may return a
         # future to wait on -- the payload was stale and a render was asked for (exporter/pacing.py).
         self.on_scrape = on_scrape
@@ -527,7 +536,8 @@ class WebServer:
             if not sep or not name or name != name.strip():
                 raise _BadRequestError(400)
             headers[name.lower()] = value.strip()
-        return Request(method=method, path=target.split("?", 1)[0], version=version, headers=headers)
+        path, _, query = target.partition("?")
+        return Request(method=method, path=path, version=version, headers=headers, query=query)
 
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, task: asyncio.Task[None]
@@ -559,9 +569,9 @@ class WebServer:
             # Nothing here takes a body; refuse instead of reading an attacker-sized one.
             self._write(writer, 413, b"request bodies are not accepted\n", "text/plain", close=True)
             return False
-        if req.method not in ("GET", "HEAD"):
+        if req.method not in ("GET", "HEAD") and not (req.method == "POST" and req.path in self.routes):
             self._write(writer, 405, b"method not allowed\n", text, close=not keep_alive,
-                        extra={"Allow": "GET, HEAD"})
+                        extra={"Allow": "GET, HEAD, POST" if req.path in self.routes else "GET, HEAD"})
             return keep_alive
         policy = self.policy
         # /healthz answers without basic auth and outside the rate limit: container and Kubernetes probes
@@ -629,6 +639,9 @@ class WebServer:
                         "text/plain; charset=utf-8", close=close, head_only=head_only)
         elif req.path == "/":
             self._write(writer, 200, self._landing(), "text/html; charset=utf-8", close=close, head_only=head_only)
+        elif req.path in self.routes:
+            status, body, content_type = self.routes[req.path](req.method, req.query)
+            self._write(writer, status, body, content_type, close=close, head_only=head_only)
         else:
             self._write(writer, 404, b"not found\n", "text/plain; charset=utf-8", close=close, head_only=head_only)
 
