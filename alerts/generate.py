@@ -575,6 +575,9 @@ def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 # Who a GPU's time is rolled up to: (rule prefix, gpufeed_workload_info label).
+# How finely the daily per-owner rules read the owner's rate: a GPU changing hands is charged to the right owner
+# to this step (:func:`owner_daily_rules`).
+OWNER_STEP = "1m"
 OWNERS = (("namespace", "namespace"), ("slurm_job", "slurm_job_id"))
 
 
@@ -656,7 +659,7 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
         {"record": "instance:gpufeed_gpu_waiting_hours:fleet_ratio1d",
          "expr": f"instance:gpufeed_gpu_waiting_hours:increase1d\n/ on ({b('job')}) group_left\n"
                  f"sum by ({b('job')}) (instance:gpufeed_gpu_waiting_hours:increase1d)\n"},
-        *owner_daily_rules(rw, b),
+        *owner_daily_rules(cfg, b),
     ]
     return {"groups": [
         {"name": "gpufeed-gpu-time", "rules": fast},
@@ -668,17 +671,31 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
 # and per Slurm job, joined through gpufeed_workload_info (one series per GPU, so the join is one-to-one).
 
 
-def owner_daily_rules(rw: str, b: Callable[[str], str]) -> list[Rule]:
-    """GPU-hours of the last day per owner: the mean of the per-owner rate (:func:`workload_rollups`) over the
-    day times 24 h, so each 5-minute slice is charged to whoever owned the GPU then (a job that ended is still
-    counted); ``b`` adds the aggregation labels."""
+def owner_daily_rules(cfg: dict[str, Any], b: Callable[[str], str]) -> list[Rule]:
+    """GPU-hours of the last day per owner, from the per-owner rate (:func:`workload_rollups`); ``b`` adds the
+    aggregation labels.
+
+    The owner's rate is read at every minute of the day (a subquery), so each minute is charged to whoever held
+    the GPU then (a job that ended is still counted), and the mean over ALL of the day's steps -- the owner
+    counted 0 where it held no GPU -- times 24 h is its GPU-hours. ``avg_over_time`` took the mean over the
+    owner's own samples only, which charged an owner present h hours about 24/h times its GPU-hours. Each
+    moment lies in several of the overlapping 5-minute rate windows, so the counters' 10-second steps falling
+    between two windows average out. Dividing by the number of steps rather than writing ``* 60 / 3600`` keeps
+    the figure right where Prometheus 2 includes the step that falls exactly on the day's start (1441 steps;
+    Prometheus 3 and unaligned evaluations see 1440). Cheap: 1440 points of one recorded series per owner and
+    state, evaluated every ``daily_interval``; it needs the rate rules evaluated at least once a minute (the
+    Prometheus default).
+    """
+    w = cfg["recording_window"]
+    day = f"[1d:{OWNER_STEP}]"
     out: list[Rule] = []
     for prefix, label in OWNERS:
         for kind, metric, hours in (("state", "gpufeed_gpu_state_seconds", "gpufeed_gpu_hours"),
                                     ("cause", "gpufeed_gpu_waiting_seconds", "gpufeed_gpu_waiting_hours")):
+            rate = f"{prefix}_{kind}:{metric}:rate{w}"
             out.append({"record": f"{prefix}_{kind}:{hours}:increase1d",
-                        "expr": f"sum by ({b(f'{label}, {kind}')}) (avg_over_time({prefix}_{kind}:{metric}:{rw}[1d]))"
-                                " * 24"})
+                        "expr": f"sum by ({b(f'{label}, {kind}')}) (sum_over_time({rate}{day}))\n"
+                                f"* 24 / scalar(count_over_time(vector(1){day}))\n"})
     return out
 
 
@@ -706,7 +723,9 @@ def prometheus_rule(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
         "metadata": {"name": "gpufeed", "namespace": "monitoring",
-                     "labels": {"app.kubernetes.io/name": "gpufeed", "app.kubernetes.io/component": "exporter"}},
+                     # release: what kube-prometheus-stack's default ruleSelector matches (its default release name)
+                     "labels": {"app.kubernetes.io/name": "gpufeed", "app.kubernetes.io/component": "exporter",
+                                "release": "kube-prometheus-stack"}},
         "spec": {"groups": recording_groups(cfg)["groups"] + alert_groups(cfg)["groups"]},
     }
 
