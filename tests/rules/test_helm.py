@@ -296,3 +296,20 @@ def test_defaults_carry_the_release_label_kube_prometheus_stack_selects_and_keep
     for ep in (endpoint, base):
         assert ep["honorLabels"] is True
         assert {"action": "labeldrop", "regex": "namespace|pod|container"} in ep["relabelings"]
+
+
+def test_security_context_values_reach_the_pod_and_a_misspelt_key_is_refused(tmp_path: Path) -> None:
+    # Root to read the kubelet's root-only pod-resources socket, the container still without any capability.
+    pod = _one(render(tmp_path, {"podSecurityContext": {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0}}),
+               "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0,
+                                      "supplementalGroups": [44], "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    # Before values.schema.json, --set podSecurityContext.runAsUser=0 (or any typo) was silently ignored.
+    for bad in ({"podSecurityContext": {"runAsUsr": 0}}, {"securityContext": {"readOnlyRootFS": True}},
+                {"serviceMonitr": {"enabled": False}}):
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+        r = subprocess.run([_helm(), "template", "x", str(CHART), "-f", str(tmp_path / "bad.yaml")],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode != 0 and "Additional property" in r.stderr, (bad, r.stderr)
