@@ -399,7 +399,8 @@ def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> None:
     # Findings and firing alerts are among the panels: let the riser page first.
     _wait_for_page(stack, "GpufeedPCIeLinkDowngraded", "riser")
     hosts = "|".join(stack.instances.values())  # "." matches itself too; PromQL strings need no escaping
-    subst = {"$host": hosts, "$gpu": ".*", "$__rate_interval": "10s", "$__interval": "5s", "$__range": "1m"}
+    subst = {"$cluster": ".*", "$host": hosts, "$gpu": ".*", "$__rate_interval": "10s", "$__interval": "5s",
+             "$__range": "1m"}
     empty, errors = [], []
     for name, title, expr in _dashboard_queries():
         q = expr
