@@ -139,13 +139,24 @@ def by(cfg: dict[str, Any], *labels: str) -> str:
 # ------------------------------------------------------------------------------------------- templates
 
 
+class Knob(float):
+    """A threshold the mixin's ``_config.thresholds`` sets: the number, and where it lives (``section.key``)."""
+
+    path: str
+
+    def __new__(cls, value: float, path: str) -> Knob:
+        knob = super().__new__(cls, value)
+        knob.path = path
+        return knob
+
+
 def _num(x: float) -> str:
-    """A threshold as PromQL / prose writes it (0.3, 10, 0.05)."""
-    return f"{x:g}"
+    """A threshold as PromQL / prose writes it (0.3, 10, 0.05); a marker the mixin formats, for a :class:`Knob`."""
+    return f"@@num:{x.path}@@" if isinstance(x, Knob) else f"{x:g}"
 
 
 def _pct(x: float) -> str:
-    return f"{x * 100:g}%"
+    return f"@@pct:{x.path}@@" if isinstance(x, Knob) else f"{x * 100:g}%"
 
 
 def evidence(fmt: str, args: str, render: str = "{{ . | first | value | humanize }}") -> str:
@@ -576,6 +587,9 @@ def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 # Who a GPU's time is rolled up to: (rule prefix, gpufeed_workload_info label).
+# How finely the daily per-owner rules read the owner's rate: a GPU changing hands is charged to the right owner
+# to this step (:func:`owner_daily_rules`).
+OWNER_STEP = "1m"
 OWNERS = (("namespace", "namespace"), ("slurm_job", "slurm_job_id"))
 
 
@@ -657,7 +671,7 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
         {"record": "instance:gpufeed_gpu_waiting_hours:fleet_ratio1d",
          "expr": f"instance:gpufeed_gpu_waiting_hours:increase1d\n/ on ({b('job')}) group_left\n"
                  f"sum by ({b('job')}) (instance:gpufeed_gpu_waiting_hours:increase1d)\n"},
-        *owner_daily_rules(rw, b),
+        *owner_daily_rules(cfg, b),
     ]
     return {"groups": [
         {"name": "gpufeed-gpu-time", "rules": fast},
@@ -669,17 +683,31 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
 # and per Slurm job, joined through gpufeed_workload_info (one series per GPU, so the join is one-to-one).
 
 
-def owner_daily_rules(rw: str, b: Callable[[str], str]) -> list[Rule]:
-    """GPU-hours of the last day per owner: the mean of the per-owner rate (:func:`workload_rollups`) over the
-    day times 24 h, so each 5-minute slice is charged to whoever owned the GPU then (a job that ended is still
-    counted); ``b`` adds the aggregation labels."""
+def owner_daily_rules(cfg: dict[str, Any], b: Callable[[str], str]) -> list[Rule]:
+    """GPU-hours of the last day per owner, from the per-owner rate (:func:`workload_rollups`); ``b`` adds the
+    aggregation labels.
+
+    The owner's rate is read at every minute of the day (a subquery), so each minute is charged to whoever held
+    the GPU then (a job that ended is still counted), and the mean over ALL of the day's steps -- the owner
+    counted 0 where it held no GPU -- times 24 h is its GPU-hours. ``avg_over_time`` took the mean over the
+    owner's own samples only, which charged an owner present h hours about 24/h times its GPU-hours. Each
+    moment lies in several of the overlapping 5-minute rate windows, so the counters' 10-second steps falling
+    between two windows average out. Dividing by the number of steps rather than writing ``* 60 / 3600`` keeps
+    the figure right where Prometheus 2 includes the step that falls exactly on the day's start (1441 steps;
+    Prometheus 3 and unaligned evaluations see 1440). Cheap: 1440 points of one recorded series per owner and
+    state, evaluated every ``daily_interval``; it needs the rate rules evaluated at least once a minute (the
+    Prometheus default).
+    """
+    w = cfg["recording_window"]
+    day = f"[1d:{OWNER_STEP}]"
     out: list[Rule] = []
     for prefix, label in OWNERS:
         for kind, metric, hours in (("state", "gpufeed_gpu_state_seconds", "gpufeed_gpu_hours"),
                                     ("cause", "gpufeed_gpu_waiting_seconds", "gpufeed_gpu_waiting_hours")):
+            rate = f"{prefix}_{kind}:{metric}:rate{w}"
             out.append({"record": f"{prefix}_{kind}:{hours}:increase1d",
-                        "expr": f"sum by ({b(f'{label}, {kind}')}) (avg_over_time({prefix}_{kind}:{metric}:{rw}[1d]))"
-                                " * 24"})
+                        "expr": f"sum by ({b(f'{label}, {kind}')}) (sum_over_time({rate}{day}))\n"
+                                f"* 24 / scalar(count_over_time(vector(1){day}))\n"})
     return out
 
 
@@ -707,7 +735,9 @@ def prometheus_rule(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
         "metadata": {"name": "gpufeed", "namespace": "monitoring",
-                     "labels": {"app.kubernetes.io/name": "gpufeed", "app.kubernetes.io/component": "exporter"}},
+                     # release: what kube-prometheus-stack's default ruleSelector matches (its default release name)
+                     "labels": {"app.kubernetes.io/name": "gpufeed", "app.kubernetes.io/component": "exporter",
+                                "release": "kube-prometheus-stack"}},
         "spec": {"groups": recording_groups(cfg)["groups"] + alert_groups(cfg)["groups"]},
     }
 
@@ -729,6 +759,16 @@ MIXIN_MARKERS = {
 MIXIN_HEADER = "// GENERATED by alerts/generate.py from exporter/thresholds.yaml -- do not edit by hand.\n"
 
 
+# The threshold markers of :func:`mixin_outputs`: a string (window, for:, severity), a number as _num writes it, a
+# share as _pct writes it; each becomes a hidden _config field the format string reads.
+_KNOB = re.compile(r"@@(str|num|pct):([a-z_]+)\.([a-z_]+)@@")
+_KNOB_FORMAT = {"str": "s", "num": "g", "pct": "g%%"}
+
+
+def _knob_field(kind: str, section: str, key: str) -> str:
+    return f"{kind}_{section}_{key}"
+
+
 def _jsonnet(value: Any, indent: str = "") -> str:
     """``value`` as jsonnet: JSON, except strings with a marker, which format ``$._config``."""
     inner = indent + "  "
@@ -745,9 +785,17 @@ def _jsonnet(value: Any, indent: str = "") -> str:
         text = value.replace("%", "%%")
         for marker, key in MIXIN_MARKERS.items():
             text = text.replace(marker, f"%({key})s")
-        assert "@@" not in text, value  # a marker the table above does not know
+        text = _KNOB.sub(lambda m: f"%({_knob_field(*m.groups())}){_KNOB_FORMAT[m.group(1)]}", text)
+        assert "@@" not in text, value  # a marker the tables above do not know
         return f"({json.dumps(text)} % $._config)"
     return json.dumps(value)
+
+
+def _alert_thresholds(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The alert sections of the thresholds (``gpu_starved: {for, severity, window, min_waiting_ratio}``...): the
+    mixin's ``_config.thresholds``. Lists (the Xid codes) stay the generator's."""
+    return {section: {k: v for k, v in keys.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
+            for section, keys in cfg.items() if isinstance(keys, dict)}
 
 
 def mixin_outputs(cfg: dict[str, Any]) -> dict[str, str]:
@@ -756,9 +804,23 @@ def mixin_outputs(cfg: dict[str, Any]) -> dict[str, str]:
     marked["runbook_base_url"] = "@@runbookBaseUrl@@"
     marked["job_selector"] = "@@gpufeedSelector@@"
     marked["aggregation_labels"] = ["@@aggregationLabels@@"]
+    thresholds = _alert_thresholds(cfg)
+    hidden = []
+    for section, keys in thresholds.items():
+        for key, value in keys.items():
+            path = f"{section}.{key}"
+            where = f"self.thresholds[{json.dumps(section)}][{json.dumps(key)}]"
+            if isinstance(value, str):
+                marked[section][key] = f"@@str:{path}@@"
+                hidden.append(f"    {_knob_field('str', section, key)}:: {where},\n")
+            else:
+                marked[section][key] = Knob(value, path)
+                hidden.append(f"    {_knob_field('num', section, key)}:: {where},\n")
+                hidden.append(f"    {_knob_field('pct', section, key)}:: {where} * 100,\n")
     config_text = (
         MIXIN_HEADER
-        + "// What users of the mixin tune; thresholds are the generator's (alerts/generate.py --thresholds).\n"
+        + "// What users of the mixin tune: selectors, links, labels, and every alert's threshold, window, for:\n"
+        + "// and severity (the keys of exporter/thresholds.yaml).\n"
         + "{\n  _config+:: {\n"
         + "    // Selects gpufeed's scrape job (the target-down alert).\n"
         + f"    gpufeedSelector: {json.dumps(cfg['job_selector'])},\n"
@@ -773,6 +835,10 @@ def mixin_outputs(cfg: dict[str, Any]) -> dict[str, str]:
         + "           && std.length(std.findSubstr('#', self.runbookBaseUrl)) == 0 :\n"
         + "      'runbookBaseUrl must be an absolute http(s) URL with a host and no #fragment, got '\n"
         + "      + self.runbookBaseUrl,\n"
+        + "    // Per alert, as in exporter/thresholds.yaml; override one key with e.g.\n"
+        + "    // thresholds+: {gpu_starved+: {min_waiting_ratio: 0.5}}.\n"
+        + "    thresholds: " + _jsonnet(thresholds, "    ") + ",\n"
+        + "".join(hidden)
         + "  },\n}\n"
     )
     return {

@@ -7,93 +7,93 @@
         "rules": [
           {
             "alert": "GpufeedPCIeLinkDowngraded",
-            "expr": ("gpufeed_pcie_link_downgraded == 1\nand on (%(aggregationPrefix)sinstance, gpu)\n(\n    sum without (state) (rate(gpufeed_gpu_state_seconds_total{state!=\"idle\"}[10m]))\n  / sum without (state) (rate(gpufeed_gpu_state_seconds_total[10m]))\n  >= 0.5\n)\n" % $._config),
-            "for": "15m",
+            "expr": ("gpufeed_pcie_link_downgraded == 1\nand on (%(aggregationPrefix)sinstance, gpu)\n(\n    sum without (state) (rate(gpufeed_gpu_state_seconds_total{state!=\"idle\"}[%(str_pcie_link_downgraded_window)s]))\n  / sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_pcie_link_downgraded_window)s]))\n  >= %(num_pcie_link_downgraded_min_in_use_ratio)g\n)\n" % $._config),
+            "for": ("%(str_pcie_link_downgraded_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_pcie_link_downgraded_severity)s" % $._config),
             },
             "annotations": {
               "summary": "PCIe link of GPU {{ $labels.gpu }} on {{ $labels.instance }} downgraded under load",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is in use, but the PCIe link at {{ $labels.bdf }}{{ with printf `gpufeed_pcie_device_info{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }} ({{ . | first | label `role` }}){{ end }} runs at {{ with printf `gpufeed_pcie_link_current_speed_transfers_per_second{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}T/s{{ end }} x{{ with printf `gpufeed_pcie_link_current_width{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}{{ end }} instead of {{ with printf `gpufeed_pcie_device_info{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }}{{ with . | first }}{{ .Labels.limit_speed }} x{{ .Labels.limit_width }}{{ end }}{{ end }} (sustained for 15m; idle GPUs are excluded). Host-device copies are capped by the slower link: check the slot, riser and BIOS before tuning the job.",
+              "description": ("GPU {{ $labels.gpu }} on {{ $labels.instance }} is in use, but the PCIe link at {{ $labels.bdf }}{{ with printf `gpufeed_pcie_device_info{instance=%%q,bdf=%%q}` $labels.instance $labels.bdf | query }} ({{ . | first | label `role` }}){{ end }} runs at {{ with printf `gpufeed_pcie_link_current_speed_transfers_per_second{instance=%%q,bdf=%%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}T/s{{ end }} x{{ with printf `gpufeed_pcie_link_current_width{instance=%%q,bdf=%%q}` $labels.instance $labels.bdf | query }}{{ . | first | value | humanize }}{{ end }} instead of {{ with printf `gpufeed_pcie_device_info{instance=%%q,bdf=%%q}` $labels.instance $labels.bdf | query }}{{ with . | first }}{{ .Labels.limit_speed }} x{{ .Labels.limit_width }}{{ end }}{{ end }} (sustained for %(str_pcie_link_downgraded_for)s; idle GPUs are excluded). Host-device copies are capped by the slower link: check the slot, riser and BIOS before tuning the job." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcielinkdowngraded" % $._config),
             },
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": "sum without (severity) (label_replace(increase(gpufeed_pcie_aer_errors_total{severity=\"correctable\"}[10m]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 10",
-            "for": "5m",
+            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_aer_errors_total{severity=\"correctable\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > %(num_pcie_errors_min_correctable_increase)g" % $._config),
+            "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_pcie_errors_severity)s" % $._config),
               "signal": "aer_correctable",
             },
             "annotations": {
               "summary": "PCIe errors rising at {{ $labels.bdf }} on {{ $labels.instance }}",
-              "description": "PCIe device {{ $labels.bdf }}{{ with printf `gpufeed_pcie_device_info{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }} ({{ . | first | label `role` }} of GPU {{ . | first | label `gpu_bdf` }}){{ end }} on {{ $labels.instance }} logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m. More than 10 correctable errors per window point at a marginal link (riser, slot, cable) that retrains and slows transfers.",
+              "description": ("PCIe device {{ $labels.bdf }}{{ with printf `gpufeed_pcie_device_info{instance=%%q,bdf=%%q}` $labels.instance $labels.bdf | query }} ({{ . | first | label `role` }} of GPU {{ . | first | label `gpu_bdf` }}){{ end }} on {{ $labels.instance }} logged {{ $value | printf `%%.0f` }} {{ $labels.aer_severity }} AER errors in the last %(str_pcie_errors_window)s. More than %(num_pcie_errors_min_correctable_increase)g correctable errors per window point at a marginal link (riser, slot, cable) that retrains and slows transfers." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
             },
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": "sum without (severity) (label_replace(increase(gpufeed_pcie_aer_errors_total{severity=~\"nonfatal|fatal\"}[10m]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 0",
-            "for": "5m",
+            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_aer_errors_total{severity=~\"nonfatal|fatal\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 0" % $._config),
+            "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
-              "severity": "critical",
+              "severity": ("%(str_pcie_errors_uncorrectable_severity)s" % $._config),
               "signal": "aer_uncorrectable",
             },
             "annotations": {
               "summary": "Uncorrectable PCIe errors at {{ $labels.bdf }} on {{ $labels.instance }}",
-              "description": "PCIe device {{ $labels.bdf }}{{ with printf `gpufeed_pcie_device_info{instance=%q,bdf=%q}` $labels.instance $labels.bdf | query }} ({{ . | first | label `role` }} of GPU {{ . | first | label `gpu_bdf` }}){{ end }} on {{ $labels.instance }} logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m. Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
+              "description": ("PCIe device {{ $labels.bdf }}{{ with printf `gpufeed_pcie_device_info{instance=%%q,bdf=%%q}` $labels.instance $labels.bdf | query }} ({{ . | first | label `role` }} of GPU {{ . | first | label `gpu_bdf` }}){{ end }} on {{ $labels.instance }} logged {{ $value | printf `%%.0f` }} {{ $labels.aer_severity }} AER errors in the last %(str_pcie_errors_window)s. Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
             },
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": "sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{severity=\"correctable\"}[10m]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 10",
-            "for": "5m",
+            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{severity=\"correctable\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > %(num_pcie_errors_min_correctable_increase)g" % $._config),
+            "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_pcie_errors_severity)s" % $._config),
               "signal": "aer_correctable",
             },
             "annotations": {
               "summary": "PCIe errors rising on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
-              "description": "The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the GPU) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m (run gpufeed with --collector.pcie.chain to see which hop). More than 10 correctable errors per window point at a marginal link (riser, slot, cable) that retrains and slows transfers.",
+              "description": ("The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the GPU) logged {{ $value | printf `%%.0f` }} {{ $labels.aer_severity }} AER errors in the last %(str_pcie_errors_window)s (run gpufeed with --collector.pcie.chain to see which hop). More than %(num_pcie_errors_min_correctable_increase)g correctable errors per window point at a marginal link (riser, slot, cable) that retrains and slows transfers." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
             },
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": "sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{severity=~\"nonfatal|fatal\"}[10m]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 0",
-            "for": "5m",
+            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{severity=~\"nonfatal|fatal\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 0" % $._config),
+            "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
-              "severity": "critical",
+              "severity": ("%(str_pcie_errors_uncorrectable_severity)s" % $._config),
               "signal": "aer_uncorrectable",
             },
             "annotations": {
               "summary": "Uncorrectable PCIe errors on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
-              "description": "The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the GPU) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last 10m (run gpufeed with --collector.pcie.chain to see which hop). Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
+              "description": ("The PCIe path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }} (root port, switch ports and the GPU) logged {{ $value | printf `%%.0f` }} {{ $labels.aer_severity }} AER errors in the last %(str_pcie_errors_window)s (run gpufeed with --collector.pcie.chain to see which hop). Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
             },
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": "increase(gpufeed_gpu_pcie_replays_total[10m]) > 10",
-            "for": "5m",
+            "expr": ("increase(gpufeed_gpu_pcie_replays_total[%(str_pcie_errors_window)s]) > %(num_pcie_errors_min_replay_increase)g" % $._config),
+            "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_pcie_errors_severity)s" % $._config),
               "signal": "replays",
             },
             "annotations": {
               "summary": "PCIe replays rising on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} replayed {{ $value | printf `%.0f` }} PCIe transactions in the last 10m (NVML replay counter). Replays mean link-level errors that the link recovered from, at the cost of bandwidth.",
+              "description": ("GPU {{ $labels.gpu }} on {{ $labels.instance }} replayed {{ $value | printf `%%.0f` }} PCIe transactions in the last %(str_pcie_errors_window)s (NVML replay counter). Replays mean link-level errors that the link recovered from, at the cost of bandwidth." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedpcieerrorsrising" % $._config),
             },
           },
           {
             "alert": "GpufeedNUMAMismatch",
             "expr": "gpufeed_finding{check=\"numa_mismatch\"} == 1",
-            "for": "15m",
+            "for": ("%(str_numa_mismatch_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_numa_mismatch_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is fed from a remote NUMA node",
@@ -103,23 +103,23 @@
           },
           {
             "alert": "GpufeedGPUThrottled",
-            "expr": "avg_over_time(gpufeed_gpu_sm_clock_hertz[10m])\n/ avg_over_time(gpufeed_gpu_sm_clock_max_hertz[10m])\n< 0.8\nand\nrate(gpufeed_gpu_busy_seconds_total[10m]) > 0.5\n",
-            "for": "15m",
+            "expr": ("avg_over_time(gpufeed_gpu_sm_clock_hertz[%(str_gpu_throttled_window)s])\n/ avg_over_time(gpufeed_gpu_sm_clock_max_hertz[%(str_gpu_throttled_window)s])\n< %(num_gpu_throttled_max_clock_ratio)g\nand\nrate(gpufeed_gpu_busy_seconds_total[%(str_gpu_throttled_window)s]) > %(num_gpu_throttled_min_busy_ratio)g\n" % $._config),
+            "for": ("%(str_gpu_throttled_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_gpu_throttled_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} throttled under load",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is busy but its SM clock averaged {{ $value | humanizePercentage }} of its maximum over 10m. Clock event reasons:{{ range printf `gpufeed_gpu_clock_event_reason{instance=%q,gpu=%q} == 1` $labels.instance $labels.gpu | query }} {{ .Labels.reason }}{{ end }}; temperature {{ with printf `gpufeed_gpu_temperature_celsius{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }}{{ . | first | value | humanize }}{{ end }} C, power {{ with printf `gpufeed_gpu_power_watts{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }}{{ . | first | value | printf `%.0f` }}{{ end }} W of {{ with printf `gpufeed_gpu_power_limit_watts{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }}{{ . | first | value | printf `%.0f` }}{{ end }} W.",
+              "description": ("GPU {{ $labels.gpu }} on {{ $labels.instance }} is busy but its SM clock averaged {{ $value | humanizePercentage }} of its maximum over %(str_gpu_throttled_window)s. Clock event reasons:{{ range printf `gpufeed_gpu_clock_event_reason{instance=%%q,gpu=%%q} == 1` $labels.instance $labels.gpu | query }} {{ .Labels.reason }}{{ end }}; temperature {{ with printf `gpufeed_gpu_temperature_celsius{instance=%%q,gpu=%%q}` $labels.instance $labels.gpu | query }}{{ . | first | value | humanize }}{{ end }} C, power {{ with printf `gpufeed_gpu_power_watts{instance=%%q,gpu=%%q}` $labels.instance $labels.gpu | query }}{{ . | first | value | printf `%%.0f` }}{{ end }} W of {{ with printf `gpufeed_gpu_power_limit_watts{instance=%%q,gpu=%%q}` $labels.instance $labels.gpu | query }}{{ . | first | value | printf `%%.0f` }}{{ end }} W." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedgputhrottled" % $._config),
             },
           },
           {
             "alert": "GpufeedGPULost",
             "expr": "gpufeed_gpu_lost == 1",
-            "for": "1m",
+            "for": ("%(str_gpu_lost_for)s" % $._config),
             "labels": {
-              "severity": "critical",
+              "severity": ("%(str_gpu_lost_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} fell off the bus",
@@ -129,36 +129,36 @@
           },
           {
             "alert": "GpufeedGPUXidError",
-            "expr": "increase(gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"}[10m]) > 0\nor\n(gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"} unless gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"} offset 10m)\n",
-            "for": "0m",
+            "expr": ("increase(gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"}[%(str_gpu_xid_error_window)s]) > 0\nor\n(gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"} unless gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"} offset %(str_gpu_xid_error_window)s)\n" % $._config),
+            "for": ("%(str_gpu_xid_error_for)s" % $._config),
             "labels": {
-              "severity": "critical",
+              "severity": ("%(str_gpu_xid_error_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} reported Xid {{ $labels.xid }}",
-              "description": "GPU {{ $labels.gpu }} ({{ with printf `gpufeed_gpu_info{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }}{{ . | first | label `name` }} at {{ . | first | label `pci_bus_id` }}{{ end }}) on {{ $labels.instance }} reported Xid {{ $labels.xid }}{{ if eq $labels.xid `48` }} (double-bit ECC error){{ end }}{{ if eq $labels.xid `63` }} (row remapping / page retirement recorded){{ end }}{{ if eq $labels.xid `64` }} (row remapping failed){{ end }}{{ if eq $labels.xid `74` }} (NVLink error){{ end }}{{ if eq $labels.xid `79` }} (GPU has fallen off the bus){{ end }}{{ if eq $labels.xid `92` }} (high single-bit ECC error rate){{ end }}{{ if eq $labels.xid `94` }} (contained ECC error){{ end }}{{ if eq $labels.xid `95` }} (uncontained ECC error){{ end }}{{ if eq $labels.xid `119` }} (GSP RPC timeout){{ end }}{{ if eq $labels.xid `120` }} (GSP error){{ end }} {{ $value | printf `%.0f` }} times in the last 10m (NVML critical-error events). Drain the host and reset the GPU; recurring hardware Xids mean an RMA.",
+              "description": ("GPU {{ $labels.gpu }} ({{ with printf `gpufeed_gpu_info{instance=%%q,gpu=%%q}` $labels.instance $labels.gpu | query }}{{ . | first | label `name` }} at {{ . | first | label `pci_bus_id` }}{{ end }}) on {{ $labels.instance }} reported Xid {{ $labels.xid }}{{ if eq $labels.xid `48` }} (double-bit ECC error){{ end }}{{ if eq $labels.xid `63` }} (row remapping / page retirement recorded){{ end }}{{ if eq $labels.xid `64` }} (row remapping failed){{ end }}{{ if eq $labels.xid `74` }} (NVLink error){{ end }}{{ if eq $labels.xid `79` }} (GPU has fallen off the bus){{ end }}{{ if eq $labels.xid `92` }} (high single-bit ECC error rate){{ end }}{{ if eq $labels.xid `94` }} (contained ECC error){{ end }}{{ if eq $labels.xid `95` }} (uncontained ECC error){{ end }}{{ if eq $labels.xid `119` }} (GSP RPC timeout){{ end }}{{ if eq $labels.xid `120` }} (GSP error){{ end }} {{ $value | printf `%%.0f` }} times in the last %(str_gpu_xid_error_window)s (NVML critical-error events). Drain the host and reset the GPU; recurring hardware Xids mean an RMA." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpuxiderror" % $._config),
             },
           },
           {
             "alert": "GpufeedGPUXidError",
-            "expr": "increase(gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"}[10m]) > 0\nor\n(gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"} unless gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"} offset 10m)\n",
-            "for": "0m",
+            "expr": ("increase(gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"}[%(str_gpu_xid_error_window)s]) > 0\nor\n(gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"} unless gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"} offset %(str_gpu_xid_error_window)s)\n" % $._config),
+            "for": ("%(str_gpu_xid_error_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_gpu_xid_error_warning_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} reported Xid {{ $labels.xid }}",
-              "description": "GPU {{ $labels.gpu }} ({{ with printf `gpufeed_gpu_info{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }}{{ . | first | label `name` }} at {{ . | first | label `pci_bus_id` }}{{ end }}) on {{ $labels.instance }} reported Xid {{ $labels.xid }}{{ if eq $labels.xid `48` }} (double-bit ECC error){{ end }}{{ if eq $labels.xid `63` }} (row remapping / page retirement recorded){{ end }}{{ if eq $labels.xid `64` }} (row remapping failed){{ end }}{{ if eq $labels.xid `74` }} (NVLink error){{ end }}{{ if eq $labels.xid `79` }} (GPU has fallen off the bus){{ end }}{{ if eq $labels.xid `92` }} (high single-bit ECC error rate){{ end }}{{ if eq $labels.xid `94` }} (contained ECC error){{ end }}{{ if eq $labels.xid `95` }} (uncontained ECC error){{ end }}{{ if eq $labels.xid `119` }} (GSP RPC timeout){{ end }}{{ if eq $labels.xid `120` }} (GSP error){{ end }} {{ $value | printf `%.0f` }} times in the last 10m (NVML critical-error events). The GPU kept running: plan a drain and a reset, watch whether it recurs.",
+              "description": ("GPU {{ $labels.gpu }} ({{ with printf `gpufeed_gpu_info{instance=%%q,gpu=%%q}` $labels.instance $labels.gpu | query }}{{ . | first | label `name` }} at {{ . | first | label `pci_bus_id` }}{{ end }}) on {{ $labels.instance }} reported Xid {{ $labels.xid }}{{ if eq $labels.xid `48` }} (double-bit ECC error){{ end }}{{ if eq $labels.xid `63` }} (row remapping / page retirement recorded){{ end }}{{ if eq $labels.xid `64` }} (row remapping failed){{ end }}{{ if eq $labels.xid `74` }} (NVLink error){{ end }}{{ if eq $labels.xid `79` }} (GPU has fallen off the bus){{ end }}{{ if eq $labels.xid `92` }} (high single-bit ECC error rate){{ end }}{{ if eq $labels.xid `94` }} (contained ECC error){{ end }}{{ if eq $labels.xid `95` }} (uncontained ECC error){{ end }}{{ if eq $labels.xid `119` }} (GSP RPC timeout){{ end }}{{ if eq $labels.xid `120` }} (GSP error){{ end }} {{ $value | printf `%%.0f` }} times in the last %(str_gpu_xid_error_window)s (NVML critical-error events). The GPU kept running: plan a drain and a reset, watch whether it recurs." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpuxiderror" % $._config),
             },
           },
           {
             "alert": "GpufeedGPUMemoryErrors",
             "expr": "gpufeed_gpu_ecc_errors_total{error=\"uncorrected\",counter=\"volatile\"} > 0",
-            "for": "0m",
+            "for": ("%(str_gpu_memory_errors_for)s" % $._config),
             "labels": {
-              "severity": "critical",
+              "severity": ("%(str_gpu_memory_errors_severity)s" % $._config),
               "signal": "uncorrected",
             },
             "annotations": {
@@ -170,9 +170,9 @@
           {
             "alert": "GpufeedGPUMemoryErrors",
             "expr": "gpufeed_gpu_row_remap_failure == 1",
-            "for": "0m",
+            "for": ("%(str_gpu_memory_errors_for)s" % $._config),
             "labels": {
-              "severity": "critical",
+              "severity": ("%(str_gpu_memory_errors_severity)s" % $._config),
               "signal": "remap_failure",
             },
             "annotations": {
@@ -184,9 +184,9 @@
           {
             "alert": "GpufeedGPUMemoryErrors",
             "expr": "gpufeed_gpu_row_remap_pending == 1",
-            "for": "0m",
+            "for": ("%(str_gpu_memory_errors_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_gpu_memory_errors_pending_severity)s" % $._config),
               "signal": "remap_pending",
             },
             "annotations": {
@@ -197,24 +197,24 @@
           },
           {
             "alert": "GpufeedGPUMemoryErrors",
-            "expr": "increase(gpufeed_gpu_ecc_errors_total{error=\"corrected\",counter=\"volatile\"}[1h]) > 100",
-            "for": "0m",
+            "expr": ("increase(gpufeed_gpu_ecc_errors_total{error=\"corrected\",counter=\"volatile\"}[%(str_gpu_memory_errors_window)s]) > %(num_gpu_memory_errors_min_corrected_increase)g" % $._config),
+            "for": ("%(str_gpu_memory_errors_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_gpu_memory_errors_corrected_severity)s" % $._config),
               "signal": "corrected",
             },
             "annotations": {
               "summary": "Corrected ECC errors rising on GPU {{ $labels.gpu }} on {{ $labels.instance }}",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} corrected {{ $value | printf `%.0f` }} single-bit ECC errors in the last 1h (threshold 100): its memory is degrading; a rising rate comes before uncorrectable errors.",
+              "description": ("GPU {{ $labels.gpu }} on {{ $labels.instance }} corrected {{ $value | printf `%%.0f` }} single-bit ECC errors in the last %(str_gpu_memory_errors_window)s (threshold %(num_gpu_memory_errors_min_corrected_increase)g): its memory is degrading; a rising rate comes before uncorrectable errors." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpumemoryerrors" % $._config),
             },
           },
           {
             "alert": "GpufeedCPUGovernorPowersave",
             "expr": ("gpufeed_cpufreq_governor_cpus{governor=\"powersave\"} > 0\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
-            "for": "30m",
+            "for": ("%(str_cpu_governor_powersave_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_cpu_governor_powersave_severity)s" % $._config),
             },
             "annotations": {
               "summary": "CPUs on GPU host {{ $labels.instance }} run the powersave governor",
@@ -224,56 +224,56 @@
           },
           {
             "alert": "GpufeedMemoryPressure",
-            "expr": ("gpufeed_memory_available_bytes / gpufeed_memory_total_bytes < 0.1\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
-            "for": "10m",
+            "expr": ("gpufeed_memory_available_bytes / gpufeed_memory_total_bytes < %(num_memory_pressure_max_available_ratio)g\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
+            "for": ("%(str_memory_pressure_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_memory_pressure_severity)s" % $._config),
               "signal": "available",
             },
             "annotations": {
               "summary": "Low available memory on GPU host {{ $labels.instance }}",
-              "description": "Only {{ $value | humanizePercentage }} of memory ({{ with printf `gpufeed_memory_available_bytes{instance=%q}` $labels.instance | query }}{{ . | first | value | humanize1024 }}B{{ end }}) is available on GPU host {{ $labels.instance }} (threshold 10%); dirty pages: {{ with printf `gpufeed_memory_dirty_bytes{instance=%q}` $labels.instance | query }}{{ . | first | value | humanize1024 }}B{{ end }}. Pinned buffers, page cache for the dataset and loader workers compete.",
+              "description": ("Only {{ $value | humanizePercentage }} of memory ({{ with printf `gpufeed_memory_available_bytes{instance=%%q}` $labels.instance | query }}{{ . | first | value | humanize1024 }}B{{ end }}) is available on GPU host {{ $labels.instance }} (threshold %(pct_memory_pressure_max_available_ratio)g%%); dirty pages: {{ with printf `gpufeed_memory_dirty_bytes{instance=%%q}` $labels.instance | query }}{{ . | first | value | humanize1024 }}B{{ end }}. Pinned buffers, page cache for the dataset and loader workers compete." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedmemorypressure" % $._config),
             },
           },
           {
             "alert": "GpufeedMemoryPressure",
-            "expr": ("rate(gpufeed_pressure_stalled_seconds_total{resource=\"memory\"}[5m]) > 0.1\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
-            "for": "10m",
+            "expr": ("rate(gpufeed_pressure_stalled_seconds_total{resource=\"memory\"}[%(str_memory_pressure_window)s]) > %(num_memory_pressure_max_memory_stall_ratio)g\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
+            "for": ("%(str_memory_pressure_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_memory_pressure_severity)s" % $._config),
               "signal": "psi",
             },
             "annotations": {
               "summary": "Tasks stalled on memory on GPU host {{ $labels.instance }}",
-              "description": "Tasks on GPU host {{ $labels.instance }} were stalled on memory {{ $value | humanizePercentage }} of the time over 5m (PSI some; threshold 10%). Available memory: {{ with printf `gpufeed_memory_available_bytes{instance=%q}` $labels.instance | query }}{{ . | first | value | humanize1024 }}B{{ end }}.",
+              "description": ("Tasks on GPU host {{ $labels.instance }} were stalled on memory {{ $value | humanizePercentage }} of the time over %(str_memory_pressure_window)s (PSI some; threshold %(pct_memory_pressure_max_memory_stall_ratio)g%%). Available memory: {{ with printf `gpufeed_memory_available_bytes{instance=%%q}` $labels.instance | query }}{{ . | first | value | humanize1024 }}B{{ end }}." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedmemorypressure" % $._config),
             },
           },
           {
             "alert": "GpufeedMemoryPressure",
-            "expr": ("increase(gpufeed_oom_kills_total[10m]) > 0\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
+            "expr": ("increase(gpufeed_oom_kills_total[%(str_memory_pressure_oom_window)s]) > 0\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
             "for": "0m",
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_memory_pressure_severity)s" % $._config),
               "signal": "oom",
             },
             "annotations": {
               "summary": "OOM kills on GPU host {{ $labels.instance }}",
-              "description": "The kernel OOM killer ran {{ $value | printf `%.0f` }} times in the last 10m on GPU host {{ $labels.instance }}. Available memory: {{ with printf `gpufeed_memory_available_bytes{instance=%q}` $labels.instance | query }}{{ . | first | value | humanize1024 }}B{{ end }}.",
+              "description": ("The kernel OOM killer ran {{ $value | printf `%%.0f` }} times in the last %(str_memory_pressure_oom_window)s on GPU host {{ $labels.instance }}. Available memory: {{ with printf `gpufeed_memory_available_bytes{instance=%%q}` $labels.instance | query }}{{ . | first | value | humanize1024 }}B{{ end }}." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedmemorypressure" % $._config),
             },
           },
           {
             "alert": "GpufeedNFSRetransmissions",
-            "expr": "rate(gpufeed_nfs_rpc_retransmissions_total[10m])\n/ rate(gpufeed_nfs_rpc_calls_total[10m])\n> 0.0005\nand\nrate(gpufeed_nfs_rpc_retransmissions_total[10m]) > 0.05\n",
-            "for": "10m",
+            "expr": ("rate(gpufeed_nfs_rpc_retransmissions_total[%(str_nfs_retransmissions_window)s])\n/ rate(gpufeed_nfs_rpc_calls_total[%(str_nfs_retransmissions_window)s])\n> %(num_nfs_retransmissions_max_retrans_ratio)g\nand\nrate(gpufeed_nfs_rpc_retransmissions_total[%(str_nfs_retransmissions_window)s]) > %(num_nfs_retransmissions_min_retrans_per_second)g\n" % $._config),
+            "for": ("%(str_nfs_retransmissions_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_nfs_retransmissions_severity)s" % $._config),
             },
             "annotations": {
               "summary": "NFS client on {{ $labels.instance }} retransmitting",
-              "description": "{{ $value | humanizePercentage }} of NFS RPC calls on {{ $labels.instance }} were retransmitted over 10m (threshold 0.05%). Every retransmission is a read the data loader waited for: GPUs reading their dataset from this mount stall.",
+              "description": ("{{ $value | humanizePercentage }} of NFS RPC calls on {{ $labels.instance }} were retransmitted over %(str_nfs_retransmissions_window)s (threshold %(pct_nfs_retransmissions_max_retrans_ratio)g%%). Every retransmission is a read the data loader waited for: GPUs reading their dataset from this mount stall." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeednfsretransmissions" % $._config),
             },
           },
@@ -284,27 +284,27 @@
         "rules": [
           {
             "alert": "GpufeedGPUStarved",
-            "expr": "(\n  rate(gpufeed_gpu_waiting_seconds_total{cause!=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{cause!=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n)\n",
-            "for": "15m",
+            "expr": ("(\n  rate(gpufeed_gpu_waiting_seconds_total{cause!=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{cause!=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n" % $._config),
+            "for": ("%(str_gpu_starved_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_gpu_starved_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} starved: waiting on {{ $labels.cause }}",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last 30m waiting on {{ $labels.cause }} (threshold 30%).{{ with printf `gpufeed_gpu_bottleneck{instance=%q,gpu=%q} == 1` $labels.instance $labels.gpu | query }} Current verdict: {{ . | first | label `cause` }}{{ end }}{{ with printf `gpufeed_gpu_bottleneck_confidence{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} (confidence {{ . | first | value | humanizePercentage }}){{ end }}{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
+              "description": ("GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last %(str_gpu_starved_window)s waiting on {{ $labels.cause }} (threshold %(pct_gpu_starved_min_waiting_ratio)g%%).{{ with printf `gpufeed_gpu_bottleneck{instance=%%q,gpu=%%q} == 1` $labels.instance $labels.gpu | query }} Current verdict: {{ . | first | label `cause` }}{{ end }}{{ with printf `gpufeed_gpu_bottleneck_confidence{instance=%%q,gpu=%%q}` $labels.instance $labels.gpu | query }} (confidence {{ . | first | value | humanizePercentage }}){{ end }}{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}" % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpustarved" % $._config),
             },
           },
           {
             "alert": "GpufeedGPUStarved",
-            "expr": "(\n  rate(gpufeed_gpu_waiting_seconds_total{cause=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{cause=\"latency_bound\"}[30m])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[30m]))\n> 0.3\n)\n",
-            "for": "15m",
+            "expr": ("(\n  rate(gpufeed_gpu_waiting_seconds_total{cause=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{cause=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n" % $._config),
+            "for": ("%(str_gpu_starved_for)s" % $._config),
             "labels": {
-              "severity": "info",
+              "severity": ("%(str_gpu_starved_latency_bound_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} starved: waiting on {{ $labels.cause }}",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last 30m waiting on {{ $labels.cause }} (threshold 30%).{{ with printf `gpufeed_gpu_bottleneck{instance=%q,gpu=%q} == 1` $labels.instance $labels.gpu | query }} Current verdict: {{ . | first | label `cause` }}{{ end }}{{ with printf `gpufeed_gpu_bottleneck_confidence{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} (confidence {{ . | first | value | humanizePercentage }}){{ end }}{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
+              "description": ("GPU {{ $labels.gpu }} on {{ $labels.instance }} spent {{ $value | humanizePercentage }} of the last %(str_gpu_starved_window)s waiting on {{ $labels.cause }} (threshold %(pct_gpu_starved_min_waiting_ratio)g%%).{{ with printf `gpufeed_gpu_bottleneck{instance=%%q,gpu=%%q} == 1` $labels.instance $labels.gpu | query }} Current verdict: {{ . | first | label `cause` }}{{ end }}{{ with printf `gpufeed_gpu_bottleneck_confidence{instance=%%q,gpu=%%q}` $labels.instance $labels.gpu | query }} (confidence {{ . | first | value | humanizePercentage }}){{ end }}{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}" % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpustarved" % $._config),
             },
           },
@@ -316,39 +316,39 @@
           {
             "alert": "GpufeedCPUQuotaThrottled",
             "expr": "(gpufeed_finding{check=\"cpu_quota_throttled\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(gpufeed_finding{check=\"cpu_quota_throttled\"} == 1)\n",
-            "for": "15m",
+            "for": ("%(str_cpu_quota_throttled_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_cpu_quota_throttled_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} waits while its workload is CPU-throttled",
-              "description": "The container or job feeding GPU {{ $labels.gpu }} on {{ $labels.instance }} is throttled by its CFS quota in at least 20% of its periods while the GPU waits.{{ with printf `gpufeed_workload_cpu_capacity_cores{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} Its CPU capacity: {{ . | first | value }} cores.{{ end }}{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
+              "description": ("The container or job feeding GPU {{ $labels.gpu }} on {{ $labels.instance }} is throttled by its CFS quota in at least %(pct_cpu_quota_throttled_min_throttled_ratio)g%% of its periods while the GPU waits.{{ with printf `gpufeed_workload_cpu_capacity_cores{instance=%%q,gpu=%%q}` $labels.instance $labels.gpu | query }} Its CPU capacity: {{ . | first | value }} cores.{{ end }}{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}" % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedcpuquotathrottled" % $._config),
             },
           },
           {
             "alert": "GpufeedCPUContention",
             "expr": "(gpufeed_finding{check=\"cpu_contention\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(gpufeed_finding{check=\"cpu_contention\"} == 1)\n",
-            "for": "15m",
+            "for": ("%(str_cpu_contention_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_cpu_contention_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} waits while its workload waits for CPUs",
-              "description": "A thread feeding GPU {{ $labels.gpu }} on {{ $labels.instance }} is runnable but waits for a CPU at least 20% of the time: other jobs hold its CPUs.{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
+              "description": ("A thread feeding GPU {{ $labels.gpu }} on {{ $labels.instance }} is runnable but waits for a CPU at least %(pct_cpu_contention_min_run_delay_ratio)g%% of the time: other jobs hold its CPUs.{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}" % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedcpucontention" % $._config),
             },
           },
           {
             "alert": "GpufeedGPUMemoryFull",
             "expr": "(gpufeed_finding{check=\"gpu_memory_full\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(gpufeed_finding{check=\"gpu_memory_full\"} == 1)\n",
-            "for": "30m",
+            "for": ("%(str_gpu_memory_full_for)s" % $._config),
             "labels": {
-              "severity": "info",
+              "severity": ("%(str_gpu_memory_full_severity)s" % $._config),
             },
             "annotations": {
               "summary": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is partly idle with its memory full",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} has at least 95% of its memory in use while partly idle: the batch size may be limited by VRAM.{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}",
+              "description": ("GPU {{ $labels.gpu }} on {{ $labels.instance }} has at least %(pct_gpu_memory_full_min_gpu_memory_used_ratio)g%% of its memory in use while partly idle: the batch size may be limited by VRAM.{{ if $labels.namespace }} Pod {{ $labels.namespace }}/{{ $labels.pod }}.{{ end }}{{ if $labels.slurm_job_id }} Slurm job {{ $labels.slurm_job_id }}.{{ end }}{{ if $labels.unit }} Unit {{ $labels.unit }}.{{ end }}" % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedgpumemoryfull" % $._config),
             },
           },
@@ -360,35 +360,35 @@
           {
             "alert": "GpufeedCollectorFailing",
             "expr": "gpufeed_collector_success == 0",
-            "for": "10m",
+            "for": ("%(str_collector_failing_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_collector_failing_severity)s" % $._config),
             },
             "annotations": {
               "summary": "gpufeed collector {{ $labels.collector }} failing on {{ $labels.instance }}",
-              "description": "The {{ $labels.collector }} collector of gpufeed on {{ $labels.instance }} has failed every run for 10m: its series are missing and verdicts that need them are weaker. The exporter log has a collector_failed event with the error.",
+              "description": ("The {{ $labels.collector }} collector of gpufeed on {{ $labels.instance }} has failed every run for %(str_collector_failing_for)s: its series are missing and verdicts that need them are weaker. The exporter log has a collector_failed event with the error." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedcollectorfailing" % $._config),
             },
           },
           {
             "alert": "GpufeedSamplerOverruns",
-            "expr": "rate(gpufeed_sampler_overruns_total[10m]) > 0.05",
-            "for": "15m",
+            "expr": ("rate(gpufeed_sampler_overruns_total[%(str_sampler_overruns_window)s]) > %(num_sampler_overruns_max_overruns_per_second)g" % $._config),
+            "for": ("%(str_sampler_overruns_for)s" % $._config),
             "labels": {
-              "severity": "info",
+              "severity": ("%(str_sampler_overruns_severity)s" % $._config),
             },
             "annotations": {
               "summary": "gpufeed sampler {{ $labels.sampler }} overrunning on {{ $labels.instance }}",
-              "description": "The {{ $labels.sampler }} sampler of gpufeed on {{ $labels.instance }} missed {{ $value | printf `%.2f` }} ticks per second over 10m: a run takes longer than its interval, so sub-second signals are coarser than configured.",
+              "description": ("The {{ $labels.sampler }} sampler of gpufeed on {{ $labels.instance }} missed {{ $value | printf `%%.2f` }} ticks per second over %(str_sampler_overruns_window)s: a run takes longer than its interval, so sub-second signals are coarser than configured." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedsampleroverruns" % $._config),
             },
           },
           {
             "alert": "GpufeedSamplesStale",
-            "expr": "time() - gpufeed_sampler_last_success_timestamp_seconds > 120",
-            "for": "5m",
+            "expr": ("time() - gpufeed_sampler_last_success_timestamp_seconds > %(num_samples_stale_max_age_seconds)g" % $._config),
+            "for": ("%(str_samples_stale_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_samples_stale_severity)s" % $._config),
             },
             "annotations": {
               "summary": "gpufeed sampler {{ $labels.sampler }} has no fresh samples on {{ $labels.instance }}",
@@ -399,13 +399,13 @@
           {
             "alert": "GpufeedTargetDown",
             "expr": ("up{%(gpufeedSelector)s} == 0" % $._config),
-            "for": "5m",
+            "for": ("%(str_target_down_for)s" % $._config),
             "labels": {
-              "severity": "warning",
+              "severity": ("%(str_target_down_severity)s" % $._config),
             },
             "annotations": {
               "summary": "gpufeed on {{ $labels.instance }} is down",
-              "description": "Prometheus cannot scrape gpufeed on {{ $labels.instance }} (job {{ $labels.job }}) for 5m: no GPU verdicts, findings or alerts for that host until it is back.",
+              "description": ("Prometheus cannot scrape gpufeed on {{ $labels.instance }} (job {{ $labels.job }}) for %(str_target_down_for)s: no GPU verdicts, findings or alerts for that host until it is back." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedtargetdown" % $._config),
             },
           },

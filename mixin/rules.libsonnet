@@ -89,19 +89,19 @@
           },
           {
             "record": "namespace_state:gpufeed_gpu_hours:increase1d",
-            "expr": ("sum by (%(aggregationPrefix)snamespace, state) (avg_over_time(namespace_state:gpufeed_gpu_state_seconds:rate5m[1d])) * 24" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)snamespace, state) (sum_over_time(namespace_state:gpufeed_gpu_state_seconds:rate5m[1d:1m]))\n* 24 / scalar(count_over_time(vector(1)[1d:1m]))\n" % $._config),
           },
           {
             "record": "namespace_cause:gpufeed_gpu_waiting_hours:increase1d",
-            "expr": ("sum by (%(aggregationPrefix)snamespace, cause) (avg_over_time(namespace_cause:gpufeed_gpu_waiting_seconds:rate5m[1d])) * 24" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)snamespace, cause) (sum_over_time(namespace_cause:gpufeed_gpu_waiting_seconds:rate5m[1d:1m]))\n* 24 / scalar(count_over_time(vector(1)[1d:1m]))\n" % $._config),
           },
           {
             "record": "slurm_job_state:gpufeed_gpu_hours:increase1d",
-            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, state) (avg_over_time(slurm_job_state:gpufeed_gpu_state_seconds:rate5m[1d])) * 24" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, state) (sum_over_time(slurm_job_state:gpufeed_gpu_state_seconds:rate5m[1d:1m]))\n* 24 / scalar(count_over_time(vector(1)[1d:1m]))\n" % $._config),
           },
           {
             "record": "slurm_job_cause:gpufeed_gpu_waiting_hours:increase1d",
-            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, cause) (avg_over_time(slurm_job_cause:gpufeed_gpu_waiting_seconds:rate5m[1d])) * 24" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, cause) (sum_over_time(slurm_job_cause:gpufeed_gpu_waiting_seconds:rate5m[1d:1m]))\n* 24 / scalar(count_over_time(vector(1)[1d:1m]))\n" % $._config),
           },
         ],
       },

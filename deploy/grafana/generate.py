@@ -31,8 +31,12 @@ OUT = HERE / "dashboards"
 # jsonnet-bundler vendors only the mixin's directory.
 COPIES = (HERE.parent / "helm" / "gpufeed" / "files" / "dashboards", HERE.parent.parent / "mixin" / "dashboards")
 DS = {"type": "prometheus", "uid": "${datasource}"}
-H = 'instance=~"$host"'
-HG = 'instance=~"$host", gpu=~"$gpu"'
+# The cluster variable's "All" is ".*", which also matches series with no cluster label (one Prometheus, one
+# cluster); the rules keep cluster (exporter/thresholds.yaml aggregation_labels), so every recorded series has it
+# wherever the raw ones do.
+C = 'cluster=~"$cluster"'
+H = f'{C}, instance=~"$host"'
+HG = f'{H}, gpu=~"$gpu"'
 RI = "$__rate_interval"
 
 Panel = dict[str, Any]
@@ -130,14 +134,20 @@ def layout(rows: list[tuple[str, list[tuple[Panel, int, int]]]]) -> list[Panel]:
 def variables(*, with_gpu: bool) -> list[dict[str, Any]]:
     ds = {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
           "hide": 0, "refresh": 1, "regex": "", "options": []}
-    host_q = "label_values(gpufeed_build_info, instance)"
+    # Hidden where no series has a cluster label: Grafana then keeps "All" (.*), which matches them all.
+    cluster_q = "label_values(gpufeed_build_info, cluster)"
+    cluster = {"name": "cluster", "label": "Cluster", "type": "query", "datasource": DS,
+               "query": {"query": cluster_q, "refId": "cluster"}, "refresh": 2, "sort": 1,
+               "multi": not with_gpu, "includeAll": True, "allValue": ".*", "hide": 0,
+               "options": [], "regex": ""}
+    host_q = f"label_values(gpufeed_build_info{{{C}}}, instance)"
     host = {"name": "host", "label": "Host", "type": "query", "datasource": DS,
             "query": {"query": host_q, "refId": "host"}, "refresh": 2, "sort": 1,
             "multi": not with_gpu, "includeAll": not with_gpu, "allValue": ".+", "hide": 0,
             "options": [], "regex": ""}
-    out = [ds, host]
+    out = [ds, cluster, host]
     if with_gpu:
-        gpu_q = 'label_values(gpufeed_gpu_state_seconds_total{instance=~"$host"}, gpu)'
+        gpu_q = f"label_values(gpufeed_gpu_state_seconds_total{{{H}}}, gpu)"
         out.append({"name": "gpu", "label": "GPU", "type": "query", "datasource": DS,
                     "query": {"query": gpu_q, "refId": "gpu"}, "refresh": 2, "sort": 3,
                     "multi": True, "includeAll": True, "allValue": ".*", "hide": 0,
@@ -146,19 +156,21 @@ def variables(*, with_gpu: bool) -> list[dict[str, Any]]:
 
 
 def board_link(title: str, uid: str) -> dict[str, Any]:
-    """A link to the other board carrying the time range, the data source and the host selection
+    """A link to the other board carrying the time range, the data source and the cluster and host selections
     (``${var:queryparam}`` renders ``var-host=a&var-host=b``; Grafana's own includeVars would also carry $gpu,
     which the fleet board does not have)."""
     return {"title": title, "type": "link", "icon": "dashboard", "tooltip": f"Open {title} for the same hosts",
-            "url": f"/d/{uid}/{uid}?${{__url_time_range}}&${{datasource:queryparam}}&${{host:queryparam}}",
+            "url": f"/d/{uid}/{uid}?${{__url_time_range}}&${{datasource:queryparam}}&${{cluster:queryparam}}"
+                   "&${host:queryparam}",
             "asDropdown": False, "includeVars": False, "keepTime": False, "tags": [], "targetBlank": False}
 
 
 def host_data_link(p: Panel) -> Panel:
-    """Each row of a fleet table opens the host drill-down for that row's instance, same time and data source."""
+    """Each row of a fleet table opens the host drill-down for that row's instance, same time, data source and
+    cluster selection (host names repeat across clusters)."""
     p["fieldConfig"]["defaults"]["links"] = [{
         "title": "Host drill-down for ${__data.fields.instance}",
-        "url": "/d/gpufeed-host/gpufeed-host?${__url_time_range}&${datasource:queryparam}"
+        "url": "/d/gpufeed-host/gpufeed-host?${__url_time_range}&${datasource:queryparam}&${cluster:queryparam}"
                "&var-host=${__data.fields.instance}"}]
     return p
 
@@ -191,7 +203,7 @@ def dashboard(uid: str, title: str, desc: str, panels: list[Panel], *, templatin
         "templating": {"list": templating},
         "annotations": {"list": [{
             "name": "gpufeed alerts", "datasource": DS, "enable": True, "iconColor": "red",
-            "expr": 'ALERTS{alertname=~"Gpufeed.*", alertstate="firing", instance=~"$host"}',
+            "expr": f'ALERTS{{alertname=~"Gpufeed.*", alertstate="firing", {H}}}',
             "titleFormat": "{{ alertname }}", "textFormat": "{{ instance }} GPU {{ gpu }} {{ cause }}",
             "step": "60s",
         }]},
@@ -254,25 +266,25 @@ def fleet() -> dict[str, Any]:
                    [target(f"count(count by (instance, gpu) (gpufeed_gpu_state_seconds_total{{{H}}}))",
                            instant=True)]), 4, 4),
             (panel("stat", "Fleet GPU-time by state (5m)", "Share of all GPUs' time working, waiting, idle.",
-                   [target("sum by (state) (job_state:gpufeed_gpu_time:ratio_rate5m)", "{{state}}",
+                   [target(f"sum by (state) (job_state:gpufeed_gpu_time:ratio_rate5m{{{C}}})", "{{state}}",
                            instant=True)], unit="percentunit", color_names=states, minmax=(0, 1),
                    options={"colorMode": "background", "textMode": "value_and_name"}), 8, 4),
             (panel("stat", "GPU-hours lost waiting, last 24h", "Sum over all causes and hosts.",
-                   [target("sum(job_cause:gpufeed_gpu_waiting_hours:increase1d)", instant=True)], unit="h"),
+                   [target(f"sum(job_cause:gpufeed_gpu_waiting_hours:increase1d{{{C}}})", instant=True)], unit="h"),
              8, 4),
         ]),
         ("GPU-time", [
             (panel("timeseries", "Fleet GPU-time by state", "job_state:gpufeed_gpu_time:ratio_rate5m.",
-                   [target("sum by (state) (job_state:gpufeed_gpu_time:ratio_rate5m)", "{{state}}")],
+                   [target(f"sum by (state) (job_state:gpufeed_gpu_time:ratio_rate5m{{{C}}})", "{{state}}")],
                    unit="percentunit", stack=True, color_names=states, minmax=(0, 1)), 12, 8),
             (panel("timeseries", "Fleet GPU-time waiting, by cause",
                    "Share of all GPU-time spent waiting on each cause "
                    "(job_cause:gpufeed_gpu_waiting_time:ratio_rate5m).",
-                   [target("sum by (cause) (job_cause:gpufeed_gpu_waiting_time:ratio_rate5m)", "{{cause}}")],
+                   [target(f"sum by (cause) (job_cause:gpufeed_gpu_waiting_time:ratio_rate5m{{{C}}})", "{{cause}}")],
                    unit="percentunit", stack=True, color_names=causes, minmax=(0, 1)), 12, 8),
             (panel("bargauge", "GPU-hours lost per cause, last 24h",
                    "job_cause:gpufeed_gpu_waiting_hours:increase1d: where the fleet's GPU time goes to waste.",
-                   [target("sum by (cause) (job_cause:gpufeed_gpu_waiting_hours:increase1d)", "{{cause}}",
+                   [target(f"sum by (cause) (job_cause:gpufeed_gpu_waiting_hours:increase1d{{{C}}})", "{{cause}}",
                            instant=True)], unit="h", color_names=causes,
                    options={"orientation": "horizontal", "displayMode": "gradient"}), 12, 8),
             (panel("piechart", "Current verdicts", "Number of GPUs per current verdict (gpufeed_gpu_bottleneck).",
@@ -315,24 +327,28 @@ def team_row(causes: tuple[str, ...], states: tuple[str, ...],
     return [
         (panel("bargauge", "GPU-hours lost per namespace, last 24h",
                "namespace_cause:gpufeed_gpu_waiting_hours:increase1d, stacked by cause: which team's GPUs wait, "
-               "and on what.",
-               [target("sort_desc(sum by (namespace, cause) (namespace_cause:gpufeed_gpu_waiting_hours:increase1d))",
+               "and on what. Each namespace's own time: the rule takes the mean of its rate over every minute "
+               "of the day, not only the minutes it held a GPU (docs/deployment.md).",
+               [target("sort_desc(sum by (namespace, cause) "
+                       f"(namespace_cause:gpufeed_gpu_waiting_hours:increase1d{{{C}}}))",
                        "{{namespace}} {{cause}}", instant=True)], unit="h", color_names=causes,
                options={"orientation": "horizontal", "displayMode": "gradient"}), 12, 9),
         (panel("timeseries", "GPU-seconds waiting per namespace, by cause",
                "namespace_cause:gpufeed_gpu_waiting_seconds:rate5m: GPUs' worth of waiting per namespace.",
-               [target("sum by (namespace, cause) (namespace_cause:gpufeed_gpu_waiting_seconds:rate5m)",
+               [target(f"sum by (namespace, cause) (namespace_cause:gpufeed_gpu_waiting_seconds:rate5m{{{C}}})",
                        "{{namespace}} {{cause}}")], unit=GPUS, stack=True), 12, 9),
         (panel("bargauge", "GPU-hours per Slurm job by state, last 24h",
-               "slurm_job_state:gpufeed_gpu_hours:increase1d: working, waiting and idle GPU-hours of each job.",
-               [target("sort_desc(sum by (slurm_job_id, state) (slurm_job_state:gpufeed_gpu_hours:increase1d))",
+               "slurm_job_state:gpufeed_gpu_hours:increase1d: working, waiting and idle GPU-hours of each job in "
+               "the last 24 h, a job that ended included, each counted for the minutes it held its GPUs.",
+               [target("sort_desc(sum by (slurm_job_id, state) "
+                       f"(slurm_job_state:gpufeed_gpu_hours:increase1d{{{C}}}))",
                        "job {{slurm_job_id}} {{state}}", instant=True)], unit="h", color_names=states,
                options={"orientation": "horizontal", "displayMode": "gradient"}), 12, 9),
         (owners, 12, 9),
         (panel("timeseries", "GPUs per namespace, by state",
                "namespace_state:gpufeed_gpu_state_seconds:rate5m: how many GPUs' worth of each namespace's GPU time "
                "is working, waiting and idle -- what a team holds and what it does with it.",
-               [target("sum by (namespace, state) (namespace_state:gpufeed_gpu_state_seconds:rate5m)",
+               [target(f"sum by (namespace, state) (namespace_state:gpufeed_gpu_state_seconds:rate5m{{{C}}})",
                        "{{namespace}} {{state}}")], unit=GPUS, stack=True), 24, 8),
     ]
 

@@ -265,20 +265,21 @@ def identity_hostname(configured: str) -> str:
 
 
 # The join keys dcgm-exporter puts on every per-GPU series (internal/pkg/rendermetrics/render_metrics.go):
-# UUID, pci_bus_id in NVML's form and Hostname. gpufeed carries them on its info series, beside its own uuid,
+# UUID, pci_bus_id in NVML's form and Hostname -- hostname after 4.5.3-4.8.2 ("Rename Hostname label to
+# hostname", #655), so both, with the same value. gpufeed carries them on its info series, beside its own uuid,
 # name and gpu_bdf (the sysfs form of the address, as on gpufeed_pcie_device_info), so both exporters'
 # series join as they are (docs/dcgm-exporter.md). Not modelName: promtool's lint refuses camelCase label
 # names, and the model comes along with a UUID join (group_left (modelName)); gpufeed's name is the same string.
-INFO_LABELS = ["gpu", "uuid", "name", "pci_bus_id", "gpu_bdf", "numa_node", "UUID", "Hostname"]
+INFO_LABELS = ["gpu", "uuid", "name", "pci_bus_id", "gpu_bdf", "numa_node", "UUID", "Hostname", "hostname"]
 
 
 def _identity_families(
     identities: Mapping[int, GpuIdentity], lost: frozenset[int], hostname: str
 ) -> Iterator[Metric]:
     info = GaugeMetricFamily(
-        "gpufeed_gpu_info", "GPU identity from NVML (value 1): pci_bus_id in NVML's form, UUID and Hostname as "
-        "dcgm-exporter writes them; gpu_bdf in sysfs form; numa_node from sysfs (or NVML memory affinity), '' "
-        "when unknown.", labels=INFO_LABELS)
+        "gpufeed_gpu_info", "GPU identity from NVML (value 1): pci_bus_id in NVML's form, UUID and Hostname (and "
+        "hostname, its newer name) as dcgm-exporter writes them; gpu_bdf in sysfs form; numa_node from sysfs "
+        "(or NVML memory affinity), '' when unknown.", labels=INFO_LABELS)
     lost_f = GaugeMetricFamily(
         "gpufeed_gpu_lost", "1 while the GPU answers NVML with GPU_IS_LOST (fell off the bus); gpufeed retries "
         "with backoff. Absent while it answers.", labels=["gpu"])
@@ -291,7 +292,8 @@ def _identity_families(
     for idx, ident in sorted(identities.items()):
         numa = "" if ident.numa_node is None else str(ident.numa_node)
         bus_id = pci.to_nvml(ident.pci_bus_id) if pci.normalize(ident.pci_bus_id) else ident.pci_bus_id
-        info.add_metric([str(idx), ident.uuid, ident.name, bus_id, ident.pci_bus_id, numa, ident.uuid, hostname], 1.0)
+        info.add_metric([str(idx), ident.uuid, ident.name, bus_id, ident.pci_bus_id, numa, ident.uuid, hostname,
+                         hostname], 1.0)
         # Flags as 1 or absent (the series budget, DESIGN.md): the alerts and queries read `== 1`.
         if idx in lost:
             lost_f.add_metric([str(idx)], 1.0)

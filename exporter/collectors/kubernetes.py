@@ -36,6 +36,9 @@ DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The kubelet caps its own answers at 16 MiB (pkg/kubelet/apis/podresources: DefaultMaxMsgSize).
 MAX_MESSAGE = 16 << 20
 GPU_RESOURCES = ("nvidia.com/",)
+# The least privilege that reads a root-only socket (docs/deployment.md, the Helm chart's securityContext values).
+_HOW = ("run as uid 0 with every capability dropped and a read-only root filesystem (Helm: "
+        "podSecurityContext.runAsUser=0, podSecurityContext.runAsNonRoot=false) to attribute GPUs to pods")
 INSTALL_HINT = "pip install grpcio protobuf (gpufeed's own dependencies, missing from this install)"
 
 
@@ -71,14 +74,10 @@ class KubernetesCollector(Collector):
         self._seen: frozenset[int] | None = None
 
     def update(self) -> KubernetesSample:
-        if not self._present():
+        why = self._unreachable()
+        if why is not None:
             self._cached = None
-            raise NoDataError(f"kubelet pod-resources socket {self.socket} absent (not a Kubernetes node, or the "
-                              "socket is not mounted; see --collector.kubernetes.socket)")
-        if not os.access(self.socket, os.W_OK):
-            # connect(2) on a unix socket needs write permission; the kubelet makes it root's only (0755).
-            raise NoDataError(f"kubelet pod-resources socket {self.socket} not writable by this user (uid "
-                              f"{os.geteuid()}): run as root to attribute GPUs to pods")
+            raise NoDataError(why)
         gpu_pids = self.ctx.targets.pids()
         now = self.ctx.clock()
         c = self._cached
@@ -88,11 +87,32 @@ class KubernetesCollector(Collector):
         self._cached, self._seen = sample, gpu_pids
         return sample
 
-    def _present(self) -> bool:
+    def _unreachable(self) -> str | None:
+        """What keeps this process from connecting to the socket, exactly; None when nothing does."""
+        where = os.path.dirname(os.path.abspath(self.socket))
         try:
-            return stat.S_ISSOCK(os.stat(self.socket).st_mode)
+            st = os.stat(self.socket)
+        except PermissionError:
+            return (f"kubelet pod-resources socket {self.socket}: permission denied searching {where} "
+                    f"(uid {os.geteuid()}): {_HOW}")
         except OSError:
-            return False
+            if not os.path.isdir(where):
+                return (f"kubelet pod-resources socket {self.socket} absent: {where} does not exist (not a "
+                        "Kubernetes node, or /var/lib/kubelet/pod-resources is not mounted there; see "
+                        "--collector.kubernetes.socket)")
+            return (f"kubelet pod-resources socket {self.socket} absent: {where} has no such socket (the kubelet "
+                    "is not running, or names it otherwise; see --collector.kubernetes.socket)")
+        if not stat.S_ISSOCK(st.st_mode):
+            return f"kubelet pod-resources socket {self.socket} absent: it is not a socket"
+        if not os.access(self.socket, os.W_OK):
+            # connect(2) on a unix socket needs write permission; the kubelet makes it root's only (0755).
+            group = (f"; or add its group {st.st_gid} to the pod's supplementalGroups"
+                     if st.st_mode & stat.S_IWGRP else "")
+            return (f"kubelet pod-resources socket {self.socket} not writable by this user (socket mode "
+                    f"{stat.S_IMODE(st.st_mode):04o}, owner {st.st_uid}:{st.st_gid}; this process uid "
+                    f"{os.geteuid()}, groups {sorted(os.getgroups())}): connecting needs write permission: "
+                    f"{_HOW}{group}")
+        return None
 
     def _client(self) -> tuple[Any, Any]:
         """The grpc module and a stub on a channel to the socket (made once, reconnects by itself)."""

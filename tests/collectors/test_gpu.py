@@ -28,7 +28,8 @@ def info_labels(uuid: str, name: str, bdf: str, *, gpu: str = "0", numa: str = "
     """gpufeed_gpu_info's labels for a GPU: gpufeed's own, and dcgm-exporter's (NVML bus id form)."""
     nvml_bus = "0000" + bdf.upper()
     return {"gpu": gpu, "uuid": uuid, "name": name, "pci_bus_id": nvml_bus, "gpu_bdf": bdf, "numa_node": numa,
-            "UUID": uuid, "Hostname": host or identity_hostname("")}
+            "UUID": uuid, "Hostname": host or identity_hostname(""),
+            "hostname": host or identity_hostname("")}
 
 
 def fast_at(r: Rig, index: int) -> list[tuple[float, GpuFast]]:

@@ -108,11 +108,13 @@ def test_the_answer_is_cached_until_gpu_processes_change(sockdir: Path) -> None:
             col.close()
 
 
-def test_an_absent_socket_is_not_available_quietly(sockdir: Path) -> None:
-    with pytest.raises(NoDataError, match="absent"):
+def test_an_absent_socket_is_not_available_quietly_saying_what_is_missing(sockdir: Path) -> None:
+    with pytest.raises(NoDataError, match=r"absent: .* has no such socket"):
         _collector(sockdir / "kubelet.sock").update()
+    with pytest.raises(NoDataError, match=r"absent: .*/unmounted does not exist .*not mounted"):
+        _collector(sockdir / "unmounted" / "kubelet.sock").update()
     (sockdir / "plain").write_text("not a socket")
-    with pytest.raises(NoDataError, match="absent"):
+    with pytest.raises(NoDataError, match="absent: it is not a socket"):
         _collector(sockdir / "plain").update()
 
 
@@ -181,6 +183,21 @@ def test_a_kubelet_answering_garbage_is_a_failure(sockdir: Path) -> None:
     assert not os.path.exists(sock) or sock.is_socket()
 
 
+def test_a_directory_this_user_may_not_search_says_permission_denied(
+        sockdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sock = sockdir / "kubelet.sock"
+    real = os.stat
+
+    def denied(p: Any, *a: Any, **k: Any) -> os.stat_result:
+        if str(p) == str(sock):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(os, "stat", denied)
+    with pytest.raises(NoDataError, match=f"permission denied searching {sockdir} .*run as uid 0"):
+        _collector(sock).update()
+
+
 def test_a_socket_this_user_may_not_connect_to_is_not_available_not_a_failure(
         sockdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The kubelet makes its socket root's only: a non-root exporter must not page "collector failing".
@@ -188,5 +205,6 @@ def test_a_socket_this_user_may_not_connect_to_is_not_available_not_a_failure(
     with kubelet(sock, _Lister()):
         real = os.access
         monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(sock) else real(p, mode))
-        with pytest.raises(NoDataError, match="not writable"):
+        with pytest.raises(NoDataError, match=r"not writable by this user \(socket mode 0[0-7]{3}, owner "
+                                              r"[0-9]+:[0-9]+; this process uid [0-9]+, groups .*run as uid 0"):
             _collector(sock).update()

@@ -48,12 +48,29 @@ def test_committed_dashboards_are_what_the_generator_emits() -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_fleet_and_host_dashboards_have_the_datasource_host_and_gpu_variables() -> None:
+def test_fleet_and_host_dashboards_have_the_datasource_cluster_host_and_gpu_variables() -> None:
     by_uid = {json.loads(f.read_text())["uid"]: json.loads(f.read_text()) for f in DASHBOARDS}
     assert set(by_uid) == {"gpufeed-fleet", "gpufeed-host"}
     names = {uid: [v["name"] for v in d["templating"]["list"]] for uid, d in by_uid.items()}
-    assert names["gpufeed-fleet"] == ["datasource", "host"]
-    assert names["gpufeed-host"] == ["datasource", "host", "gpu"]
+    assert names["gpufeed-fleet"] == ["datasource", "cluster", "host"]
+    assert names["gpufeed-host"] == ["datasource", "cluster", "host", "gpu"]
+
+
+def test_every_query_and_variable_after_cluster_is_scoped_to_the_selected_cluster() -> None:
+    # Two clusters behind one Thanos/Mimir with the same host names neither merge nor show each other's GPUs. The
+    # "All" value .* also matches series without a cluster label: one Prometheus, one cluster.
+    for f in DASHBOARDS:
+        d = json.loads(f.read_text())
+        variables = {v["name"]: v for v in d["templating"]["list"]}
+        assert variables["cluster"]["query"]["query"] == "label_values(gpufeed_build_info, cluster)"
+        assert variables["cluster"]["includeAll"] and variables["cluster"]["allValue"] == ".*"
+        for name in ("host", "gpu"):
+            if name in variables:
+                assert 'cluster=~"$cluster"' in variables[name]["query"]["query"], (f.name, name)
+        for expr in [a["expr"] for a in d["annotations"]["list"]] + [
+                t["expr"] for p in d["panels"] for t in p.get("targets", [])]:
+            for tok in _TOKEN.findall(expr):
+                assert re.search(re.escape(tok) + r'\{[^}]*cluster=~"\$cluster"', expr), (f.name, tok, expr)
 
 
 def test_every_panel_has_a_unique_id_a_query_on_the_datasource_variable_and_fits_the_grid() -> None:
@@ -186,7 +203,8 @@ def test_fleet_and_host_boards_link_to_each_other_carrying_time_datasource_and_h
         to_other = [u for u in urls if u.startswith(f"/d/{other}/")]
         assert to_other, (uid, urls)
         for u in to_other:
-            for carried in ("${__url_time_range}", "${datasource:queryparam}", "${host:queryparam}"):
+            for carried in ("${__url_time_range}", "${datasource:queryparam}", "${cluster:queryparam}",
+                            "${host:queryparam}"):
                 assert carried in u, (uid, u, carried)
         # var-host / var-datasource land in variables of those names on the other board.
         assert {"datasource", "host"} <= {v["name"] for v in by_uid[other]["templating"]["list"]}
@@ -200,7 +218,8 @@ def test_fleet_tables_with_an_instance_column_open_that_host_on_the_host_board()
             continue
         for link in p["fieldConfig"]["defaults"].get("links", []):
             assert link["url"].startswith("/d/gpufeed-host/"), (p["title"], link)
-            for carried in ("${__url_time_range}", "${datasource:queryparam}", "var-host=${__data.fields.instance}"):
+            for carried in ("${__url_time_range}", "${datasource:queryparam}", "${cluster:queryparam}",
+                            "var-host=${__data.fields.instance}"):
                 assert carried in link["url"], (p["title"], carried)
             linked.add(p["title"])
     assert {"Worst hosts: waiting GPU-hours, last 24h", "Worst hosts now: share of GPU-time waiting",

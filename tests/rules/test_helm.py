@@ -280,3 +280,36 @@ def test_chart_copies_of_the_generated_files_are_byte_identical() -> None:
     for p in (GRAFANA / "dashboards").glob("*.json"):
         assert (CHART / "files" / "dashboards" / p.name).read_bytes() == p.read_bytes()
     assert re.search(r"^kubeVersion: \">=1\.28", (CHART / "Chart.yaml").read_text(), re.M)
+
+
+def test_defaults_carry_the_release_label_kube_prometheus_stack_selects_and_keep_gpufeeds_pod_labels(
+    tmp_path: Path,
+) -> None:
+    # The README's claim: kube-prometheus-stack (default release name) picks both objects up with no --set.
+    docs = render(tmp_path)
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert _one(docs, kind)["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+    (endpoint,) = _one(docs, "ServiceMonitor")["spec"]["endpoints"]
+    (base,) = _one(_kustomize_base(), "ServiceMonitor")["spec"]["endpoints"]
+    # gpufeed's namespace/pod/container are the workload's: honoured, the exporter pod's own dropped
+    # (tests/rules/test_operator_stack.py runs them through prometheus-operator's scrape configuration).
+    for ep in (endpoint, base):
+        assert ep["honorLabels"] is True
+        assert {"action": "labeldrop", "regex": "namespace|pod|container"} in ep["relabelings"]
+
+
+def test_security_context_values_reach_the_pod_and_a_misspelt_key_is_refused(tmp_path: Path) -> None:
+    # Root to read the kubelet's root-only pod-resources socket, the container still without any capability.
+    pod = _one(render(tmp_path, {"podSecurityContext": {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0}}),
+               "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0,
+                                      "supplementalGroups": [44], "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    # Before values.schema.json, --set podSecurityContext.runAsUser=0 (or any typo) was silently ignored.
+    for bad in ({"podSecurityContext": {"runAsUsr": 0}}, {"securityContext": {"readOnlyRootFS": True}},
+                {"serviceMonitr": {"enabled": False}}):
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+        r = subprocess.run([_helm(), "template", "x", str(CHART), "-f", str(tmp_path / "bad.yaml")],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode != 0 and "Additional property" in r.stderr, (bad, r.stderr)

@@ -74,7 +74,8 @@ def shrink(duration: str) -> str:
 
 
 def shrink_rules(src: Path, dst: Path) -> None:
-    """Copy a rule file with every for:, interval: and range window divided by SCALE."""
+    """Copy a rule file with every for:, interval:, range window and subquery range and step divided by SCALE;
+    the daily rules' hours become SCALE seconds, so they stay in step with their shrunk day."""
     doc = yaml.safe_load(src.read_text())
     for group in doc["groups"]:
         if "interval" in group:
@@ -83,8 +84,32 @@ def shrink_rules(src: Path, dst: Path) -> None:
             if "for" in rule:
                 rule["for"] = shrink(rule["for"])
             rule["expr"] = re.sub(r"\[([0-9a-z]+)\]", lambda m: f"[{shrink(m.group(1))}]", rule["expr"])
+            rule["expr"] = re.sub(r"\[([0-9a-z]+):([0-9a-z]+)\]",
+                                  lambda m: f"[{shrink(m.group(1))}:{shrink(m.group(2))}]", rule["expr"])
+            if rule.get("record", "").endswith(":increase1d"):
+                rule["expr"] = rule["expr"].replace("/ 3600", f"/ {3600 // SCALE}")
             rule["expr"] = re.sub(r"offset ([0-9a-z]+)", lambda m: f"offset {shrink(m.group(1))}", rule["expr"])
     dst.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def shrunk_rule_files(tmp: Path) -> list[str]:
+    """The shipped alert and recording rules, shrunk into ``tmp``: their paths for rule_files."""
+    for f in ("gpufeed-alerts.yml", "gpufeed-recording.yml"):
+        shrink_rules(ALERTS / f, tmp / f)
+    return [str(tmp / "gpufeed-alerts.yml"), str(tmp / "gpufeed-recording.yml")]
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate the processes this test started, each by its own handle; kill what does not exit."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
 
 
 def free_port() -> int:
@@ -222,10 +247,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                                f"--storage.path={tmp / 'am-data'}", f"--web.listen-address=127.0.0.1:{am_port}",
                                "--cluster.listen-address="])
 
-        rule_files = []
-        for f in ("gpufeed-alerts.yml", "gpufeed-recording.yml"):
-            shrink_rules(ALERTS / f, tmp / f)
-            rule_files.append(str(tmp / f))
+        rule_files = shrunk_rule_files(tmp)
         prom_port = free_port()
         (tmp / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
@@ -253,15 +275,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             if p.poll() is not None and p.returncode not in (0, -15):
                 print(st.log_tails())
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
+        stop(procs)
         for s in servers:
             s.shutdown()
             s.server_close()
@@ -385,7 +399,8 @@ def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> None:
     # Findings and firing alerts are among the panels: let the riser page first.
     _wait_for_page(stack, "GpufeedPCIeLinkDowngraded", "riser")
     hosts = "|".join(stack.instances.values())  # "." matches itself too; PromQL strings need no escaping
-    subst = {"$host": hosts, "$gpu": ".*", "$__rate_interval": "10s", "$__interval": "5s", "$__range": "1m"}
+    subst = {"$cluster": ".*", "$host": hosts, "$gpu": ".*", "$__rate_interval": "10s", "$__interval": "5s",
+             "$__range": "1m"}
     empty, errors = [], []
     for name, title, expr in _dashboard_queries():
         q = expr

@@ -76,3 +76,28 @@ def test_mixin_is_self_contained_for_jsonnet_bundler() -> None:
     for f in MIXIN.rglob("*.libsonnet"):
         assert "import '../" not in f.read_text() and 'import "../' not in f.read_text(), f
     assert json.loads((MIXIN / "jsonnetfile.json").read_text())["dependencies"] == []
+
+
+def test_every_alert_threshold_window_for_and_severity_is_a_mixin_config_knob() -> None:
+    # Each key of exporter/thresholds.yaml's alert sections (but the Xid code lists) is read from
+    # _config.thresholds in the generated alerts, never baked in.
+    text = (MIXIN / "alerts.libsonnet").read_text()
+    thresholds = _evaluate_config()["thresholds"]
+    unwired = [f"{section}.{key}" for section, keys in thresholds.items() for key in keys
+               if not any(f"%({kind}_{section}_{key})" in text for kind in ("str", "num", "pct"))]
+    assert thresholds and unwired == []
+
+
+def test_mixin_thresholds_change_the_rules_as_the_generator_settings_do(tmp_path: Path) -> None:
+    m = _evaluate("thresholds+: {gpu_starved+: {min_waiting_ratio: 0.45, window: '20m', 'for': '30m', "
+                  "severity: 'critical'}, memory_pressure+: {max_available_ratio: 0.07}}")
+    alerts, rules = _generated(tmp_path, "gpu_starved: {min_waiting_ratio: 0.45, window: 20m, for: 30m, "
+                                         "severity: critical}\nmemory_pressure: {max_available_ratio: 0.07}\n")
+    assert m["alerts"] != yaml.safe_load((ALERTS / "gpufeed-alerts.yml").read_text())
+    assert m["alerts"] == alerts and m["rules"] == rules
+
+
+def _evaluate_config() -> dict[str, Any]:
+    snippet = "(import 'mixin.libsonnet')._config"
+    out: dict[str, Any] = json.loads(jsonnet.evaluate_snippet("test", snippet, jpathdir=[str(MIXIN)]))
+    return out
