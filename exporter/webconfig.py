@@ -637,7 +637,7 @@ class WebConfigManager:
 
     def metrics(self) -> list[Metric]:
         """The config in force, for alerts: TLS on, auth on, the last reload applied (1) or refused (0)."""
-        out = []
+        out: list[Metric] = []
         for name, value, text in (
             ("tls_enabled", self.config.ssl_context is not None, "Whether TLS is on in the web config in force."),
             ("auth_enabled", bool(self.config.users), "Whether basic auth is on in the web config in force."),
