@@ -3,7 +3,8 @@
 ``gpufeed report`` (the fleet capacity review from Prometheus).
 
 The contract for every command: bad input is one line on stderr naming the flag, key or file, exit status 2,
-and nothing started; no input produces a Python traceback.
+and nothing started; a file operation the system refuses (a read-only filesystem) is one line naming the path,
+exit status 74; no input produces a Python traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from exporter.sampling import Option, Stage
 _UNSET = object()
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a bug, not the input
+EXIT_IOERR = 74  # EX_IOERR: the system refused a file operation (a read-only filesystem); the message names the path
 # No gpufeed flag starts with a digit, so "-5s" or "-1" after a flag is its (bad) value, not another flag;
 # argparse would otherwise answer "expected one argument" and never say what is wrong with the value.
 _DASH_VALUE = re.compile(r"^-\.?\d")
@@ -223,6 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(argv)
     except KeyboardInterrupt:
         return 130
+    except OSError as e:  # the environment, not a bug: strerror and the path say what to fix
+        print(f"gpufeed: error: {e}", file=sys.stderr)
+        return EXIT_IOERR
     except Exception as e:  # a bug: one line that can be reported, never a traceback for an operator to parse
         args = sys.argv[1:] if argv is None else list(argv)
         if "--log.level=debug" in args or any(pair == ("--log.level", "debug") for pair in itertools.pairwise(args)):

@@ -3,8 +3,8 @@
 Exit status: 0 written; 2 bad flag or http config (one line naming it); 3 Prometheus unreachable (connection,
 TLS); 4 credentials missing or refused (401/403); 5 no gpufeed data in the range; 6 recording rules missing
 with ``--source rules``; 7 Prometheus rejected a query or answered unexpectedly; 8 the plotting library
-(``gpufeed[report]``) is not installed; 9 an answer larger than ``--max-answer-size`` or queries past
-``--deadline``. Never 70: a malformed answer is one line naming it.
+(``gpufeed[report]``) is not installed or cannot start (no writable cache directory); 9 an answer larger
+than ``--max-answer-size`` or queries past ``--deadline``. Never 70: a malformed answer is one line naming it.
 """
 
 from __future__ import annotations
@@ -238,6 +238,8 @@ def run_report(ns: argparse.Namespace) -> int:
     except ImportError as e:
         return _fail(EXIT_NO_PLOTTING, f"the report's plots need matplotlib ({e.name} is missing): "
                      "pip install 'gpufeed[report]'")
+    except OSError as e:  # matplotlib wants a writable cache directory (MPLCONFIGDIR, else a temporary one)
+        return _fail(EXIT_NO_PLOTTING, f"matplotlib cannot start: {e}")
     progress = _Progress(sys.stderr)
     try:
         client = PrometheusClient(opts.prometheus, http_options(ns))
