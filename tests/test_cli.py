@@ -178,6 +178,23 @@ def test_go_style_durations_are_taken_by_every_duration_flag() -> None:
     assert (s.collector["proc"]["threads-interval"], s.collector["cpu"]["interval"]) == (60.0, 0.25)
 
 
+def test_a_bare_number_is_not_a_duration_and_the_error_says_which_unit_to_add(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # P9: --web.read-timeout 10 was taken as 10 s; Prometheus and Go refuse it (10 what?).
+    rc, err = _main(capsys, "--web.read-timeout", "10")
+    assert rc == 2 and "--web.read-timeout" in _one_line(err) and "use 10s for 10 seconds" in err, err
+    rc, err = _main(capsys, "--collector.cpu.interval", "0.5")
+    assert rc == 2 and "use 500ms" in _one_line(err), err
+
+
+def test_simulate_speed_without_simulate_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # P9: it was ignored, and the real host served; check-config said SUCCESS.
+    for command in ("serve", "check-config"):
+        assert cli.main([command, "--simulate-speed", "10"]) == 2
+        assert "--simulate-speed: needs --simulate" in _one_line(capsys.readouterr().err)
+    assert cli.main(["check-config", "--simulate", "launch_bound", "--simulate-speed", "10"]) == 0
+
+
 def test_a_history_shorter_than_the_classifier_window_is_refused_naming_both_flags(
         capsys: pytest.CaptureFixture[str]) -> None:
     # The buffers keep --engine.history seconds; verdicts judge --collector.derived.window of them.
