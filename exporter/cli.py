@@ -51,19 +51,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _OnOff(argparse.Action):
+    """``--x`` and ``--no-x`` as one option, both listed in --help (argparse's BooleanOptionalAction would print
+    the internal "unset" default)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kw: Any) -> None:
+        super().__init__([*option_strings, *(f"--no-{o[2:]}" for o in option_strings)], dest, nargs=0, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
+
+
+def _with_default(help_text: str, default: str) -> str:
+    """The help text and its default, once: a help that states its own default keeps it."""
+    return help_text if "(default:" in help_text else f"{help_text} (default: {default})"
+
+
 def _add_option(p: Any, flag: str, opt: Option) -> None:
     if opt.kind == "bool":
-        p.add_argument(f"--{flag}", dest=flag, action="store_const", const=True, default=_UNSET,
-                       help=f"{opt.help} (default: {opt.default})")
-        p.add_argument(f"--no-{flag}", dest=flag, action="store_const", const=False, default=_UNSET,
-                       help=argparse.SUPPRESS)
+        p.add_argument(f"--{flag}", dest=flag, action=_OnOff, default=_UNSET,
+                       help=_with_default(opt.help, "on" if opt.default else "off"))
     elif flag == "web.listen-address":
         p.add_argument(f"--{flag}", dest=flag, action="append", default=None, metavar="ADDRESS",
-                       help=f"{opt.help} (default: {', '.join(opt.default)})")
+                       help=_with_default(opt.help, ", ".join(opt.default)))
     else:
         default = format_duration(opt.default) if opt.kind == "duration" else opt.default
         p.add_argument(f"--{flag}", dest=flag, default=_UNSET, metavar=opt.kind.upper(),
-                       help=f"{opt.help} (default: {default!r})")
+                       help=_with_default(opt.help, repr(default)))
 
 
 def _settings_parser(sub: Any, name: str, collectors: Mapping[str, type[Stage]], **kw: Any) -> argparse.ArgumentParser:
@@ -110,7 +125,7 @@ def _diagnose_parser(sub: Any) -> argparse.ArgumentParser:
 
 def build_parser(collectors: Mapping[str, type[Stage]]) -> argparse.ArgumentParser:
     """The full argument parser (the settings flags are generated from the collector registry)."""
-    parser = _Parser(prog="gpufeed", allow_abbrev=False, description=__doc__.split("\n\n")[0],
+    parser = _Parser(prog="gpufeed", allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("``", ""),
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog="gpufeed COMMAND --help describes each command.")
     parser.add_argument("--version", action="version", version=buildinfo.version_text())

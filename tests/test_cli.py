@@ -375,3 +375,19 @@ async def _no_sampling(engine: Any, duration: float, tty: Any) -> None:
     """diagnose's sampling, without the wait: the fuzz run only asks whether an input is taken or refused."""
     engine.start()
     await engine.stop(timeout=0.1)
+
+
+def test_help_is_plain_text_with_one_default_each_and_every_no_form_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    # P10: reStructuredText markup in --help, "(default: ...)" twice, and --no-... forms that worked but were hidden.
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    top = capsys.readouterr().out
+    assert "``" not in top and "gpufeed serve" in top
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).split(" options: ", 1)[1]  # past the usage lines
+    for flag in ("collector.pcie.feeders", "collector.derived.quiet-host", "collector.workload.container-env"):
+        assert f"--{flag}, --no-{flag}" in text, flag
+    for flag in ("collector.gpu.hostname", "collector.workload.cgroupfs"):
+        help_text = text.split(f"--{flag} STR", 1)[1].split(" --", 1)[0]
+        assert help_text.count("(default:") == 1, help_text
