@@ -254,12 +254,14 @@ and on ({by(cfg, "instance", "gpu")})
         "GPU) logged {{ $value | printf `%.0f` }} {{ $labels.aer_severity }} AER errors in the last "
         + e["window"] + " (run gpufeed with --collector.pcie.chain to see which hop)."
     )
+    # scope tells the device rule from the chain rule of the same signal: same name and labels otherwise, which
+    # promtool's lint reports as "duplicate rule(s)" (and Alertmanager could not tell the two apart by labels).
     aer_rules = [
         rule
-        for fmt, where, desc in (
-            (aer_fmt, "at {{ $labels.bdf }}", aer_desc),
+        for fmt, where, desc, scope in (
+            (aer_fmt, "at {{ $labels.bdf }}", aer_desc, "device"),
             (aer_fmt.replace("gpufeed_pcie_aer_errors_total", "gpufeed_pcie_chain_aer_errors_total"),
-             "on the path of GPU {{ $labels.gpu_bdf }}", chain_desc),
+             "on the path of GPU {{ $labels.gpu_bdf }}", chain_desc, "chain"),
         )
         for rule in (
             alert(
@@ -268,14 +270,14 @@ and on ({by(cfg, "instance", "gpu")})
                 f"PCIe errors rising {where} on {{{{ $labels.instance }}}}",
                 desc + f" More than {_num(e['min_correctable_increase'])} correctable errors per window point at "
                 "a marginal link (riser, slot, cable) that retrains and slows transfers.",
-                labels={"signal": "aer_correctable"},
+                labels={"signal": "aer_correctable", "scope": scope},
             ),
             alert(
                 cfg, "GpufeedPCIeErrorsRising", "pcie_errors",
                 fmt.format(op="=~", sev="nonfatal|fatal", w=e["window"], thr="0"),
                 f"Uncorrectable PCIe errors {where} on {{{{ $labels.instance }}}}",
                 desc + " Uncorrectable errors corrupt or drop transactions: expect Xid errors and a lost GPU.",
-                severity=e["uncorrectable_severity"], labels={"signal": "aer_uncorrectable"},
+                severity=e["uncorrectable_severity"], labels={"signal": "aer_uncorrectable", "scope": scope},
             ),
         )
     ]

@@ -3,7 +3,8 @@
 ``gpufeed report`` (the fleet capacity review from Prometheus).
 
 The contract for every command: bad input is one line on stderr naming the flag, key or file, exit status 2,
-and nothing started; no input produces a Python traceback.
+and nothing started; a file operation the system refuses (a read-only filesystem) is one line naming the path,
+exit status 74; no input produces a Python traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from exporter.sampling import Option, Stage
 _UNSET = object()
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a bug, not the input
+EXIT_IOERR = 74  # EX_IOERR: the system refused a file operation (a read-only filesystem); the message names the path
 # No gpufeed flag starts with a digit, so "-5s" or "-1" after a flag is its (bad) value, not another flag;
 # argparse would otherwise answer "expected one argument" and never say what is wrong with the value.
 _DASH_VALUE = re.compile(r"^-\.?\d")
@@ -49,19 +51,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _OnOff(argparse.Action):
+    """``--x`` and ``--no-x`` as one option, both listed in --help (argparse's BooleanOptionalAction would print
+    the internal "unset" default)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kw: Any) -> None:
+        super().__init__([*option_strings, *(f"--no-{o[2:]}" for o in option_strings)], dest, nargs=0, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
+
+
+def _with_default(help_text: str, default: str) -> str:
+    """The help text and its default, once: a help that states its own default keeps it."""
+    return help_text if "(default:" in help_text else f"{help_text} (default: {default})"
+
+
 def _add_option(p: Any, flag: str, opt: Option) -> None:
     if opt.kind == "bool":
-        p.add_argument(f"--{flag}", dest=flag, action="store_const", const=True, default=_UNSET,
-                       help=f"{opt.help} (default: {opt.default})")
-        p.add_argument(f"--no-{flag}", dest=flag, action="store_const", const=False, default=_UNSET,
-                       help=argparse.SUPPRESS)
+        p.add_argument(f"--{flag}", dest=flag, action=_OnOff, default=_UNSET,
+                       help=_with_default(opt.help, "on" if opt.default else "off"))
     elif flag == "web.listen-address":
         p.add_argument(f"--{flag}", dest=flag, action="append", default=None, metavar="ADDRESS",
-                       help=f"{opt.help} (default: {', '.join(opt.default)})")
+                       help=_with_default(opt.help, ", ".join(opt.default)))
     else:
         default = format_duration(opt.default) if opt.kind == "duration" else opt.default
         p.add_argument(f"--{flag}", dest=flag, default=_UNSET, metavar=opt.kind.upper(),
-                       help=f"{opt.help} (default: {default!r})")
+                       help=_with_default(opt.help, repr(default)))
 
 
 def _settings_parser(sub: Any, name: str, collectors: Mapping[str, type[Stage]], **kw: Any) -> argparse.ArgumentParser:
@@ -109,7 +126,7 @@ def _diagnose_parser(sub: Any) -> argparse.ArgumentParser:
 
 def build_parser(collectors: Mapping[str, type[Stage]]) -> argparse.ArgumentParser:
     """The full argument parser (the settings flags are generated from the collector registry)."""
-    parser = _Parser(prog="gpufeed", allow_abbrev=False, description=__doc__.split("\n\n")[0],
+    parser = _Parser(prog="gpufeed", allow_abbrev=False, description=__doc__.split("\n\n")[0].replace("``", ""),
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog="gpufeed COMMAND --help describes each command.")
     parser.add_argument("--version", action="version", version=buildinfo.version_text())
@@ -224,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(argv)
     except KeyboardInterrupt:
         return 130
+    except OSError as e:  # the environment, not a bug: strerror and the path say what to fix
+        print(f"gpufeed: error: {e}", file=sys.stderr)
+        return EXIT_IOERR
     except Exception as e:  # a bug: one line that can be reported, never a traceback for an operator to parse
         args = sys.argv[1:] if argv is None else list(argv)
         if "--log.level=debug" in args or any(pair == ("--log.level", "debug") for pair in itertools.pairwise(args)):

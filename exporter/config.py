@@ -228,6 +228,10 @@ def resolve(
         # Above this the daemon would sample a 100 ms source every millisecond of wall time: its sampling, not
         # the scenario, would decide what it sees.
         raise ConfigError(f"--simulate-speed must be above 0 and at most {MAX_SIMULATE_SPEED:g}, not {speed!r}")
+    if speed != 1.0 and not values["simulate"]:
+        # Ignored, it served the real host at its own pace while the operator believed in a 10x replay.
+        raise ConfigError("--simulate-speed: needs --simulate (the speed of a simulated scenario; the real host "
+                          "runs in real time)")
     if values["simulate"]:
         from exporter.examples import ExampleError, scenario
 

@@ -86,7 +86,8 @@ class Daemon:
         clock = self.engine.clock
         offset = None if isinstance(clock, VirtualClock) else (
             lambda: unix_offset() + time.monotonic() - clock.now())
-        self.renderer = Renderer(self.pipeline.stages, offset=offset)
+        self.renderer = Renderer(self.pipeline.stages, offset=offset,
+                                 extra=self.webconfig.metrics if self.webconfig is not None else None)
         # About one render per scrape, shortly before it (exporter/pacing.py), in real time even when the engine
         # runs on scenario time: scrapers keep wall-clock intervals.
         self.pacer = RenderPacer(

@@ -1,9 +1,11 @@
 """The one duration parser: every flag, config key, web-config field and CLI option that takes a duration.
 
 Accepted forms, as Prometheus and exporter-toolkit write them: a Go-style sequence of ``<number><unit>``
-(``250ms``, ``1s``, ``1m30s``, ``1.5h``, ``2h45m``; units ``ns us µs ms s m h d w``), or a bare number of
-seconds (a YAML ``1.5``). Negative, not-a-number, infinite and absurdly large values are rejected with a
-message that says what was given and what would be accepted.
+(``250ms``, ``1s``, ``1m30s``, ``1.5h``, ``2h45m``; units ``ns us µs ms s m h d w``), or a YAML number of
+seconds (``1.5``). A bare number written as text (``--web.read-timeout 10``) is refused with the unit to add:
+Prometheus and Go refuse it too, and ``10`` could as well have meant milliseconds. Negative, not-a-number,
+infinite and absurdly large values are rejected with a message that says what was given and what would be
+accepted.
 """
 
 from __future__ import annotations
@@ -34,13 +36,19 @@ def parse_duration(value: object, *, allow_zero: bool = False) -> float:
         text = str(value).strip()
         negative = text.startswith("-")
         body = text[1:] if negative or text.startswith("+") else text
-        if _WHOLE.match(body):
-            seconds = sum(float(n) * UNITS[u] for n, u in _PART.findall(body))
-        else:
+        if body == "0":  # Go's time.ParseDuration takes "0" alone without a unit
+            seconds = 0.0
+        elif not _WHOLE.match(body):
             try:
-                seconds = float(body) if len(body) <= 32 else math.nan
+                number = float(body) if len(body) <= 32 else math.nan
             except ValueError:
                 raise ValueError(f"not a duration: {value!r} ({HINT})") from None
+            if math.isfinite(number) and not negative:
+                raise ValueError(f"a duration needs a unit: {value!r} (use {format_duration(number)} for "
+                                 f"{number:g} seconds)")
+            raise ValueError(f"not a duration: {value!r} ({HINT})")
+        else:
+            seconds = sum(float(n) * UNITS[u] for n, u in _PART.findall(body))
         if negative:
             seconds = -seconds
     if math.isnan(seconds) or math.isinf(seconds):

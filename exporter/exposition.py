@@ -210,9 +210,11 @@ class Renderer:
     bytes; a format nobody asked for recently is formatted on its first request and kept warm from then on.
     """
 
-    def __init__(self, stages: Sequence[Stage], *, offset: Callable[[], float] | None = None) -> None:
+    def __init__(self, stages: Sequence[Stage], *, offset: Callable[[], float] | None = None,
+                 extra: Callable[[], Sequence[Metric]] | None = None) -> None:
         self.stages = list(stages)
         self.offset = offset
+        self.extra = extra  # more self metrics, read at every render (the web config in force)
         self._inputs = [tuple(sorted({spec.name for spec in st.samplers()})) for st in self.stages]
         self._chunks: list[_Chunk | None] = [None] * len(self.stages)
         # One guard per stage: a stage's chunk is checked when it is formatted again (a reused chunk is the
@@ -268,6 +270,8 @@ class Renderer:
                     self._chunks[i] = _Chunk(inputs, fams, expfmt.text(fams))
             offset = self.offset() if self.offset is not None else 0.0
             self._self = list(self_metrics(snap, offset=offset, regressions=self.regressions))
+            if self.extra is not None:
+                self._self.extend(self.extra())
             if now - self._text_asked < WARM_SECONDS or not om_warm:
                 self._format_text(snap.version)
             if om_warm:

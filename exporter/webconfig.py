@@ -8,7 +8,10 @@ old config stays in force. :class:`WebConfigManager` re-reads the file when it o
 connections: the web server asks for the current TLS context per accepted connection.
 
 Security fails closed (DESIGN.md): an empty, comment-only or truncated file is refused at start (exit 2) and
-at reload (the previous config stays); files are read through :mod:`exporter.yamlsafe` (bounded).
+at reload (the previous config stays); files are read through :mod:`exporter.yamlsafe` (bounded). A valid file
+that would turn TLS off or remove every user at reload -- what a file cut at a section boundary while being
+rewritten looks like -- is refused too, unless it says ``allow_downgrade: true`` (gpufeed's one key beyond
+exporter-toolkit's). The config in force is exported (:meth:`WebConfigManager.metrics`) for alerts.
 
 Basic auth follows exporter-toolkit's handler: the username lookup does not leak which users exist
 (every configured name is compared with :func:`hmac.compare_digest`, an unknown user is checked
@@ -43,6 +46,7 @@ from types import MappingProxyType
 from typing import Any
 
 import bcrypt
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter import log, yamlsafe
 from exporter.durations import parse_duration
@@ -113,7 +117,10 @@ ALLOWED_HEADERS: Mapping[str, tuple[str, ...]] = {
 
 _BCRYPT = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
 _BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-_TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
+_SECTIONS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
+# gpufeed's own key: a reload may turn TLS off or remove every user only when the new file says so.
+ALLOW_DOWNGRADE = "allow_downgrade"
+_TOP_KEYS = (*_SECTIONS, ALLOW_DOWNGRADE)
 _TLS_KEYS = (
     "cert_file", "key_file", "cert", "key", "client_auth_type", "client_ca_file", "client_ca",
     "client_allowed_sans", "min_version", "max_version", "cipher_suites", "prefer_server_cipher_suites",
@@ -145,6 +152,7 @@ class WebConfig:
     watched: tuple[Path, ...] = ()
     dummy_hash: bytes = b""  # the users' highest cost: unknown users pay the same bcrypt time
     cert_not_after: float | None = None  # Unix time the server certificate expires
+    allow_downgrade: bool = False  # a reload to this config may turn TLS off or remove every user
 
     @property
     def max_cost(self) -> int:
@@ -414,7 +422,7 @@ def parse(data: object, base: Path) -> WebConfig:
             "to serve without them, do not pass --web.config.file"
         )
     top = _mapping(data, "web config", _TOP_KEYS)
-    for key in _TOP_KEYS:
+    for key in _SECTIONS:
         if key in top and not top[key]:
             raise WebConfigError(f"{key}: empty (a truncated file?); remove the key or configure it")
     ctx: ssl.SSLContext | None = None
@@ -447,11 +455,28 @@ def parse(data: object, base: Path) -> WebConfig:
     users = _users(_mapping(top.get("basic_auth_users"), "basic_auth_users"))
     rate = _rate_limit(_mapping(top.get("rate_limit"), "rate_limit", ("interval", "burst")))
     costs = sorted({_cost(h) for h in users.values()})
+    allow_downgrade = top.get(ALLOW_DOWNGRADE, False)
+    if not isinstance(allow_downgrade, bool):
+        raise WebConfigError(f"{ALLOW_DOWNGRADE}: must be true or false")
     return WebConfig(
         ssl_context=ctx, client_allowed_sans=sans, headers=MappingProxyType(headers), users=users,
         rate_limit=rate, watched=watched, dummy_hash=dummy_hash(costs[-1]) if costs else b"",
-        cert_not_after=not_after,
+        cert_not_after=not_after, allow_downgrade=allow_downgrade,
     )
+
+
+def _check_downgrade(old: WebConfig, new: WebConfig) -> None:
+    """A reload that turns TLS off or removes every user needs ``allow_downgrade: true`` in the new file."""
+    if new.allow_downgrade:
+        return
+    lost = [what for what, was, now in (("TLS", old.ssl_context is not None, new.ssl_context is not None),
+                                        ("authentication (every user)", bool(old.users), bool(new.users)))
+            if was and not now]
+    if lost:
+        raise WebConfigError(
+            f"would turn {' and '.join(lost)} off (a file cut while being rewritten?); "
+            f"to do that, say {ALLOW_DOWNGRADE}: true in the file"
+        )
 
 
 def load(path: Path) -> WebConfig:
@@ -583,6 +608,7 @@ class WebConfigManager:
         with self._reload_lock:
             try:
                 new = load(self.path)
+                _check_downgrade(self.config, new)
             except WebConfigError as e:
                 self.reloads_failed += 1
                 self.last_reload_successful = False
@@ -600,7 +626,7 @@ class WebConfigManager:
                 "web_config_reloaded", reason=reason, tls=new.ssl_context is not None, users=len(new.users),
                 mtls=bool(new.ssl_context and new.ssl_context.verify_mode == ssl.CERT_REQUIRED),
             )
-            # A valid file may still turn protection off; that is the operator's call, but never a quiet one.
+            # Asked for in the file (allow_downgrade: true): the operator's call, but never a quiet one.
             if old.ssl_context is not None and new.ssl_context is None:
                 _log.warning("web_config_tls_turned_off", reason=reason, note="new connections are plain HTTP")
             if old.users and not new.users:
@@ -608,6 +634,20 @@ class WebConfigManager:
             self._expiry_warned = None
             self._check_expiry()
             return True
+
+    def metrics(self) -> list[Metric]:
+        """The config in force, for alerts: TLS on, auth on, the last reload applied (1) or refused (0)."""
+        out: list[Metric] = []
+        for name, value, text in (
+            ("tls_enabled", self.config.ssl_context is not None, "Whether TLS is on in the web config in force."),
+            ("auth_enabled", bool(self.config.users), "Whether basic auth is on in the web config in force."),
+            ("last_reload_successful", self.last_reload_successful,
+             "Whether the last reload of --web.config.file was applied (0: refused, the previous config is in force)."),
+        ):
+            fam = GaugeMetricFamily(f"gpufeed_web_config_{name}", text)
+            fam.add_metric([], float(value))
+            out.append(fam)
+        return out
 
     def changed(self) -> bool:
         """Whether the file or a file it names changed since the last (attempted) load."""

@@ -25,6 +25,7 @@
             "labels": {
               "severity": ("%(str_pcie_errors_severity)s" % $._config),
               "signal": "aer_correctable",
+              "scope": "device",
             },
             "annotations": {
               "summary": "PCIe errors rising at {{ $labels.bdf }} on {{ $labels.instance }}",
@@ -39,6 +40,7 @@
             "labels": {
               "severity": ("%(str_pcie_errors_uncorrectable_severity)s" % $._config),
               "signal": "aer_uncorrectable",
+              "scope": "device",
             },
             "annotations": {
               "summary": "Uncorrectable PCIe errors at {{ $labels.bdf }} on {{ $labels.instance }}",
@@ -53,6 +55,7 @@
             "labels": {
               "severity": ("%(str_pcie_errors_severity)s" % $._config),
               "signal": "aer_correctable",
+              "scope": "chain",
             },
             "annotations": {
               "summary": "PCIe errors rising on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",
@@ -67,6 +70,7 @@
             "labels": {
               "severity": ("%(str_pcie_errors_uncorrectable_severity)s" % $._config),
               "signal": "aer_uncorrectable",
+              "scope": "chain",
             },
             "annotations": {
               "summary": "Uncorrectable PCIe errors on the path of GPU {{ $labels.gpu_bdf }} on {{ $labels.instance }}",

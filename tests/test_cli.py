@@ -178,6 +178,23 @@ def test_go_style_durations_are_taken_by_every_duration_flag() -> None:
     assert (s.collector["proc"]["threads-interval"], s.collector["cpu"]["interval"]) == (60.0, 0.25)
 
 
+def test_a_bare_number_is_not_a_duration_and_the_error_says_which_unit_to_add(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # P9: --web.read-timeout 10 was taken as 10 s; Prometheus and Go refuse it (10 what?).
+    rc, err = _main(capsys, "--web.read-timeout", "10")
+    assert rc == 2 and "--web.read-timeout" in _one_line(err) and "use 10s for 10 seconds" in err, err
+    rc, err = _main(capsys, "--collector.cpu.interval", "0.5")
+    assert rc == 2 and "use 500ms" in _one_line(err), err
+
+
+def test_simulate_speed_without_simulate_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # P9: it was ignored, and the real host served; check-config said SUCCESS.
+    for command in ("serve", "check-config"):
+        assert cli.main([command, "--simulate-speed", "10"]) == 2
+        assert "--simulate-speed: needs --simulate" in _one_line(capsys.readouterr().err)
+    assert cli.main(["check-config", "--simulate", "launch_bound", "--simulate-speed", "10"]) == 0
+
+
 def test_a_history_shorter_than_the_classifier_window_is_refused_naming_both_flags(
         capsys: pytest.CaptureFixture[str]) -> None:
     # The buffers keep --engine.history seconds; verdicts judge --collector.derived.window of them.
@@ -358,3 +375,19 @@ async def _no_sampling(engine: Any, duration: float, tty: Any) -> None:
     """diagnose's sampling, without the wait: the fuzz run only asks whether an input is taken or refused."""
     engine.start()
     await engine.stop(timeout=0.1)
+
+
+def test_help_is_plain_text_with_one_default_each_and_every_no_form_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    # P10: reStructuredText markup in --help, "(default: ...)" twice, and --no-... forms that worked but were hidden.
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    top = capsys.readouterr().out
+    assert "``" not in top and "gpufeed serve" in top
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).split(" options: ", 1)[1]  # past the usage lines
+    for flag in ("collector.pcie.feeders", "collector.derived.quiet-host", "collector.workload.container-env"):
+        assert f"--{flag}, --no-{flag}" in text, flag
+    for flag in ("collector.gpu.hostname", "collector.workload.cgroupfs"):
+        help_text = text.split(f"--{flag} STR", 1)[1].split(" --", 1)[0]
+        assert help_text.count("(default:") == 1, help_text

@@ -131,3 +131,32 @@ def _git_head() -> str | None:
     r = subprocess.run([git, "-C", str(REPO), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
                        timeout=30, check=False)
     return r.stdout.strip() if r.returncode == 0 else None
+
+
+def test_an_editable_install_reads_its_revision_from_the_checkout(tmp_path: Path) -> None:
+    # P9: `pip install -e .` and `make serve` (the README's own paths) said "revision: unknown" in a git checkout.
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+
+    def g(*args: str, cwd: Path) -> str:
+        return subprocess.run([git, "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    g("init", "-q", "-b", "main", cwd=repo)
+    g("commit", "-q", "--allow-empty", "-m", "one", cwd=repo)
+    first = g("rev-parse", "--short=7", "HEAD", cwd=repo)
+    assert buildinfo.git_revision(repo) == first  # a loose ref
+    g("pack-refs", "--all", cwd=repo)
+    assert buildinfo.git_revision(repo) == first  # packed-refs
+    g("worktree", "add", "-q", "-b", "side", str(tmp_path / "wt"), cwd=repo)
+    g("commit", "-q", "--allow-empty", "-m", "two", cwd=tmp_path / "wt")
+    assert buildinfo.git_revision(tmp_path / "wt") == g("rev-parse", "--short=7", "HEAD", cwd=tmp_path / "wt")
+    g("checkout", "-q", "--detach", cwd=repo)
+    assert buildinfo.git_revision(repo) == first  # a detached HEAD
+    assert buildinfo.git_revision(tmp_path) is None  # not a checkout
+    head = _git_head()
+    if head is not None and not (REPO / "exporter" / buildinfo.REVISION_FILE).exists():
+        assert buildinfo.revision() == head  # this checkout, as the editable install runs it

@@ -10,8 +10,12 @@ lists again only when the GPU processes changed (a job ended, another started) o
 passed; in between it republishes the cached answer. A socket that is absent is "not available" (not a
 Kubernetes node, or the socket is not mounted: logged once); one that refuses, is slow past ``timeout``
 or answers garbage is a failure (``gpufeed_collector_success{collector="kubernetes"} 0``, logged once) and
-never blocks another sampler. The socket is ``/var/lib/kubelet/pod-resources/kubelet.sock`` unless
-``--collector.kubernetes.socket`` says otherwise (the DaemonSet mounts that directory read-only). Sample::
+never blocks another sampler. The answer is bounded by what a node can hold: at most ``MAX_MESSAGE`` bytes
+(a larger one is a failure), ``MAX_RESOURCES`` GPU resource names (the series of
+``gpufeed_kubernetes_pod_devices``) and ``MAX_DEVICES`` assignments kept; a name longer than Kubernetes
+allows is no Kubernetes object and is dropped; whatever is dropped is logged once. The socket is
+``/var/lib/kubelet/pod-resources/kubelet.sock`` unless ``--collector.kubernetes.socket`` says otherwise (the
+DaemonSet mounts that directory read-only). Sample::
 
     gpufeed_kubernetes_pod_devices{resource="nvidia.com/gpu"} 8
 """
@@ -27,14 +31,25 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from exporter import log
 from exporter.collectors import register
 from exporter.samples.workload import KubernetesSample, PodDevice
 from exporter.sampling import KUBERNETES, Collector, CollectorContext, CollectorError, NoDataError, Option
 from exporter.snapshot import Snapshot
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-# The kubelet caps its own answers at 16 MiB (pkg/kubelet/apis/podresources: DefaultMaxMsgSize).
-MAX_MESSAGE = 16 << 20
+# The kubelet caps its own answers at 16 MiB (pkg/kubelet/apis/podresources: DefaultMaxMsgSize); a node's real
+# answer is tens of KiB (110 pods by default, each a few containers). 16 MiB of invented pods held +130 MiB.
+MAX_MESSAGE = 4 << 20
+# Distinct GPU resource names kept (label values of gpufeed_kubernetes_pod_devices): the NVIDIA plugin has
+# nvidia.com/gpu, nvidia.com/gpu.shared and one per MIG profile (about ten).
+MAX_RESOURCES = 32
+# GPU assignments kept: 16 GPUs x 64 time-sliced replicas, four times over.
+MAX_DEVICES = 4096
+# Kubernetes' own limits (apimachinery validation): namespace and container names are DNS labels (63), pod names
+# DNS subdomains (253), extended resource names a qualified name (253-character prefix / 63-character name). A
+# device id is a GPU or MIG UUID (40-ish), with "::<n>" for a time-sliced replica.
+_MAX_LEN = {"namespace": 63, "pod": 253, "container": 63, "resource": 317, "device": 128}
 GPU_RESOURCES = ("nvidia.com/",)
 # The least privilege that reads a root-only socket (docs/deployment.md, the Helm chart's securityContext values).
 _HOW = ("run as uid 0 with every capability dropped and a read-only root filesystem (Helm: "
@@ -47,6 +62,29 @@ def _gpu_device(resource: str, device: str) -> str | None:
     if not resource.startswith(GPU_RESOURCES):
         return None
     return device.split("::", 1)[0] or None
+
+
+class _Bounded:
+    """The assignments of one answer, within MAX_DEVICES, MAX_RESOURCES and Kubernetes' name lengths."""
+
+    def __init__(self) -> None:
+        self.devices: list[PodDevice] = []
+        self.resources: set[str] = set()
+        self.dropped: dict[str, int] = {}
+
+    def add(self, d: PodDevice) -> None:
+        long = next((k for k, n in _MAX_LEN.items() if len(getattr(d, k)) > n), None)
+        if long is not None:
+            why = f"{long} longer than {_MAX_LEN[long]} characters (not a Kubernetes name)"
+        elif d.resource not in self.resources and len(self.resources) >= MAX_RESOURCES:
+            why = f"more than {MAX_RESOURCES} GPU resource names"
+        elif len(self.devices) >= MAX_DEVICES:
+            why = f"more than {MAX_DEVICES} GPU assignments"
+        else:
+            self.resources.add(d.resource)
+            self.devices.append(d)
+            return
+        self.dropped[why] = self.dropped.get(why, 0) + 1
 
 
 @register
@@ -138,7 +176,7 @@ class KubernetesCollector(Collector):
             code = e.code() if hasattr(e, "code") else None
             detail = e.details() if hasattr(e, "details") else str(e)
             raise CollectorError(f"kubelet pod-resources List on {self.socket}: {code}: {detail}") from e
-        devices: list[PodDevice] = []
+        kept = _Bounded()
         pods = 0
         for pod in resp.pod_resources:
             pods += 1
@@ -147,7 +185,7 @@ class KubernetesCollector(Collector):
                     for did in dev.device_ids:
                         uuid = _gpu_device(dev.resource_name, did)
                         if uuid is not None:
-                            devices.append(PodDevice(pod.namespace, pod.name, ctr.name, dev.resource_name, uuid))
+                            kept.add(PodDevice(pod.namespace, pod.name, ctr.name, dev.resource_name, uuid))
                 for dyn in ctr.dynamic_resources:
                     for claim in dyn.claim_resources:
                         for cdi in claim.cdi_devices:
@@ -155,8 +193,11 @@ class KubernetesCollector(Collector):
                             kind, _, value = cdi.name.partition("=")
                             uuid = _gpu_device(kind + "/", value) if kind.startswith("nvidia.com") else None
                             if uuid is not None and uuid.startswith(("GPU-", "MIG-")):
-                                devices.append(PodDevice(pod.namespace, pod.name, ctr.name, kind, uuid))
-        return KubernetesSample(devices=tuple(devices), fetched_t=now, pods=pods)
+                                kept.add(PodDevice(pod.namespace, pod.name, ctr.name, kind, uuid))
+        for why, n in kept.dropped.items():
+            if log.once(("kubernetes_devices_dropped", why)):
+                self.log.warning("kubernetes_devices_dropped", reason=why, count=n, socket=self.socket)
+        return KubernetesSample(devices=tuple(kept.devices), fetched_t=now, pods=pods)
 
     def close(self) -> None:
         with self._lock:

@@ -323,7 +323,8 @@ def classify(
         return Candidate("idle", 0.3, 0.0, "latency_bound", (f"{view.name}: no utilisation data yet",))
     window = f"the last {window_s:.0f} s"
     if util < IDLE_UTIL:
-        procs = f"{len(view.pids)} process(es) attached" if view.pids else "no compute process"
+        n = len(view.pids)
+        procs = f"{n} process{'' if n == 1 else 'es'} attached" if n else "no compute process"
         return Candidate("idle", 0.95, 0.0, "latency_bound",
                          (f"{view.name} utilisation {_pct(util)} over {window}: no work submitted ({procs})",))
     waiting = max(0.0, 1.0 - util)
@@ -371,7 +372,8 @@ def classify(
         if view.burst.periodic and view.burst.period_s:
             head += f"; idle gaps recur every {view.burst.period_s:.1f} s (batch boundaries)"
         elif view.burst.gaps:
-            head += f"; {len(view.burst.gaps)} idle gaps"
+            gaps = len(view.burst.gaps)
+            head += f"; {gaps} idle gap{'' if gaps == 1 else 's'}"
         # What the workload view could not see (a stray context set aside, cgroup files unreadable, no process
         # in NVML) comes last: the verdict says what it stands on.
         return Candidate(wcause, round(wconf, 2), waiting, wcause, (head, *(w for w in wwhy if w), *shape.notes))

@@ -39,6 +39,7 @@ from exporter.fleet.model import (
 )
 from exporter.fleet.promapi import (
     AuthRefusedError,
+    BoundError,
     PromError,
     PrometheusClient,
     RuleInfo,
@@ -245,12 +246,18 @@ class _Runner:
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             futures = {pool.submit(one, q): q for q in queries}
-            for f in as_completed(futures):
-                key, res = f.result()
-                out[key] = res
-                self.done += 1
-                if self.progress is not None:
-                    self.progress(self.done, self.total, futures[f].what)
+            try:
+                for f in as_completed(futures):
+                    key, res = f.result()
+                    out[key] = res
+                    self.done += 1
+                    if self.progress is not None:
+                        self.progress(self.done, self.total, futures[f].what)
+            except BaseException:
+                # The first failure ends the report: the queued queries are not sent, only those in flight
+                # (each bounded by --timeout) are waited for.
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
         return out
 
 
@@ -275,7 +282,7 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
     if opts.source != "raw":
         try:
             rules = {r.name: r for r in client.rules()}
-        except (UnreachableError, AuthRefusedError):
+        except (UnreachableError, AuthRefusedError, BoundError):
             raise
         except PromError as e:
             if opts.source == "rules":

@@ -3,7 +3,8 @@
 Exit status: 0 written; 2 bad flag or http config (one line naming it); 3 Prometheus unreachable (connection,
 TLS); 4 credentials missing or refused (401/403); 5 no gpufeed data in the range; 6 recording rules missing
 with ``--source rules``; 7 Prometheus rejected a query or answered unexpectedly; 8 the plotting library
-(``gpufeed[report]``) is not installed.
+(``gpufeed[report]``) is not installed or cannot start (no writable cache directory); 9 an answer larger
+than ``--max-answer-size`` or queries past ``--deadline``. Never 70: a malformed answer is one line naming it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ STEP_MULTIPLE_S = 300
 MAX_STEPS = 11000  # Prometheus refuses range queries with more points per series
 _DUR = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_SIZE = re.compile(r"(\d+)(B|KiB|MiB|GiB)")
+_UNIT_B = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+DEFAULT_MAX_ANSWER = "64MiB"
+DEFAULT_DEADLINE = "10m"
 
 _log = log.get_logger(component="report")
 
@@ -51,6 +56,14 @@ def parse_duration(text: str, flag: str) -> float:
     if seconds <= 0:
         raise UsageError(f"{flag}: must be more than 0")
     return float(seconds)
+
+
+def parse_size(text: str, flag: str) -> int:
+    """A size with a binary unit ("64MiB", "1GiB") in bytes."""
+    m = _SIZE.fullmatch(text)
+    if m is None or int(m[1]) <= 0:
+        raise UsageError(f"{flag}: {text!r} is not a size like 64MiB or 1GiB")
+    return int(m[1]) * _UNIT_B[m[2]]
 
 
 def parse_time(text: str, flag: str, now: float) -> float:
@@ -87,7 +100,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--source", default="auto", metavar="auto|rules|raw",
                    help="recording rules, raw series, or rules where loaded (default auto)")
     p.add_argument("--top", default="10", metavar="N", help="rows in the top-waiting tables (default 10)")
-    p.add_argument("--timeout", default="60s", metavar="DURATION", help="per request (default 60s)")
+    p.add_argument("--timeout", default="60s", metavar="DURATION",
+                   help="one request, from its start to the end of its answer (default 60s)")
+    p.add_argument("--deadline", default=DEFAULT_DEADLINE, metavar="DURATION",
+                   help=f"every query together (default {DEFAULT_DEADLINE})")
+    p.add_argument("--max-answer-size", default=DEFAULT_MAX_ANSWER, metavar="SIZE",
+                   help=f"the largest answer read, e.g. 256MiB (default {DEFAULT_MAX_ANSWER}; parsed, an "
+                   "answer takes about 15 times its size in memory, four at a time)")
     p.add_argument("--http.config.file", dest="http_config_file", metavar="FILE",
                    help="basic_auth / authorization / tls_config, the file promtool takes")
     p.add_argument("--user", metavar="USER", help="basic auth user (password from --password-file)")
@@ -166,7 +185,9 @@ def http_options(ns: argparse.Namespace) -> HttpOptions:
             opts = replace(opts, **{flag: value})
     if ns.insecure_skip_verify:
         opts = replace(opts, insecure_skip_verify=True)
-    return replace(opts, timeout_s=parse_duration(ns.timeout, "--timeout"))
+    return replace(opts, timeout_s=parse_duration(ns.timeout, "--timeout"),
+                   deadline_s=parse_duration(ns.deadline, "--deadline"),
+                   max_answer_bytes=parse_size(ns.max_answer_size, "--max-answer-size"))
 
 
 class _Progress:
@@ -217,6 +238,8 @@ def run_report(ns: argparse.Namespace) -> int:
     except ImportError as e:
         return _fail(EXIT_NO_PLOTTING, f"the report's plots need matplotlib ({e.name} is missing): "
                      "pip install 'gpufeed[report]'")
+    except OSError as e:  # matplotlib wants a writable cache directory (MPLCONFIGDIR, else a temporary one)
+        return _fail(EXIT_NO_PLOTTING, f"matplotlib cannot start: {e}")
     progress = _Progress(sys.stderr)
     try:
         client = PrometheusClient(opts.prometheus, http_options(ns))

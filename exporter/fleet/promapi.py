@@ -6,13 +6,18 @@ client does not implement is an error naming the key, never silently ignored: a 
 go out without the client certificate it was told to use.
 
 Every failure is a ``PromError`` whose ``exit_code`` tells the kind (unreachable, refused credentials, a
-query the server rejected) and whose message is one line for a human.
+query the server rejected or answered in a shape this client cannot read, an answer past a bound) and whose
+message is one line for a human. Every answer is bounded: at most ``max_answer_bytes`` read, each request
+over within ``timeout_s`` of its start (not per socket read: a server that trickles one byte every few
+seconds is cut), the whole report within ``deadline_s``; text from the server is shortened before printing.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
+import math
 import ssl
 import time
 import urllib.error
@@ -30,6 +35,12 @@ from exporter import log
 EXIT_UNREACHABLE = 3
 EXIT_AUTH = 4
 EXIT_QUERY = 7
+EXIT_BOUND = 9
+# The longest piece of server text (an error message, a value) quoted in one error line.
+QUOTE_CHARS = 200
+# An error body is read up to this size only: its message is all that is quoted.
+ERROR_BODY_BYTES = 64 * 1024
+_CHUNK = 64 * 1024
 
 _log = log.get_logger(component="report")
 
@@ -48,6 +59,18 @@ class AuthRefusedError(PromError):
     exit_code = EXIT_AUTH
 
 
+class BoundError(PromError):
+    """An answer larger than ``max_answer_bytes``, or the report past its overall deadline."""
+
+    exit_code = EXIT_BOUND
+
+
+def quote(text: object) -> str:
+    """Server text for a one-line message: repr-escaped (no newline gets through), at most QUOTE_CHARS."""
+    r = repr(text) if not isinstance(text, str) else repr(text)[1:-1]
+    return r if len(r) <= QUOTE_CHARS else f"{r[:QUOTE_CHARS]}... ({len(r)} characters)"
+
+
 class HttpConfigError(ValueError):
     """A bad --http.config.file or auth/TLS flag (usage error: exit 2)."""
 
@@ -63,7 +86,9 @@ class HttpOptions:
     cert_file: str | None = None
     key_file: str | None = None
     insecure_skip_verify: bool = False
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # one request, from its start to the last byte of its answer
+    max_answer_bytes: int = 64 * 1024 * 1024
+    deadline_s: float = 600.0  # every request of the client, from its creation
 
 
 _HTTP_KEYS = {"basic_auth", "authorization", "tls_config", "follow_redirects", "enable_http2"}
@@ -194,6 +219,7 @@ class PrometheusClient:
             parsed = parsed._replace(netloc=parsed.netloc.rsplit("@", 1)[1])
         self.url = urllib.parse.urlunsplit(parsed).rstrip("/")
         self.opts = opts
+        self._deadline = time.monotonic() + opts.deadline_s
         handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
         if parsed.scheme == "https":
             handlers.append(urllib.request.HTTPSHandler(context=ssl_context(opts)))
@@ -217,24 +243,62 @@ class PrometheusClient:
         else:
             req = urllib.request.Request(f"{url}?{body.decode()}" if params else url, headers=self._headers)
         t0 = time.monotonic()
+        limit = min(self.opts.timeout_s, self._deadline - t0)
+        if limit <= 0:
+            raise self._past_deadline()
         try:
-            with self._opener.open(req, timeout=self.opts.timeout_s) as r:
-                raw = r.read()
+            with self._opener.open(req, timeout=limit) as r:
+                raw = self._read(r, path, t0 + limit)
         except urllib.error.HTTPError as e:
             raise self._http_error(e) from None
         except urllib.error.URLError as e:
             raise self._unreachable(e.reason) from None
         except (TimeoutError, ConnectionError, ssl.SSLError) as e:
             raise self._unreachable(e) from None
+        except http.client.HTTPException as e:
+            # IncompleteRead (the connection closed before Content-Length), a bad status line or header.
+            raise UnreachableError(f"Prometheus at {self.url} broke off its answer to {path}: "
+                                   f"{type(e).__name__}") from None
         _log.debug("report_request", path=path, seconds=round(time.monotonic() - t0, 3), bytes=len(raw))
         try:
             doc = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise PromError(f"{self.url} did not answer {path} with JSON: is this a Prometheus server?") from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
             err = doc.get("error", "unknown error") if isinstance(doc, dict) else "unexpected answer"
-            raise PromError(f"Prometheus at {self.url} rejected {path}: {err}")
+            raise PromError(f"Prometheus at {self.url} rejected {path}: {quote(err)}")
         return doc.get("data")
+
+    def _read(self, r: http.client.HTTPResponse, path: str, until: float) -> bytes:
+        """The whole body, at most max_answer_bytes, over before ``until`` (checked after every chunk; one read
+        waits at most the socket timeout, itself no longer than the request's time)."""
+        cap = self.opts.max_answer_bytes
+        length = r.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) > cap:
+            raise self._too_large(path)
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := r.read1(_CHUNK):
+            size += len(chunk)
+            if size > cap:
+                raise self._too_large(path)
+            chunks.append(chunk)
+            now = time.monotonic()
+            if now > self._deadline:
+                raise self._past_deadline()
+            if now > until:
+                raise TimeoutError
+        if r.length:  # the connection closed before Content-Length bytes came
+            raise http.client.IncompleteRead(b"", r.length)
+        return b"".join(chunks)
+
+    def _too_large(self, path: str) -> BoundError:
+        return BoundError(f"Prometheus at {self.url} answered {path} with more than "
+                          f"{self.opts.max_answer_bytes / 2**20:g} MiB (--max-answer-size): "
+                          "narrow --range, use a longer --step, or raise the limit")
+
+    def _past_deadline(self) -> BoundError:
+        return BoundError(f"the queries to {self.url} took more than {self.opts.deadline_s:g} s in all (--deadline)")
 
     def _unreachable(self, reason: object) -> PromError:
         if isinstance(reason, ssl.SSLCertVerificationError):
@@ -254,46 +318,79 @@ class PrometheusClient:
                                "(basic_auth or authorization in --http.config.file, or --user/--password-file)")
         detail = ""
         try:
-            doc = json.loads(e.read())
-            detail = f": {doc.get('error')}" if isinstance(doc, dict) and doc.get("error") else ""
-        except (ValueError, OSError):
+            doc = json.loads(e.read(ERROR_BODY_BYTES))
+            detail = f": {quote(doc.get('error'))}" if isinstance(doc, dict) and doc.get("error") else ""
+        except (ValueError, RecursionError, OSError, http.client.HTTPException):
             pass
         if e.code == 404:
             return PromError(f"{self.url} has no Prometheus API at {e.url} (404): check the --prometheus URL "
                              "(include any path prefix, e.g. https://host/prometheus)")
-        return PromError(f"Prometheus at {self.url} answered {e.code} {e.reason}{detail}")
+        return PromError(f"Prometheus at {self.url} answered {e.code} {quote(e.reason)}{detail}")
 
     # -- API
 
     def rules(self) -> list[RuleInfo]:
         """The recording rules loaded on the server (GET /api/v1/rules?type=record)."""
-        data = self._call("/api/v1/rules", {"type": "record"}, post=False)
-        out = []
-        for g in data.get("groups", []) if isinstance(data, dict) else []:
-            for r in g.get("rules", []):
-                if r.get("type") == "recording":
-                    out.append(RuleInfo(name=str(r.get("name", "")), group=str(g.get("name", "")),
-                                        interval_s=float(g.get("interval", 0) or 0), health=str(r.get("health", "")),
-                                        last_error=str(r.get("lastError", "") or "")))
-        return out
+        path = "/api/v1/rules"
+        data = self._call(path, {"type": "record"}, post=False)
+        try:
+            out = []
+            for g in data.get("groups", []) if isinstance(data, dict) else []:
+                for r in g.get("rules", []):
+                    if r.get("type") == "recording":
+                        out.append(RuleInfo(name=str(r.get("name", "")), group=str(g.get("name", "")),
+                                            interval_s=_seconds(g.get("interval", 0)),
+                                            health=str(r.get("health", "")),
+                                            last_error=str(r.get("lastError", "") or "")))
+            return out
+        except (AttributeError, TypeError, ValueError, OverflowError) as e:
+            raise self._malformed(path, e) from None
 
     def query(self, expr: str, at: float) -> list[Sample]:
         """An instant query at ``at`` (POST /api/v1/query): one Sample per vector element."""
-        data = self._call("/api/v1/query", {"query": expr, "time": _ts(at)}, post=True)
+        path = "/api/v1/query"
+        data = self._call(path, {"query": expr, "time": _ts(at)}, post=True)
         if not isinstance(data, dict) or data.get("resultType") not in ("vector", "scalar"):
-            raise PromError(f"unexpected result type for {expr!r}: {data!r:.80}")
-        if data["resultType"] == "scalar":
-            return [Sample({}, float(data["result"][1]))]
-        return [Sample(dict(s["metric"]), float(s["value"][1])) for s in data["result"]]
+            raise PromError(f"unexpected result type for {expr!r}: {quote(data)}")
+        try:
+            if data["resultType"] == "scalar":
+                return [Sample({}, float(data["result"][1]))]
+            return [Sample(_labels(s["metric"]), float(s["value"][1])) for s in data["result"]]
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
+            raise self._malformed(path, e) from None
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
         """A range query (POST /api/v1/query_range): one Series per result, points at start + k * step."""
-        data = self._call("/api/v1/query_range",
-                          {"query": expr, "start": _ts(start), "end": _ts(end), "step": f"{step:g}"}, post=True)
+        path = "/api/v1/query_range"
+        data = self._call(path, {"query": expr, "start": _ts(start), "end": _ts(end), "step": f"{step:g}"}, post=True)
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            raise PromError(f"unexpected result type for {expr!r}: {data!r:.80}")
-        return [Series(dict(s["metric"]), tuple((float(t), float(v)) for t, v in s["values"]))
-                for s in data["result"]]
+            raise PromError(f"unexpected result type for {expr!r}: {quote(data)}")
+        try:
+            return [Series(_labels(s["metric"]), tuple((float(t), float(v)) for t, v in s["values"]))
+                    for s in data["result"]]
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
+            raise self._malformed(path, e) from None
+
+    def _malformed(self, path: str, e: Exception) -> PromError:
+        return PromError(f"Prometheus at {self.url} answered {path} in a shape gpufeed report cannot read "
+                         f"({type(e).__name__}: {quote(str(e))})")
+
+
+def _labels(metric: object) -> dict[str, str]:
+    """A result's label set: a JSON object of strings (anything else is a malformed answer)."""
+    if not isinstance(metric, dict):
+        raise TypeError(f"metric is a {type(metric).__name__}, not an object")
+    return {str(k): str(v) for k, v in metric.items()}
+
+
+def _seconds(value: object) -> float:
+    """A rule group's interval: Prometheus sends seconds as a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"interval {quote(value)} is not a number of seconds")
+    seconds = float(value or 0)
+    if not math.isfinite(seconds):
+        raise ValueError(f"interval {quote(value)} is not a number of seconds")
+    return seconds
 
 
 def _ts(t: float) -> str:

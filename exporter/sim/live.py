@@ -43,7 +43,7 @@ from exporter.sampling import KUBERNETES, Stage
 from exporter.sim import exchange
 from exporter.sim.kubelet import Kubelet
 from exporter.sim.model import Model
-from exporter.sim.player import fast_tmpdir, kubelet_socket
+from exporter.sim.player import kubelet_socket, scratch_dir
 from exporter.sim.render import GROUPS, Renderer
 from exporter.sim.scenario import ScenarioError, load
 from exporter.sim.timebase import Playback, ScaledClock, group_intervals, render_periods
@@ -112,7 +112,7 @@ class LiveSimulation:
         return ScaledClock(self.speed, self.origin)
 
     def _spawn(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-", dir=fast_tmpdir()))
+        self.dir = Path(tempfile.mkdtemp(prefix="gpufeed-simulate-", dir=scratch_dir()))
         self.origin = time.monotonic()  # CLOCK_MONOTONIC is system-wide: all share scenario time
         self.procs = [self._child(part) for part in PARTS]
         for part, proc in zip(PARTS, self.procs, strict=True):
@@ -281,6 +281,10 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        # One signal is enough: a second SIGTERM (timeout(1) signals the process group as well, the daemon its
+        # children) while a large tree is removed raised KeyboardInterrupt out of here, a traceback in the log.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         shutil.rmtree(root, ignore_errors=True)
     return 0
 

@@ -89,10 +89,31 @@ class PlayResult:
     sampler_errors: dict[str, str] = field(default_factory=dict)
 
 
+SHM = Path("/dev/shm")
+
+
+class NoScratchError(OSError):
+    """No writable directory for a simulated host's tree (a read-only filesystem); the message names them."""
+
+
 def fast_tmpdir() -> Path | None:
     """/dev/shm when it is a writable directory (tmpfs: file churn costs 4-5x less than on disk), else None."""
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+    return SHM if SHM.is_dir() and os.access(SHM, os.W_OK | os.X_OK) else None
+
+
+def scratch_dir() -> Path:
+    """Where a simulated host's /proc and /sys tree goes: /dev/shm when writable, else the temporary directory
+    (TMPDIR, /tmp, /var/tmp, /usr/tmp, the working directory); NoScratchError naming them when none is."""
+    fast = fast_tmpdir()
+    if fast is not None:
+        return fast
+    try:
+        return Path(tempfile.gettempdir())
+    except FileNotFoundError as e:  # "No usable temporary directory found in [...]"
+        tried = str(e.strerror).rpartition(" in ")[2]
+        raise NoScratchError(f"no writable directory for the simulated host's /proc and /sys: {SHM} and {tried} "
+                             "are not writable (a read-only filesystem?); set TMPDIR to a writable directory"
+                             ) from None
 
 
 def play(
@@ -105,7 +126,7 @@ def play(
     """Run the whole scenario once in virtual time; ``flags`` are extra settings (``collector.x.interval``...)."""
     # Expectations over a phase's evaluations (SPEC v2 within_s, no_findings_anytime) need the timeline.
     timeline = timeline or any(e.within_s is not None or e.no_findings_anytime for e in sc.expect)
-    with tempfile.TemporaryDirectory(prefix="gpufeed-sim-", dir=workdir or fast_tmpdir()) as tmp:
+    with tempfile.TemporaryDirectory(prefix="gpufeed-sim-", dir=workdir or scratch_dir()) as tmp:
         root = Path(tmp)
         model = Model(sc)
         renderer = Renderer(model, root, atomic=False)  # nothing reads while we write: one thread

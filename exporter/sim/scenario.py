@@ -30,6 +30,8 @@ from exporter.sim.spec import (  # the model is part of this module's interface
     GPU_NUMERIC,
     MAX_CPUS,
     MAX_MHZ,
+    MAX_PROCESSES,
+    MAX_THREADS,
     MAX_WATTS,
     NFS_OPS,
     NONNEG,
@@ -294,8 +296,11 @@ def _pcie(r: Reader, v: object, path: str) -> PcieCaps:
 
 def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple[Process, ...]:
     lst = r.seq(v if v is not None else [], "processes")
+    if len(lst) > MAX_PROCESSES:
+        raise r.fail("processes", f"{len(lst)} entries: more than {MAX_PROCESSES} processes")
     known = {g.index for g in gpus}
     out: list[Process] = []
+    total_threads = 0
     for i, pr in enumerate(lst):
         p = item("processes", i)
         m = r.mapping(pr, p)
@@ -303,7 +308,13 @@ def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple
         r.keys(m, p, ("pid", "comm", "gpus", "cpus_allowed", "mems_allowed", "threads", "mig", *v2.V2_PROCESS),
                ("pid", "gpus"))
         pid = r.integer(m["pid"], p + ".pid", 1, 4194304)
-        threads = r.integer(m.get("threads", 1), p + ".threads", 1, 100000)
+        threads = r.integer(m.get("threads", 1), p + ".threads", 1)
+        if threads > MAX_THREADS:
+            raise r.fail(p + ".threads", f"{threads}: at most {MAX_THREADS} threads (all processes together)")
+        total_threads += threads
+        if total_threads > MAX_THREADS:
+            raise r.fail(p + ".threads", f"{total_threads} threads so far: more than {MAX_THREADS} threads in all "
+                         "processes together")
         if pid + threads - 1 > 4194304:
             raise r.fail(p + ".threads", f"tids {pid}..{pid + threads - 1} pass the kernel's pid limit 4194304")
         comm = r.string(m.get("comm", "python"), p + ".comm")

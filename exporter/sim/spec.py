@@ -54,6 +54,10 @@ MAX_TIMELINE_S = 7 * 86400.0  # all phases: a week (diagnose plays it at ~60x re
 MAX_PIECES = 1_000_000  # constant pieces of all patterns over the timeline, weighted by the cores they land on
 MAX_MHZ = 1e6  # clocks (1 THz)
 MAX_CPUS = 8192  # Linux's largest NR_CPUS (x86 MAXSMP); 65536 simulated CPUs took 230 MiB before any render
+# Threads of all processes together (each a /proc/<pid>/task/<tid> tree rendered and read every tick): 40 x
+# 100,000 reached 6.6 GB in diagnose, 1 x 100,000 wrote 400,204 files; the largest shipped scenario has 1328.
+MAX_THREADS = 8192
+MAX_PROCESSES = 1024  # processes[] entries (the largest shipped scenario has 72)
 MAX_WATTS = 1e6
 
 # Valid range of each numeric GPU / process / host state key; noise is clipped to it.

@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.core import Metric
 
-from exporter.collectors.kubernetes import KubernetesCollector
+from exporter.collectors.kubernetes import MAX_DEVICES, MAX_MESSAGE, MAX_RESOURCES, KubernetesCollector
+from exporter.samples.workload import KubernetesSample
 from exporter.sampling import CollectorContext, CollectorError, NoDataError, Targets
+from exporter.snapshot import Snapshot, Stamped
 
 grpc: Any = importlib.import_module("grpc")
 pb: Any = importlib.import_module("exporter.kubelet.api_pb2")
@@ -208,3 +211,64 @@ def test_a_socket_this_user_may_not_connect_to_is_not_available_not_a_failure(
         with pytest.raises(NoDataError, match=r"not writable by this user \(socket mode 0[0-7]{3}, owner "
                                               r"[0-9]+:[0-9]+; this process uid [0-9]+, groups .*run as uid 0"):
             _collector(sock).update()
+
+
+class _Hostile(rpc.PodResourcesListerServicer):  # type: ignore[misc]  # generated, untyped
+    """Answers what no node can hold (N8): the review's 50,000 resource names, a 1 MB pod name, 16 MB answers."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    def List(self, request: Any, context: Any) -> Any:  # noqa: N802 - the proto's name
+        return self.answer
+
+
+def _list_with(sock: Path, answer: Any) -> tuple[KubernetesSample, list[Metric]]:
+    with kubelet(sock, _Hostile(answer)):
+        col = _collector(sock)
+        try:
+            sample = col.update()
+        finally:
+            col.close()
+    return sample, list(col.metrics(Snapshot(version=1, t=0.0, latest={col.name: Stamped(0.0, sample)})))
+
+
+def test_a_kubelet_inventing_resource_names_cannot_grow_the_series_past_the_limit(sockdir: Path) -> None:
+    resp = pb.ListPodResourcesResponse()
+    ctr = resp.pod_resources.add(name="p", namespace="ns").containers.add(name="c")
+    for i in range(5000):
+        ctr.devices.add(resource_name=f"nvidia.com/r{i}", device_ids=[UUID0])
+    sample, fams = _list_with(sockdir / "kubelet.sock", resp)
+    resources = {d.resource for d in sample.devices}
+    assert len(resources) == MAX_RESOURCES
+    assert len(fams[0].samples) == MAX_RESOURCES
+
+
+def test_names_longer_than_kubernetes_allows_are_dropped_not_exported(sockdir: Path) -> None:
+    resp = _answer()
+    resp.pod_resources.add(name="p" * 1_000_000, namespace="ns").containers.add(name="c").devices.add(
+        resource_name="nvidia.com/gpu", device_ids=[UUID1])
+    sample, _ = _list_with(sockdir / "kubelet.sock", resp)
+    assert {d.pod for d in sample.devices} == {"trainer-0", "notebook"}
+
+
+def test_a_kubelet_answer_of_5_mib_is_past_the_message_cap_and_a_failure(sockdir: Path) -> None:
+    # 2000 pods x 64 device ids held +114 MiB in the old client (cap 16 MiB, the kubelet's own); a node's real
+    # answer is tens of KiB (110 pods by default).
+    assert MAX_MESSAGE < 5 << 20
+    resp = pb.ListPodResourcesResponse()
+    while resp.ByteSize() <= 5 << 20:
+        pod = resp.pod_resources.add(name=f"pod-{len(resp.pod_resources)}", namespace="ns")
+        pod.containers.add(name="c").devices.add(resource_name="nvidia.com/gpu",
+                                                 device_ids=[f"{UUID0}::{i}" for i in range(2000)])
+    with pytest.raises(CollectorError, match="RESOURCE_EXHAUSTED"):
+        _list_with(sockdir / "kubelet.sock", resp)
+
+
+def test_devices_past_the_limit_are_dropped(sockdir: Path) -> None:
+    resp = pb.ListPodResourcesResponse()
+    for i in range(MAX_DEVICES // 100 + 5):
+        resp.pod_resources.add(name=f"pod-{i}", namespace="ns").containers.add(name="c").devices.add(
+            resource_name="nvidia.com/gpu.shared", device_ids=[f"{UUID0}::{j}" for j in range(100)])
+    sample, _ = _list_with(sockdir / "kubelet.sock", resp)
+    assert len(sample.devices) == MAX_DEVICES

@@ -156,6 +156,7 @@ def test_zero_utilisation_with_a_process_attached_is_idle() -> None:
     c = judge(GpuSpec(util=const(0.0)), [ThreadSpec(1, 0.01, 0.0)])
     assert c.cause == "idle"
     assert c.waiting_ratio == 0.0
+    assert "(1 process attached)" in c.evidence[0], c.evidence  # P10: was "1 process(es)"
 
 
 def test_busy_gpu_with_high_sm_activity_is_healthy() -> None:

@@ -155,10 +155,16 @@ def test_sighup_reloads_the_web_config(spawn: list[Daemon], tmp_path: Path) -> N
         assert time.monotonic() < deadline, "SIGHUP did not reload"
         time.sleep(0.05)
     assert d.get(auth=("alice", "one"))[0] == 401
+    assert "gpufeed_web_config_auth_enabled 1.0" in d.get(auth=("alice", "two"))[1]
     cfg.write_text("basic_auth_users: {alice: plain}\n")  # broken: keep the old one
     d.proc.send_signal(signal.SIGHUP)
     time.sleep(0.3)
     assert d.get(auth=("alice", "two"))[0] == 200
+    # The refused reload is alertable, and the config in force is still the one with auth.
+    while "gpufeed_web_config_last_reload_successful 0.0" not in (body := d.get(auth=("alice", "two"))[1]):
+        assert time.monotonic() < deadline + 5, body[-2000:]
+        time.sleep(0.1)
+    assert "gpufeed_web_config_auth_enabled 1.0" in body and "gpufeed_web_config_tls_enabled 0.0" in body
     code, _, log = d.terminate()
     assert code == 0
     assert log.count("event=web_config_reloaded") >= 1

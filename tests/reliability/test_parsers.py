@@ -207,7 +207,8 @@ async def test_the_web_config_watcher_survives_an_error_logs_it_once_and_keeps_w
     with capture_logs() as logs:
         task = asyncio.create_task(mgr.watch(interval=0.02))
         await asyncio.sleep(0.2)
-        path.write_text("http_server_config: {headers: {X-Frame-Options: deny}}\n")  # a later rotation
+        path.write_text(f"basic_auth_users: {{alice: '{alice_hash}'}}\n"  # a later rotation
+                        "http_server_config: {headers: {X-Frame-Options: deny}}\n")
         for _ in range(200):
             if mgr.reloads_ok:
                 break

@@ -49,3 +49,27 @@ def test_a_renderer_child_killed_with_sigkill_is_restarted_and_the_host_moves_ag
             sim.stop()
     events = [e["event"] for e in logs]
     assert events.count("simulation_renderer_exited") == 1 and events.count("simulation_renderer_restarted") == 1
+
+
+def test_a_renderer_child_signalled_again_while_it_cleans_up_prints_no_keyboardinterrupt(tmp_path: Path) -> None:
+    # N10: timeout(1) signals the daemon and then its process group, and the daemon terminates its children: a
+    # child removing its tree (400,000 files took seconds) got a second SIGTERM and logged a KeyboardInterrupt
+    # traceback as uncaught_exception.
+    import subprocess
+    import sys
+
+    scenario = Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "host8x192_workloads.yaml"
+    for attempt in range(3):
+        root = tmp_path / f"root{attempt}"
+        proc = subprocess.Popen([sys.executable, "-m", "exporter.sim.live", "--scenario", str(scenario), "--root",
+                                 str(root), "--only", "trees"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 20
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.0005)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err[-2000:]
+        assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-2000:]
+        assert not root.exists()

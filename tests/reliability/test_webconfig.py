@@ -230,10 +230,51 @@ async def test_broken_reload_keeps_the_previous_config_and_logs_it(
     assert (await curl("-o", "/dev/null", "-w", "%{http_code}", "-u", "alice:wonderland", url))[1] == "200"
     captured = capsys.readouterr()
     assert "web_config_reload_failed" in captured.out + captured.err
-    # fixing the file restores reloads; removing the users turns auth off for new requests
-    write(path, "http_server_config: {headers: {X-Frame-Options: deny}}\n")
+    # fixing the file restores reloads; removing the users (said so in the file) turns auth off for new requests
+    write(path, "http_server_config: {headers: {X-Frame-Options: deny}}\nallow_downgrade: true\n")
     assert mgr.reload() and mgr.last_reload_successful
     assert (await curl("-o", "/dev/null", "-w", "%{http_code}", url))[1] == "200"
+
+
+# ---- a reload that removes protection --------------------------------------------------------------------
+
+
+def _gauges(mgr: WebConfigManager) -> dict[str, float]:
+    return {f.name: f.samples[0].value for f in mgr.metrics()}
+
+
+@pytest.mark.parametrize("order", ["tls_first", "users_first"])
+def test_a_file_cut_at_a_section_boundary_cannot_turn_tls_or_auth_off_at_reload(
+    order: str, pki: Pki, alice_hash: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # N4: config management rewriting the file line by line leaves a valid prefix: TLS without users, or users
+    # without TLS. Applied, it served /metrics without auth (or passwords in clear) until the next write.
+    tls = f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+    users = f"basic_auth_users:\n  alice: '{alice_hash}'\n"
+    full = tls + users if order == "tls_first" else users + tls
+    path = write(tmp_path / "web.yml", full)
+    mgr = WebConfigManager(path)
+    assert _gauges(mgr) == {"gpufeed_web_config_tls_enabled": 1.0, "gpufeed_web_config_auth_enabled": 1.0,
+                            "gpufeed_web_config_last_reload_successful": 1.0}
+    cut = full[: full.index("basic_auth_users:" if order == "tls_first" else "tls_server_config:")]
+    write(path, cut)
+    assert not mgr.reload(reason="file_changed")
+    assert mgr.ssl_context() is not None and mgr.authenticates()  # the previous config stays in force
+    err = capsys.readouterr()
+    removed = "authentication (every user)" if order == "tls_first" else "TLS"
+    assert f"would turn {removed} off" in err.out + err.err and "allow_downgrade: true" in err.out + err.err
+    assert _gauges(mgr)["gpufeed_web_config_last_reload_successful"] == 0.0
+    # Said explicitly, it is the operator's call: applied, and the gauges say what is in force.
+    write(path, cut + "allow_downgrade: true\n")
+    assert mgr.reload(reason="file_changed")
+    assert _gauges(mgr) == {"gpufeed_web_config_tls_enabled": float(order == "tls_first"),
+                            "gpufeed_web_config_auth_enabled": float(order == "users_first"),
+                            "gpufeed_web_config_last_reload_successful": 1.0}
+
+
+def test_allow_downgrade_must_be_true_or_false(tmp_path: Path) -> None:
+    with pytest.raises(WebConfigError, match="allow_downgrade: must be true or false"):
+        load(write(tmp_path / "web.yml", "allow_downgrade: yes please\n"))
 
 
 # ---- certificate expiry --------------------------------------------------------------------------------------

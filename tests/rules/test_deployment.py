@@ -257,6 +257,7 @@ def test_example_prometheus_config_passes_promtool_check_config_where_it_lies(pr
                        text=True, timeout=60, check=False, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS: 2 rule files found" in r.stdout
+    assert "FAILED" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_example_alertmanager_config_pages_critical_and_quiets_info() -> None:

@@ -63,6 +63,7 @@ def test_mixin_output_passes_promtool_check_rules(promtool: str, tmp_path: Path)
     r = subprocess.run([promtool, "check", "rules", str(tmp_path / "alerts.yml"), str(tmp_path / "rules.yml")],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "FAILED" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("url", ["docs/runbooks.md", "ftp://host/x", "https:///x", "https://wiki/x#top"])

@@ -43,6 +43,8 @@ def test_shipped_rule_files_pass_promtool_check(promtool: str) -> None:
     r = _promtool(promtool, "check", "rules", *RULE_FILES)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout
+    # Lint findings (duplicate rules) print FAILED and still exit 0: a newcomer's first check must be clean.
+    assert "FAILED" not in r.stdout + r.stderr and "lint error" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_promtool_unit_tests_of_every_rule_pass(promtool: str) -> None:

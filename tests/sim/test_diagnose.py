@@ -200,3 +200,12 @@ def test_a_host_without_gpus_plays_and_reports_empty_gpu_lists(tmp_path: Path) -
     doc = scenario_document(play(load(f)))
     assert [(p["name"], p["gpus"]) for p in doc["phases"]] == [("only", [])]
     assert "sampler_errors" not in doc
+
+
+def test_the_riser_demo_never_shows_more_than_a_link_can_carry() -> None:
+    # P9: "PCIe RX (host to device) 7.2 GB/s = 111% of the current Gen3 x8 link's achievable 6.5 GB/s": the
+    # scenario asked the degraded link for more than it can physically carry.
+    doc = _report(HERE.parent / "scenarios" / "transfer_bound_riser.yaml")
+    shares = [int(m) for m in re.findall(r"= (\d+)% of the current", json.dumps(doc))]
+    assert shares, "no PCIe evidence in the riser demo"
+    assert max(shares) <= 100, shares

@@ -86,6 +86,12 @@ def test_base_document_is_valid() -> None:
         (_doc(expect=[{"phase": "p", "findings": [{"check": "numa_mismatch", "gpu": 4}]}]),
          "expect[0].findings[0].gpu", "unknown GPU index 4"),
         (_doc(expect=[{"phase": "p", "no_findings": ["slow_disk"]}]), "expect[0].no_findings[0]", "unknown finding"),
+        # F14: 40 processes x 100,000 threads reached 6.6 GB in diagnose; 1 x 100,000 wrote 400,204 files.
+        (_doc(processes__0__threads=100_000), "processes[0].threads", "at most 8192 threads"),
+        (_doc(processes=[{"pid": 100 + 3000 * i, "gpus": [0], "threads": 3000} for i in range(3)]),
+         "processes[2].threads", "more than 8192 threads in all processes"),
+        (_doc(processes=[{"pid": 100 + i, "gpus": [0]} for i in range(1025)]), "processes",
+         "more than 1024 processes"),
     ],
 )
 def test_invalid_scenario_error_names_file_and_key(doc: dict[str, Any], key: str, why: str) -> None:
@@ -148,3 +154,15 @@ def test_patterns_and_defaults_of_spec() -> None:
     assert sc.host.governor == "performance" and sc.host.mem_total_bytes == 549755813888
     noisy = load(SCENARIOS / "latency_bound_inference.yaml").phases[0].gpus[0].gpu_util
     assert noisy == Noise(mean=0.24, sd=0.06)
+
+
+def test_diagnose_refuses_a_scenario_past_the_thread_limit_with_exit_2(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from exporter.cli import main
+
+    f = tmp_path / "threads.yaml"
+    f.write_text(yaml.safe_dump(_doc(processes=[{"pid": 100 + 100_000 * i, "gpus": [0], "threads": 100_000}
+                                                for i in range(40)])))
+    assert main(["diagnose", "--scenario", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "processes[0].threads" in err, err
