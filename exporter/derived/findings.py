@@ -20,6 +20,10 @@ from exporter.samples.host import CpufreqSample, MemorySample
 from exporter.samples.topology import NumaSample, PcieSample
 from exporter.snapshot import Stamped
 
+# The alert's severity (thresholds.yaml): critical is kept for a lost GPU and uncorrectable errors, and a link
+# that trained down, at any width, is a warning in diagnose as on the pager.
+PCIE_LINK_SEVERITY = str(thresholds.DEFAULTS["pcie_link_downgraded"]["severity"])
+
 BUSY_UTIL = 0.10  # a GPU at >= 10% utilisation has work: its link should be up to speed
 BUSY_TRAFFIC = 50e6  # ... or moves >= 50 MB/s over PCIe
 SUSTAIN_S = 4.0  # a downgrade must be seen across busy link samples at least this far apart
@@ -142,8 +146,7 @@ def link_downgrades(
             parts.append(f"x{best_width} (max x{mw})")
         if parts:
             where = "the GPU itself" if hop == view.bdf else f"upstream bridge {hop}"
-            severity = "critical" if best_width is not None and mw is not None and best_width < mw else "warning"
-            out.append((hop, severity, f"link at {where} runs {' '.join(parts)} while GPU {view.index} is busy; "
+            out.append((hop, PCIE_LINK_SEVERITY, f"link at {where} runs {' '.join(parts)} while GPU {view.index} is busy; "
                              f"check the slot, riser and BIOS (lspci -vv -s {hop})"))
     return out
 

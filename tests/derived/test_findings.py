@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
+import yaml
+
+from exporter import thresholds
 from exporter.derived import findings as fnd
 from exporter.derived.gpuview import activity_points, gpu_view
 from exporter.derived.hostshape import io_signals
@@ -140,3 +143,15 @@ def test_bursty_square_wave_has_periodic_gaps_and_a_steady_load_does_not() -> No
     fast, buf, slow = gpu_windows([GpuSpec(util=const(0.9), gpm=False)], 0.0, 15.0)
     steady = gpu_view(0, fast, buf, slow)
     assert not steady.burst.periodic and steady.burst.gaps == () and (steady.burst.cv or 0) < 0.05
+
+
+def test_a_width_downgrade_has_the_alerts_severity_in_diagnose_too() -> None:
+    # It was critical in diagnose (and warning on the pager) whenever the width was below the maximum.
+    gpu = GpuSpec(bdf=GPU, util=const(0.3), rx=const(7e9))
+    fast, buf, slow = gpu_windows([gpu], 0.0, 30.0)
+    view = gpu_view(gpu.index, fast, buf, slow)
+    util, _ = activity_points(fast, buf, gpu.index, gpu.gpm)
+    pcie = pcie_window(GPU, [(ROOT, full, (4, 16)), (GPU, lambda _t: (3, 8), (4, 16))], 0.0, 30.0)
+    found = fnd.link_downgrades(view, fnd.chain_links(pcie, GPU), util)
+    alert = yaml.safe_load(thresholds.PATH.read_text())["pcie_link_downgraded"]["severity"]
+    assert [sev for _, sev, _ in found] == [alert] == ["warning"]
