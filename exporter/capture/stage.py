@@ -89,7 +89,8 @@ class CaptureStage(Stage):
     default_interval = CHECK_INTERVAL
 
     def __init__(self, config: CaptureConfig, targets: Targets, *, procfs: Path = Path("/proc"),
-                 binary: str | None = None, wall: Callable[[], float] = time.time) -> None:
+                 binary: str | None = None,
+                 wall: Callable[[], float] = time.time) -> None:  # wall clock: names bundles, never paces
         self.config = config
         self.targets = targets
         self.procfs = procfs

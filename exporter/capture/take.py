@@ -136,7 +136,7 @@ def take(ctx: CaptureContext, config: CaptureConfig, *, procfs: Path = Path("/pr
          binary: str | None = None, wall: float | None = None,
          cancel: threading.Event | None = None) -> CaptureOutcome:
     """Sample, judge, write. The CPU charged is py-spy's plus this thread's; ``cancel`` stops py-spy early."""
-    wall = time.time() if wall is None else wall
+    wall = time.time() if wall is None else wall  # wall clock: the bundle's name and timestamp, not a measure
     cpu0 = time.thread_time()
     name = bundle_name(wall, ctx.gpu, ctx.trigger)
     stacks = runner.record(ctx.pids, duration=config.duration, rate=config.rate, procfs=procfs,

@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from exporter import linkmath
 from exporter.sim import signal
 from exporter.sim.signal import At, Piecewise, Track
 from exporter.sim.spec import (
@@ -109,6 +110,16 @@ class Model:
         fn = get  # Callable[[Phase], Value]
         return Track([self._piece(ph, fn(ph), key, rng) for ph in self.sc.phases], self._starts)  # type: ignore[operator]
 
+    def _carried(self, asked: Track, g: Gpu) -> Track:
+        """What a GPU's own link carries of the traffic a phase asks for: no more than the achievable capacity of
+        the link it runs at in that phase (a scenario asking a Gen3 x8 link for 7.2 GB/s gets its 6.5)."""
+        pieces = []
+        for i, ph in enumerate(self.sc.phases):
+            link = ph.gpus[g.index].link
+            cap = linkmath.capacity_bytes_per_second(link.gen, link.width)
+            pieces.append(signal.combine(lambda x, cap=cap: min(x, cap), [asked.phases[i]], ph.duration_s))
+        return Track(pieces, self._starts)
+
     def _combined(self, fn: object, tracks: tuple[Track, ...]) -> Track:
         pieces = [signal.combine(fn, [t.phases[i] for t in tracks], ph.duration_s)  # type: ignore[arg-type]
                   for i, ph in enumerate(self.sc.phases)]
@@ -122,6 +133,8 @@ class Model:
             tracks[k] = self._track(lambda ph, k=k: getattr(ph.gpus[g.index], k), f"gpus.{g.index}.{k}", rng)
         for k, rng in GPU_HEALTH_NUMERIC.items():
             tracks[k] = self._track(lambda ph, k=k: getattr(ph.gpus[g.index], k), f"gpus.{g.index}.{k}", rng)
+        for k in ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s"):
+            tracks[k] = self._carried(tracks[k], g)
         for k in ("row_remap_pending", "row_remap_failure"):
             tracks[k] = Track([Piecewise.const(1.0 if getattr(ph.gpus[g.index], k) else 0.0, ph.duration_s)
                                for ph in self.sc.phases], self._starts)

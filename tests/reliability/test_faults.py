@@ -360,4 +360,4 @@ def test_no_wall_clock_reads_in_the_sampling_path() -> None:
     ]
     offenders = [f"{f}:{i}" for f, i, line in reads if "# wall clock:" not in line]
     assert offenders == []
-    assert {f for f, _, _ in reads} == {"exposition.py", "webconfig.py"}
+    assert {f for f, _, _ in reads} == {"exposition.py", "webconfig.py", "capture/stage.py", "capture/take.py"}

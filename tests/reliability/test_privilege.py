@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "exporter"
 # The simulator (``serve --simulate``) runs its scenario player as child processes of the daemon: the same
 # Python, argv lists, no shell. Nothing else in the package may start a program.
-SPAWN_ALLOWED = {Path("sim/live.py")}
+# The simulator's renderer child, and py-spy for an opt-in capture (--capture.enabled, argv lists, no shell).
+SPAWN_ALLOWED = {Path("sim/live.py"), Path("capture/runner.py")}
 SPAWN_MODULES = {"subprocess", "pty", "multiprocessing"}
 SPAWN_CALLS = {"system", "popen", "execv", "execve", "execl", "execle", "execlp", "execvp", "execvpe", "spawnv",
                "spawnl", "spawnve", "posix_spawn", "posix_spawnp", "fork", "forkpty"}
