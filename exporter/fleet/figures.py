@@ -524,8 +524,9 @@ def summary(fleet: FleetTotals, window: Window, by: str, *, groups: Sequence[Gro
             worst.breakdown.state_hours["waiting"] if worst is not None else 0.0):
         # The largest bucket is the time no owner held: say so rather than name the largest owner as if it led.
         ub = unattributed
-        out.append(f"The most waiting had no {_BY_NOUN[by]} ({no_owner(by)}: {hours_text(ub.state_hours['waiting'])} "
-                   f"GPU-hours, {pct(ub.dominant_cause_share)} {ub.dominant_cause})"
+        out.append(f"The largest share of the waiting, {hours_text(ub.state_hours['waiting'])} GPU-hours "
+                   f"({pct(ub.dominant_cause_share)} {ub.dominant_cause}), was on GPUs no {_BY_NOUN[by]} held "
+                   f"({no_owner(by)} in the tables)"
                    + (f"; of the {_BY_NOUN[by]}s, {worst.name} waited most "
                       f"({hours_text(worst.breakdown.state_hours['waiting'])} GPU-hours)." if worst is not None
                       else "."))

@@ -31,17 +31,19 @@ h2 { font-size: 19px; margin: 36px 0 10px; padding-bottom: 4px; border-bottom: 1
 .meta { color: var(--muted); margin: 0 0 16px; }
 .summary { font-size: 16px; background: var(--tile); border-left: 4px solid #ef6c00; padding: 12px 16px; }
 .tiles { display: flex; flex-wrap: wrap; gap: 12px; margin: 16px 0; }
-.tile { background: var(--tile); border-radius: 6px; padding: 10px 16px; min-width: 130px; }
+.tile { background: var(--tile); border-radius: 6px; padding: 10px 14px; flex: 1 1 0; min-width: 110px; }
 .tile b { display: block; font-size: 22px; }
 .tile span { color: var(--muted); font-size: 12px; }
 figure.plot { margin: 12px 0 20px; }
 figure.plot svg { width: 100%; height: auto; display: block; }
 figcaption { color: var(--muted); font-size: 12px; margin-top: 4px; }
 table { border-collapse: collapse; width: 100%; margin: 8px 0 16px; font-size: 13px; }
+table.compact { width: auto; min-width: 55%; }
 th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
 th { background: var(--tile); font-weight: 600; }
 td.num, th.num { text-align: right; white-space: nowrap; }
-td.fix { color: var(--muted); font-size: 12px; min-width: 260px; max-width: 380px; }
+td.fix { color: var(--muted); font-size: 12px; min-width: 220px; max-width: 360px; }
+.nw { white-space: nowrap; }
 td.model { max-width: 150px; }
 .up { color: #b42318; } .down { color: #067647; }
 td:first-child, td.host { white-space: nowrap; }
@@ -63,13 +65,14 @@ def _plot(plots: Mapping[str, str], key: str, by: str) -> str:
 def _cause_cell(b: Breakdown) -> str:
     if b.dominant_cause is None:
         return "—"
-    return (f"<code>{escape(b.dominant_cause)}</code> {pct(b.dominant_cause_share)}"
+    return (f'<span class="nw"><code>{escape(b.dominant_cause)}</code> {pct(b.dominant_cause_share)}</span>'
             f"<br><span class=\"empty\">{escape(CAUSE_LABELS.get(b.dominant_cause, ''))}</span>")
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: Sequence[int] = (),
-           fix_col: int | None = None, host_col: int | None = None, model_col: int | None = None) -> str:
-    out = ["<table><thead><tr>"]
+           fix_col: int | None = None, host_col: int | None = None, model_col: int | None = None,
+           compact: bool = False) -> str:
+    out = ['<table class="compact"><thead><tr>' if compact else "<table><thead><tr>"]
     out += [f'<th class="num">{escape(h)}</th>' if i in numeric else f"<th>{escape(h)}</th>"
             for i, h in enumerate(head)]
     out.append("</tr></thead><tbody>\n")
@@ -116,19 +119,24 @@ def _summary(r: Report, plots: Mapping[str, str]) -> str:
     return "".join(out)
 
 
-def _signed(d: Delta, fmt: str = "hours") -> str:
-    """A change with its sign and, where the period before had any, its ratio: +12.5 (+31%)."""
-    text = (pct(abs(d.change)) if fmt == "share" else amount_text(abs(d.change)) if fmt == "amount"
-            else hours_text(abs(d.change)))
+def _count(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _signed(d: Delta, fmt: str = "hours", *, colored: bool = True) -> str:
+    """A change with its sign and, where the period before had any, its ratio: +12.5 (+31%); a share's change in
+    percentage points."""
+    text = (f"{abs(d.change) * 100:.0f} points" if fmt == "share" else amount_text(abs(d.change)) if fmt == "amount"
+            else _count(abs(d.change)) if fmt == "count" else hours_text(abs(d.change)))
     sign = "+" if d.change > 0 else "&minus;" if d.change < 0 else "&plusmn;"
-    cls = "up" if d.change > 0 else "down" if d.change < 0 else ""
+    cls = ("up" if d.change > 0 else "down" if d.change < 0 else "") if colored else ""
     ratio = f" ({d.ratio:+.0%})" if d.ratio is not None and fmt != "share" else ""
     return f'<span class="{cls}">{sign}{text}{ratio}</span>'
 
 
-def _delta_row(label: str, d: Delta, fmt: str = "hours") -> list[str]:
-    show = pct if fmt == "share" else amount_text if fmt == "amount" else hours_text
-    return [label, show(d.now), show(d.before), _signed(d, fmt)]
+def _delta_row(label: str, d: Delta, fmt: str = "hours", *, colored: bool = True) -> list[str]:
+    show = {"share": pct, "amount": amount_text, "count": _count}.get(fmt, hours_text)
+    return [label, show(d.now), show(d.before), _signed(d, fmt, colored=colored)]
 
 
 def _compare(r: Report) -> str:
@@ -137,8 +145,10 @@ def _compare(r: Report) -> str:
         return ""
     out = [f'<section id="compare"><h2>Against the period before</h2>\n<p class="meta">This period '
            f"{escape(r.range.start)} to {escape(r.range.end)} against {escape(c.previous_start)} to "
-           f"{escape(c.previous_end)} (the same length just before). More waiting is red.</p>\n"]
-    rows = [_delta_row("GPUs", c.gpus, "amount"), _delta_row("GPU-hours observed", c.gpu_hours),
+           f"{escape(c.previous_end)} (the same length just before). More waiting is red, less green.</p>\n"]
+    # More waiting is red, less green; the fleet's size and observed hours are neither good nor bad.
+    rows = [_delta_row("GPUs", c.gpus, "count", colored=False),
+            _delta_row("GPU-hours observed", c.gpu_hours, colored=False),
             _delta_row("waiting GPU-hours", c.waiting_hours), _delta_row("share of GPU-hours waiting",
                                                                          c.waiting_share, "share")]
     if c.waiting_kwh is not None:
@@ -146,11 +156,11 @@ def _compare(r: Report) -> str:
     if c.cost is not None:
         rows.append(_delta_row("cost of waiting", c.cost, "amount"))
     rows += [_delta_row(f"<code>{escape(d.name)}</code> waiting GPU-hours", d) for d in c.by_cause]
-    out.append(_table(["figure", "this period", "period before", "change"], rows, numeric=(1, 2, 3)))
+    out.append(_table(["figure", "this period", "period before", "change"], rows, numeric=(1, 2, 3), compact=True))
     if c.by_group:
         out.append(f"<h3>Largest changes by {escape(r.by)}</h3>\n")
         out.append(_table([r.by, "waiting GPU-hours", "period before", "change"],
-                          [_delta_row(escape(d.name), d) for d in c.by_group], numeric=(1, 2, 3)))
+                          [_delta_row(escape(d.name), d) for d in c.by_group], numeric=(1, 2, 3), compact=True))
     out.append("</section>\n")
     return "".join(out)
 
@@ -173,8 +183,13 @@ def _cost(r: Report) -> str:
     if c.price_per_kwh is not None:
         prices.append(f"{c.price_per_kwh:g} per kWh")
     gpus = r.fleet.gpus
-    meta = (f"Energy from the GPUs' energy counters ({c.energy_gpus} of {gpus} GPUs have one; the others count "
-            "no kWh). " if c.energy_gpus else "No GPU exported an energy counter: kWh are not known. ")
+    if c.energy_gpus >= gpus:
+        meta = "Energy from the GPUs' energy counters (every GPU has one). "
+    elif c.energy_gpus:
+        meta = (f"Energy from the GPUs' energy counters ({c.energy_gpus} of {gpus} GPUs have one; the kWh of the "
+                "others are not known and not counted). ")
+    else:
+        meta = "No GPU exported an energy counter: kWh are not known. "
     meta += (f"Cost at {' and '.join(prices)}." if priced else "Give --price-per-gpu-hour and --price-per-kwh "
              "to price them.")
     out = [f'<section id="cost"><h2>Energy and cost of waiting</h2>\n<p class="meta">{escape(meta)}</p>\n']
@@ -183,11 +198,11 @@ def _cost(r: Report) -> str:
              *_cost_cells(x.waiting_kwh, x.cost, priced)] for x in c.by_cause]
     rows.append(["<b>all</b>", hours_text(c.total.waiting_hours), *_cost_cells(c.total.waiting_kwh, c.total.cost,
                                                                                priced)])
-    out.append(_table(["cause", *head], rows, numeric=tuple(range(1, len(head) + 1))))
+    out.append(_table(["cause", *head], rows, numeric=tuple(range(1, len(head) + 1)), compact=True))
     if c.by_group:
         rows = [[escape(x.name), hours_text(x.waiting_hours), *_cost_cells(x.waiting_kwh, x.cost, priced)]
                 for x in c.by_group[:r.top]]
-        out.append(_table([r.by, *head], rows, numeric=tuple(range(1, len(head) + 1))))
+        out.append(_table([r.by, *head], rows, numeric=tuple(range(1, len(head) + 1)), compact=True))
     out.append("</section>\n")
     return "".join(out)
 

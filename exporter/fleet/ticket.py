@@ -29,7 +29,9 @@ def _cells(b: Breakdown) -> list[str]:
 
 def _change(d: Delta, show: Callable[[float | None], str] | Callable[[float], str] = hours_text) -> str:
     sign = "+" if d.change > 0 else "-" if d.change < 0 else "±"
-    ratio = f" ({d.ratio:+.0%})" if d.ratio is not None and show is not pct else ""
+    if show is pct:  # a share changes by percentage points
+        return f"{sign}{abs(d.change) * 100:.0f} points"
+    ratio = f" ({d.ratio:+.0%})" if d.ratio is not None else ""
     return f"{sign}{show(abs(d.change))}{ratio}"
 
 

@@ -198,7 +198,7 @@ def test_summary_names_the_figures_that_matter(namespace_run: Run, fleet_servers
     assert f"on storage I/O ({top_cause})" in summary if top_cause == "io_bound" else top_cause in summary
     assert "One host had a link at Gen3 x8 while busy (pcie_link_downgraded, 168 h in all)" in summary
     # gpu-d's Slurm jobs and the idle GPUs have no namespace: that bucket waited most, and is named as such.
-    assert "The most waiting had no namespace ((no namespace): " in summary
+    assert "was on GPUs no namespace held ((no namespace) in the tables)" in summary
     assert "of the namespaces, recsys waited most" in summary
     assert "The waiting drew " in summary and " kWh and cost " in summary
     assert "gpu-c:9842 worked 48% of its busy time against 96% on gpu-e:9842" in summary
