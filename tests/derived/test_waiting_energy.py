@@ -111,3 +111,13 @@ def test_waiting_joules_series_appear_per_cause_seen() -> None:
              if s.name == "gpufeed_gpu_waiting_joules_total"}
     assert ("gpufeed_gpu_waiting_joules_total", "launch_bound") in names
     assert len(names) <= 5
+
+
+def test_mig_instances_have_no_waiting_joules_the_counter_is_the_whole_gpus() -> None:
+    path = Path(__file__).resolve().parent / "scenarios" / "mig_instances.yaml"
+    final = play(scenario.load(path)).timeline[-1][1]
+    assert final.mig_activity and any(sum(a.waiting_seconds.values()) > 0 for a in final.mig_activity.values())
+    assert all(not a.waiting_joules for a in final.mig_activity.values())
+    names = {s.labels.get("mig") for m in derived_families(final) for s in m.samples
+             if s.name == "gpufeed_gpu_waiting_joules_total"}
+    assert all(n is None for n in names)  # never a series labelled with a MIG instance
