@@ -678,6 +678,7 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"groups": [
         {"name": "gpufeed-gpu-time", "rules": fast},
         {"name": "gpufeed-capacity-daily", "interval": cfg["daily_interval"], "rules": daily},
+        *energy_groups(cfg, b),
     ]}
 
 
@@ -711,6 +712,50 @@ def owner_daily_rules(cfg: dict[str, Any], b: Callable[[str], str]) -> list[Rule
                         "expr": f"sum by ({b(f'{label}, {kind}')}) (sum_over_time({rate}{day}))\n"
                                 f"* 24 / scalar(count_over_time(vector(1){day}))\n"})
     return out
+
+
+# Energy spent waiting (gpufeed_gpu_waiting_joules_total): watts per GPU, host, scrape job and owner, and the
+# day's kilowatt-hours. 1 kWh = 3.6e6 J.
+JOULES = "gpufeed_gpu_waiting_joules"
+
+
+def energy_groups(cfg: dict[str, Any], b: Callable[[str], str]) -> list[dict[str, Any]]:
+    """The energy GPUs spent waiting, by cause: a 5-minute rate (watts) per GPU, host, scrape job, namespace
+    and Slurm job, and the last day's kWh of each. ``b`` adds the aggregation labels.
+
+    The per-host and per-job day figures are ``increase`` of the counter (exact, resets handled). The
+    per-owner ones read the owner's watts at every minute of the day (a subquery): each minute is charged to
+    whoever held the GPU then, and the sum of the watts over the day's steps divided by their number is the
+    mean over the WHOLE day -- an owner present one hour counts 0 for the other 23 -- times 86,400 s."""
+    w = cfg["recording_window"]
+    rw = f"rate{w}"
+    gpu_rate = f"instance_gpu_cause:{JOULES}:{rw}"
+    fast: list[Rule] = [
+        {"record": gpu_rate, "expr": f"sum by ({b('job, instance, gpu, cause')}) (rate({JOULES}_total[{w}]))"},
+        {"record": f"instance_cause:{JOULES}:{rw}", "expr": f"sum by ({b('job, instance, cause')}) ({gpu_rate})"},
+        {"record": f"job_cause:{JOULES}:{rw}", "expr": f"sum by ({b('job, cause')}) ({gpu_rate})"},
+    ]
+    for prefix, label in OWNERS:
+        fast.append({
+            "record": f"{prefix}_cause:{JOULES}:{rw}",
+            "expr": f"sum by ({b(f'{label}, cause')}) (\n  {gpu_rate}\n"
+                    f"* on ({b('job, instance, gpu')}) group_left ({label})\n"
+                    + "\n".join("  " + line for line in workload_join(label, b).splitlines()) + "\n)\n",
+        })
+    kwh = "gpufeed_gpu_waiting_kwh"
+    day = f"[1d:{OWNER_STEP}]"
+    daily: list[Rule] = [
+        {"record": f"instance_cause:{kwh}:increase1d",
+         "expr": f"sum by ({b('job, instance, cause')}) (increase({JOULES}_total[1d])) / 3.6e6"},
+        {"record": f"job_cause:{kwh}:increase1d",
+         "expr": f"sum by ({b('job, cause')}) (instance_cause:{kwh}:increase1d)"},
+    ]
+    for prefix, label in OWNERS:
+        daily.append({"record": f"{prefix}_cause:{kwh}:increase1d",
+                      "expr": f"sum by ({b(f'{label}, cause')}) (sum_over_time({prefix}_cause:{JOULES}:{rw}{day}))\n"
+                              f"* 86400 / scalar(count_over_time(vector(1){day})) / 3.6e6\n"})
+    return [{"name": "gpufeed-energy", "rules": fast},
+            {"name": "gpufeed-energy-daily", "interval": cfg["daily_interval"], "rules": daily}]
 
 
 # ---------------------------------------------------------------------------------------------- output

@@ -105,6 +105,53 @@
           },
         ],
       },
+      {
+        "name": "gpufeed-energy",
+        "rules": [
+          {
+            "record": "instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m",
+            "expr": ("sum by (%(aggregationPrefix)sjob, instance, gpu, cause) (rate(gpufeed_gpu_waiting_joules_total[5m]))" % $._config),
+          },
+          {
+            "record": "instance_cause:gpufeed_gpu_waiting_joules:rate5m",
+            "expr": ("sum by (%(aggregationPrefix)sjob, instance, cause) (instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m)" % $._config),
+          },
+          {
+            "record": "job_cause:gpufeed_gpu_waiting_joules:rate5m",
+            "expr": ("sum by (%(aggregationPrefix)sjob, cause) (instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m)" % $._config),
+          },
+          {
+            "record": "namespace_cause:gpufeed_gpu_waiting_joules:rate5m",
+            "expr": ("sum by (%(aggregationPrefix)snamespace, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace)\n  group by (%(aggregationPrefix)sjob, instance, gpu, namespace) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{namespace!=\"\"})\n  )\n)\n" % $._config),
+          },
+          {
+            "record": "slurm_job_cause:gpufeed_gpu_waiting_joules:rate5m",
+            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (slurm_job_id)\n  group by (%(aggregationPrefix)sjob, instance, gpu, slurm_job_id) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{slurm_job_id!=\"\"})\n  )\n)\n" % $._config),
+          },
+        ],
+      },
+      {
+        "name": "gpufeed-energy-daily",
+        "interval": "5m",
+        "rules": [
+          {
+            "record": "instance_cause:gpufeed_gpu_waiting_kwh:increase1d",
+            "expr": ("sum by (%(aggregationPrefix)sjob, instance, cause) (increase(gpufeed_gpu_waiting_joules_total[1d])) / 3.6e6" % $._config),
+          },
+          {
+            "record": "job_cause:gpufeed_gpu_waiting_kwh:increase1d",
+            "expr": ("sum by (%(aggregationPrefix)sjob, cause) (instance_cause:gpufeed_gpu_waiting_kwh:increase1d)" % $._config),
+          },
+          {
+            "record": "namespace_cause:gpufeed_gpu_waiting_kwh:increase1d",
+            "expr": ("sum by (%(aggregationPrefix)snamespace, cause) (sum_over_time(namespace_cause:gpufeed_gpu_waiting_joules:rate5m[1d:1m]))\n* 86400 / scalar(count_over_time(vector(1)[1d:1m])) / 3.6e6\n" % $._config),
+          },
+          {
+            "record": "slurm_job_cause:gpufeed_gpu_waiting_kwh:increase1d",
+            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, cause) (sum_over_time(slurm_job_cause:gpufeed_gpu_waiting_joules:rate5m[1d:1m]))\n* 86400 / scalar(count_over_time(vector(1)[1d:1m])) / 3.6e6\n" % $._config),
+          },
+        ],
+      },
     ],
   },
 }

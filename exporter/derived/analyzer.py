@@ -44,7 +44,7 @@ from exporter.derived.verdict import Candidate, Settled, settle
 from exporter.derived.workload import workloads
 from exporter.names import STATES, WAITING_CAUSES
 from exporter.samples.derived import GAP_BUCKETS, DerivedState, Finding, GpuActivity, GpuVerdict, WorkloadSummary
-from exporter.samples.gpu import GpuIdentity, GpuKey, GpuSample
+from exporter.samples.gpu import GpuFast, GpuIdentity, GpuKey, GpuSample
 from exporter.sampling import CPU_WINDOW_MAX, UNCHANGED, NoDataError, Option, SamplerSpec, Stage, Targets, Unchanged
 from exporter.snapshot import Snapshot, Stamped
 
@@ -120,12 +120,26 @@ class _GpuState:
 
     state_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATES, 0.0))
     waiting_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAITING_CAUSES, 0.0))
+    # Joules spent waiting, by cause: only the causes seen (the series budget), only with an energy counter.
+    waiting_joules: dict[str, float] = field(default_factory=dict)
+    energy: tuple[float, float] | None = None  # the last energy reading accounted: (engine time, joules)
     gaps: _GapTracker = field(default_factory=_GapTracker)
     settled: Settled | None = None
     verdict: GpuVerdict | None = None
     judged: _Judged | None = None
     evaluated_t: float = float("-inf")
     pending_s: float = 0.0  # seconds elapsed since the counters were last split into states
+
+
+def energy_readings(fast: Sequence[Stamped[GpuSample]], index: int) -> list[tuple[float, float]]:
+    """GPU ``index``'s energy counter readings in the fast window: (engine time, joules), ascending; empty when
+    the GPU has no energy field (held entries repeat an older reading and are skipped)."""
+    out: list[tuple[float, float]] = []
+    for s in fast:
+        g = s.value.gpus.get(index)
+        if isinstance(g, GpuFast) and (e := g.fields.get("energy")) is not None:
+            out.append((s.t, e))
+    return out
 
 
 class Analyzer(Stage):
@@ -262,7 +276,7 @@ class Analyzer(Stage):
             if idx in lost:
                 found.append(fnd.gpu_lost(idx))
                 st = self._gpus[GpuKey(idx)]
-                st.settled, st.verdict, st.judged, st.pending_s = None, None, None, 0.0
+                st.settled, st.verdict, st.judged, st.pending_s, st.energy = None, None, None, 0.0, None
                 activity[GpuKey(idx)] = self._activity(st, None, {})
                 continue
             if idx not in due:  # stable: the last evaluation stands
@@ -302,7 +316,10 @@ class Analyzer(Stage):
                 uuid = next((m.uuid for m in ident.mig if m.gi == key.mig), view.uuid)
                 st.verdict = self._verdict(view, cand, st, uuid=uuid)
                 verdicts[key] = st.verdict
-                self._account(st, view.util_points, cand, st.pending_s, now)
+                cause = self._account(st, view.util_points, cand, st.pending_s, now)
+                if key.mig is None:  # the energy counter is the physical GPU's: not split among MIG instances
+                    self._account_energy(st, energy_readings(w.fast, idx), view.util_points, cause=cause,
+                                         dt=st.pending_s, now=now)
                 st.pending_s, st.evaluated_t = 0.0, now
                 pids: set[int] = set()
                 if ev.waiting:
@@ -392,10 +409,11 @@ class Analyzer(Stage):
         return GpuVerdict(view.index, uuid, held.cause, round(held.confidence * 0.8, 2),
                           round(cand.waiting_ratio, 4), (*cand.evidence[:1], note), mig=view.mig)
 
-    def _account(self, st: _GpuState, util: Sequence[Point], cand: Candidate, dt: float, now: float) -> None:
-        """Split ``dt`` into working / waiting (by cause) / idle: counters exact at any scrape interval."""
+    def _account(self, st: _GpuState, util: Sequence[Point], cand: Candidate, dt: float, now: float) -> str | None:
+        """Split ``dt`` into working / waiting (by cause) / idle: counters exact at any scrape interval. Returns
+        the waiting cause ``dt``'s waiting seconds went to (None when the GPU was idle)."""
         if dt <= 0:
-            return
+            return None
         u = overlap_mean(util, now - dt, now)
         if u is None:
             u = max(0.0, 1.0 - cand.waiting_ratio) if cand.cause != "idle" else 0.0
@@ -405,15 +423,57 @@ class Analyzer(Stage):
         cause = st.verdict.cause if st.verdict is not None else cand.cause
         if cause == "idle":
             st.state_seconds["idle"] += rest
-        else:
-            st.state_seconds["waiting"] += rest
-            wc = cause if cause in WAITING_CAUSES else cand.waiting_cause
-            st.waiting_seconds[wc] += rest
+            return None
+        st.state_seconds["waiting"] += rest
+        wc = cause if cause in WAITING_CAUSES else cand.waiting_cause
+        st.waiting_seconds[wc] += rest
+        return wc
+
+    @staticmethod
+    def _account_energy(st: _GpuState, readings: Sequence[tuple[float, float]], util: Sequence[Point], *,
+                        cause: str | None, dt: float, now: float) -> None:
+        """Add the joules the GPU spent waiting since the last energy reading accounted, to ``cause`` -- the
+        cause this evaluation's waiting seconds went to -- over the same evaluation.
+
+        Each interval between two energy readings (``readings``: the fast path's cumulative energy counter,
+        NVML field 83, ascending) contributes its energy times the share of it the GPU was not working (1 -
+        mean utilisation over the interval, from the same points as the waiting seconds; without them, the
+        evaluation's own waiting share). So the joules are the integral of power over the waiting time, exact
+        when power varies within an evaluation. A reading below the previous one (the counter restarted:
+        driver reload, GPU reset, a re-enumerated GPU) only sets a new baseline: that interval's energy is
+        unknown and not counted (the first evaluation starts at the newest reading before its interval). A GPU
+        without the field has no readings: no joules, no series."""
+        if not readings:
+            return
+        last = st.energy
+        st.energy = readings[-1]
+        if cause is None or dt <= 0:
+            return  # an idle GPU's joules are not waiting joules
+        if last is None:  # the first evaluation with a counter: from the newest reading before its interval
+            last = next((r for r in reversed(readings) if r[0] <= now - dt), readings[0])
+        share = None
+        for t, e in readings:
+            if t <= last[0]:
+                continue
+            spent = e - last[1]
+            if spent > 0:
+                u = overlap_mean(util, last[0], t)
+                if u is None:
+                    if share is None:
+                        w = overlap_mean(util, now - dt, now)
+                        share = 1.0 - (0.0 if w is None else w)
+                    frac = share
+                else:
+                    frac = 1.0 - u
+                if frac > 0:
+                    st.waiting_joules[cause] = st.waiting_joules.get(cause, 0.0) + spent * frac
+            last = (t, e)
 
     def _activity(self, st: _GpuState, view: GpuView | None, links: Mapping[str, bool]) -> GpuActivity:
         return GpuActivity(
             state_seconds=MappingProxyType(dict(st.state_seconds)),
             waiting_seconds=MappingProxyType(dict(st.waiting_seconds)),
+            waiting_joules=MappingProxyType(dict(st.waiting_joules)),
             gap_buckets=tuple(st.gaps.counts),
             gap_seconds_sum=st.gaps.total,
             burstiness=None if view is None else view.burst.cv,

@@ -35,6 +35,13 @@ def derived_families(d: DerivedState) -> Iterator[Metric]:
         "Seconds each GPU spent waiting, attributed to the cause the classifier saw at the time; a cause "
         "appears with its first waiting second.",
         labels=["gpu", "cause"])
+    joules = CounterMetricFamily(
+        "gpufeed_gpu_waiting_joules",
+        "Energy each GPU spent waiting, by cause: its energy counter (NVML field 83) over the same evaluations "
+        "as gpufeed_gpu_waiting_seconds, each interval's joules times the share of it the GPU was not working. "
+        "A cause appears with its first waiting joule; absent on GPUs without an energy counter and on MIG "
+        "instances (the counter is the whole GPU's).",
+        labels=["gpu", "cause"])
     bottleneck = GaugeMetricFamily(
         "gpufeed_gpu_bottleneck", f"Current verdict per GPU (window {w}, hysteresis): one series, value 1, "
         "labelled with the current cause; the other causes are absent (not 0).", labels=["gpu", "cause"])
@@ -74,6 +81,8 @@ def derived_families(d: DerivedState) -> Iterator[Metric]:
             # rate() and increase() over it are exact from its second sample on.
             if (secs := a.waiting_seconds.get(c, 0.0)) > 0.0:
                 _sample(waiting, "_total", {**lab, "cause": c}, secs)
+            if (j := a.waiting_joules.get(c, 0.0)) > 0.0:
+                _sample(joules, "_total", {**lab, "cause": c}, j)
         cum = 0
         for le, n in zip((*map(str, GAP_BUCKETS), "+Inf"), a.gap_buckets, strict=True):
             cum += n
@@ -101,7 +110,7 @@ def derived_families(d: DerivedState) -> Iterator[Metric]:
         _sample(confidence, "", key.labels(), v.confidence)
     for check_gpu in sorted({(f.check, "" if f.gpu is None else str(f.gpu)) for f in d.findings}):
         finding.add_metric(list(check_gpu), 1.0)
-    yield from (state, waiting, bottleneck, confidence, gaps, burst, idle, periodic, down, finding)
+    yield from (state, waiting, joules, bottleneck, confidence, gaps, burst, idle, periodic, down, finding)
     yield from workload_families(d)
 
 

@@ -146,8 +146,9 @@ def link_downgrades(
             parts.append(f"x{best_width} (max x{mw})")
         if parts:
             where = "the GPU itself" if hop == view.bdf else f"upstream bridge {hop}"
-            out.append((hop, PCIE_LINK_SEVERITY, f"link at {where} runs {' '.join(parts)} while GPU {view.index} is busy; "
-                             f"check the slot, riser and BIOS (lspci -vv -s {hop})"))
+            out.append((hop, PCIE_LINK_SEVERITY,
+                        f"link at {where} runs {' '.join(parts)} while GPU {view.index} is busy; "
+                        f"check the slot, riser and BIOS (lspci -vv -s {hop})"))
     return out
 
 

@@ -17,6 +17,7 @@ the raw series are used and the report says why (``model.Source``). Queries run 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +57,8 @@ STATE_METRIC = "gpufeed_gpu_state_seconds"
 CAUSE_METRIC = "gpufeed_gpu_waiting_seconds"
 GPU_STATE_RULE = f"instance_gpu_state:{STATE_METRIC}:rate5m"
 GPU_CAUSE_RULE = f"instance_gpu_cause:{CAUSE_METRIC}:rate5m"
+JOULES_METRIC = "gpufeed_gpu_waiting_joules"
+GPU_JOULES_RULE = f"instance_gpu_cause:{JOULES_METRIC}:rate5m"
 # Raw fallback for the per-workload rollups: the same join the rules use (alerts/generate.py, workload_join),
 # on 5-minute increases tiled over each step.
 SUBSTEP = "5m"
@@ -81,6 +84,28 @@ class CollectOptions:
     window: Window
     by: str  # a key of model.BY_LABEL
     source: str  # "auto", "rules" or "raw"
+    selector: str = ""  # label matchers every series read must carry, e.g. cluster="eu-1" (no braces)
+
+
+# A series selector's matchers: name op "value", comma-separated.
+_MATCHER = (r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*'  # the label name
+            r'(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*')  # the operator and the quoted value
+SELECTOR = re.compile(rf"\{{(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}")
+# Every series a query reads: a gpufeed metric or one of its recording rules (level:gpufeed_...:operation).
+_SERIES = re.compile(r"\b((?:[a-z_]+:)?gpufeed_[a-z_]+(?::[a-z0-9_]+)?)(\{[^}]*\})?")
+
+
+def with_selector(expr: str, matchers: str) -> str:
+    """``expr`` with ``matchers`` added to every gpufeed series it reads (metrics and recording rules alike), so
+    a whole report reads one cluster (or any label set the rules keep: their aggregation labels)."""
+    if not matchers:
+        return expr
+
+    def add(m: re.Match[str]) -> str:
+        inner = (m.group(2) or "{}")[1:-1].strip()
+        return m.group(1) + "{" + (f"{inner}, {matchers}" if inner else matchers) + "}"
+
+    return _SERIES.sub(add, expr)
 
 
 # The shipped rules' aggregation labels (exporter/thresholds.yaml): the raw fallback joins as the rules do.
@@ -147,6 +172,32 @@ def group_family_query(family: str, kind: str, by: str, window: Window, interval
                 f"* on ({_AGG}job, instance, gpu) group_left ({label}) {workload_join(label)}))"
                 f"[{left_open(window.step)}:{SUBSTEP}])")
     return Query(f"{family}:{kind}", expr, True, f"GPU time by {by} and {part} ({kind})")
+
+
+def energy_queries(window: Window, by: str, rules: Mapping[str, RuleInfo], use_rules: bool) -> list[Query]:
+    """Joules spent waiting over the whole range, by cause, per GPU and per namespace / Slurm job: from the
+    energy rules where ``use_rules`` (the waiting-time rules covered the range) and they are loaded and healthy
+    (``sum_over_time`` of their watts times the group's interval), from ``gpufeed_gpu_waiting_joules_total``
+    otherwise (the same join the rules use, on 5-minute increases)."""
+    rng = left_open(window.seconds)
+    qs = []
+    if use_rules and not _rule_problem(rules, GPU_JOULES_RULE):
+        qs.append(Query("gpu_joules", f"sum by (job, instance, gpu, cause) (sum_over_time({GPU_JOULES_RULE}[{rng}]))"
+                                      f" * {rules[GPU_JOULES_RULE].interval_s:g}", False, "energy spent waiting"))
+    else:
+        qs.append(Query("gpu_joules", f"sum by (job, instance, gpu, cause) "
+                                      f"(increase({JOULES_METRIC}_total[{_ms(window.seconds)}]))",
+                        False, "energy spent waiting"))
+    if by != "host":
+        label, rule = BY_LABEL[by], f"{BY_RULE_PREFIX[by]}_cause:{JOULES_METRIC}:rate5m"
+        if use_rules and not _rule_problem(rules, rule):
+            expr = f"sum by ({label}, cause) (sum_over_time({rule}[{rng}])) * {rules[rule].interval_s:g}"
+        else:
+            expr = (f"sum_over_time((sum by ({label}, cause) (increase({JOULES_METRIC}_total[{SUBSTEP}]) "
+                    f"* on ({_AGG}job, instance, gpu) group_left ({label}) {workload_join(label)}))"
+                    f"[{rng}:{SUBSTEP}])")
+        qs.append(Query("group_joules", expr, False, f"energy spent waiting by {by}"))
+    return qs
 
 
 def base_queries(window: Window, by: str) -> list[Query]:
@@ -224,8 +275,8 @@ def _rule_problem(rules: Mapping[str, RuleInfo], name: str) -> str:
 class _Runner:
     """Runs queries four at a time, counting them for the progress line."""
 
-    def __init__(self, client: PrometheusClient, window: Window, progress: Progress | None) -> None:
-        self.client, self.window, self.progress = client, window, progress
+    def __init__(self, client: PrometheusClient, window: Window, progress: Progress | None, selector: str = "") -> None:
+        self.client, self.window, self.progress, self.selector = client, window, progress, selector
         self.done, self.total = 0, 0
 
     def run(self, queries: Sequence[Query]) -> dict[str, list[Series] | list[Sample]]:
@@ -236,12 +287,13 @@ class _Runner:
         def one(q: Query) -> tuple[str, list[Series] | list[Sample]]:
             t0 = time.monotonic()
             res: list[Series] | list[Sample]
+            expr = with_selector(q.expr, self.selector)
             if q.ranged:
-                res = self.client.query_range(q.expr, w.start + w.step, w.end, w.step)
+                res = self.client.query_range(expr, w.start + w.step, w.end, w.step)
             else:
-                res = self.client.query(q.expr, w.end)
+                res = self.client.query(expr, w.end)
             _log.debug("report_query", key=q.key, seconds=round(time.monotonic() - t0, 3), results=len(res),
-                       expr=q.expr)
+                       expr=expr)
             return q.key, res
 
         with ThreadPoolExecutor(max_workers=4) as pool:
@@ -308,14 +360,15 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
         raise MissingRulesError("; ".join(p for p in problems.values() if p)
                                 + ": load alerts/gpufeed-recording.yml (python3 alerts/generate.py), "
                                 "or use --source auto")
-    runner = _Runner(client, w, progress)
+    runner = _Runner(client, w, progress, opts.selector)
     first = base_queries(w, by) + [family_query(f, "rules") for f in families if not problems[f]]
     res = runner.run(first)
 
     presence = {_gpu(s.labels): _per_step(w, s.points) for s in _series(res, "presence")}
     if not presence:
+        where = f" matching {{{opts.selector}}}" if opts.selector else ""
         raise NoDataError(f"no gpufeed data between {iso(w.start)} and {iso(w.end)} on {client.url}: no "
-                          f"{STATE_METRIC}_total series in that range (is this Prometheus scraping gpufeed? "
+                          f"{STATE_METRIC}_total series{where} in that range (is this Prometheus scraping gpufeed? "
                           "are --end and --range right?)")
     present_steps = {(g, i) for g, counts in presence.items() for i, n in enumerate(counts) if n >= 2}
     workload_steps = {i for s in _series(res, "workloads") for t, v in s.points
@@ -339,8 +392,8 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
     if opts.source == "rules" and any(problems.values()):
         raise MissingRulesError("; ".join(p for p in problems.values() if p) + ": use --source auto to fall back")
     fallback = [family_query(f, "raw") for f in families if problems[f]]
-    if fallback:
-        res.update(runner.run(fallback))
+    # The energy rules are in the same file as the waiting-time rules: trusted where those covered the range.
+    res.update(runner.run(fallback + energy_queries(w, by, rules, not problems["gpu_cause"])))
 
     sources = []
     for f in families:
@@ -379,9 +432,18 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
         models.setdefault(_gpu(smp.labels), smp.labels.get("name", ""))
     links = _links(res, {tr.gpu for tr in findings if tr.check == "pcie_link_downgraded"})
     gaps = _gaps(res)
+    cause_j: dict[GpuId, dict[str, float]] = defaultdict(dict)
+    for smp in _samples(res, "gpu_joules"):
+        if math.isfinite(smp.value):
+            cause_j[_gpu(smp.labels)][smp.labels.get("cause", "")] = max(0.0, smp.value)
+    group_j: dict[str, dict[str, float]] = defaultdict(dict)
+    if by != "host":
+        for smp in _samples(res, "group_joules"):
+            if math.isfinite(smp.value):
+                group_j[smp.labels.get(BY_LABEL[by], "")][smp.labels.get("cause", "")] = max(0.0, smp.value)
     return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, models=models, group_state_s=group_state,
                      group_cause_s=group_cause, findings=tuple(findings), links=links, gaps=gaps,
-                     sources=tuple(sources), notes=tuple(notes))
+                     sources=tuple(sources), notes=tuple(notes), cause_j=dict(cause_j), group_cause_j=dict(group_j))
 
 
 def _findings(window: Window, series: Sequence[Series], presence: Mapping[GpuId, Sequence[float]],

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from exporter import log
 from exporter.fleet import page, ticket
-from exporter.fleet.collect import CollectOptions, MissingRulesError, NoDataError, collect
+from exporter.fleet.collect import SELECTOR, CollectOptions, MissingRulesError, NoDataError, collect
 from exporter.fleet.figures import build_report, to_json
 from exporter.fleet.model import BY_LABEL, Window
 from exporter.fleet.promapi import HttpConfigError, HttpOptions, PromError, PrometheusClient, load_http_config
@@ -99,6 +99,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", default=".", metavar="DIR", help="directory to write the report to (default .)")
     p.add_argument("--source", default="auto", metavar="auto|rules|raw",
                    help="recording rules, raw series, or rules where loaded (default auto)")
+    p.add_argument("--selector", default="", metavar="'{LABEL=\"VALUE\",...}'",
+                   help="read only the series with these labels, e.g. '{cluster=\"eu-1\"}' (with the recording "
+                        "rules, labels they keep: thresholds.yaml aggregation_labels)")
+    p.add_argument("--cluster", default="", metavar="NAME", help="shorthand for --selector '{cluster=\"NAME\"}'")
+    p.add_argument("--compare", default="", metavar="previous",
+                   help="compare with the range of the same length just before (per cause and per --by, deltas)")
+    p.add_argument("--price-per-gpu-hour", dest="price_per_gpu_hour", default="", metavar="PRICE",
+                   help="what one GPU-hour costs: prices the waiting GPU-hours (any currency)")
+    p.add_argument("--price-per-kwh", dest="price_per_kwh", default="", metavar="PRICE",
+                   help="what one kWh costs (same currency): prices the energy GPUs drew while waiting")
     p.add_argument("--top", default="10", metavar="N", help="rows in the top-waiting tables (default 10)")
     p.add_argument("--timeout", default="60s", metavar="DURATION",
                    help="one request, from its start to the end of its answer (default 60s)")
@@ -128,6 +138,36 @@ class Options:
     source: str
     top: int
     log_level: str
+    selector: str = ""  # matchers without braces
+    compare: bool = False
+    price_per_gpu_hour: float | None = None
+    price_per_kwh: float | None = None
+
+
+def _price(text: str, flag: str) -> float | None:
+    if not text:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise UsageError(f"{flag}: {text!r} is not a number") from None
+    if not v >= 0 or v == float("inf"):
+        raise UsageError(f"{flag}: must be a finite number of at least 0")
+    return v
+
+
+def selector(ns: argparse.Namespace) -> str:
+    """The label matchers of --selector or --cluster, without braces ("" for none)."""
+    if ns.selector and ns.cluster:
+        raise UsageError("--cluster: give --cluster or --selector, not both")
+    cluster, text = str(ns.cluster), str(ns.selector).strip()
+    if cluster:
+        return 'cluster="' + cluster.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if not text:
+        return ""
+    if not SELECTOR.fullmatch(text):
+        raise UsageError(f"--selector: {text!r} is not a series selector like '{{cluster=\"eu-1\"}}'")
+    return text[1:-1].strip().rstrip(",").strip()
 
 
 def options(ns: argparse.Namespace, now: float) -> Options:
@@ -160,8 +200,13 @@ def options(ns: argparse.Namespace, now: float) -> Options:
     out = Path(ns.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out: {out} exists and is not a directory")
+    if ns.compare not in ("", "previous"):
+        raise UsageError(f"--compare: {ns.compare!r} is not previous")
     return Options(prometheus=ns.prometheus, window=Window(start=end - rng, end=end, step=step), by=ns.by, out=out,
-                   source=ns.source, top=top, log_level=ns.log_level)
+                   source=ns.source, top=top, log_level=ns.log_level, selector=selector(ns),
+                   compare=ns.compare == "previous",
+                   price_per_gpu_hour=_price(ns.price_per_gpu_hour, "--price-per-gpu-hour"),
+                   price_per_kwh=_price(ns.price_per_kwh, "--price-per-kwh"))
 
 
 def http_options(ns: argparse.Namespace) -> HttpOptions:
@@ -237,7 +282,7 @@ def run_report(ns: argparse.Namespace) -> int:
         from exporter.fleet import plots
     except ImportError as e:
         return _fail(EXIT_NO_PLOTTING, f"the report's plots need matplotlib ({e.name} is missing): "
-                     "pip install 'gpufeed[report]'")
+                     "pip install matplotlib (from a clone of gpufeed: pip install '.[report]')")
     except OSError as e:  # matplotlib wants a writable cache directory (MPLCONFIGDIR, else a temporary one)
         return _fail(EXIT_NO_PLOTTING, f"matplotlib cannot start: {e}")
     progress = _Progress(sys.stderr)
@@ -247,13 +292,28 @@ def run_report(ns: argparse.Namespace) -> int:
         return _fail(EXIT_USAGE, str(e))
     try:
         progress.say(f"asking {client.url} for its recording rules")
-        data = collect(client, CollectOptions(window=opts.window, by=opts.by, source=opts.source), progress)
+        copts = CollectOptions(window=opts.window, by=opts.by, source=opts.source, selector=opts.selector)
+        data = collect(client, copts, progress)
     except (PromError, NoDataError, MissingRulesError) as e:
         progress.end()
         return _fail(e.exit_code, str(e))
+    previous = None
+    if opts.compare:
+        w = opts.window
+        try:
+            previous = collect(client, replace(copts, window=Window(start=w.start - w.seconds, end=w.start,
+                                                                     step=w.step)), progress)
+        except NoDataError:
+            data = replace(data, notes=(*data.notes, "No gpufeed data in the period before this one: nothing to "
+                                                     "compare with (--compare previous)."))
+        except (PromError, MissingRulesError) as e:
+            progress.end()
+            return _fail(e.exit_code, str(e))
     t_query = time.monotonic() - t0
     progress.say("computing figures and drawing plots")
-    report = build_report(data, prometheus=client.url, generated_at=now, top=opts.top)
+    report = build_report(data, prometheus=client.url, generated_at=now, top=opts.top,
+                          price_per_gpu_hour=opts.price_per_gpu_hour, price_per_kwh=opts.price_per_kwh,
+                          previous=previous)
     svgs = plots.render_all(report)
     try:
         opts.out.mkdir(parents=True, exist_ok=True)

@@ -160,6 +160,56 @@ class FleetTotals:
 
 
 @dataclass(frozen=True, slots=True)
+class CostRow:
+    """The waiting of one cause, or of one namespace / Slurm job / host: GPU-hours, the energy they drew and
+    what both cost at the prices given."""
+
+    name: str
+    waiting_hours: float
+    waiting_kwh: float | None  # None: no GPU of it has an energy counter
+    cost: float | None  # None: no price given
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What waiting cost over the range: GPU-hours at ``price_per_gpu_hour`` plus kWh at ``price_per_kwh``."""
+
+    price_per_gpu_hour: float | None
+    price_per_kwh: float | None
+    energy_gpus: int  # GPUs with an energy counter (gpufeed_gpu_waiting_joules_total)
+    total: CostRow
+    by_cause: tuple[CostRow, ...]  # causes with waiting, most first
+    by_group: tuple[CostRow, ...]  # namespaces / Slurm jobs / hosts, most waiting first; "(no owner)" included
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """One figure this period and the period before it."""
+
+    name: str
+    now: float
+    before: float
+    change: float  # now - before
+    ratio: float | None  # now / before - 1; None when before is 0
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """This range against the one of the same length just before it (``--compare previous``)."""
+
+    previous_start: str
+    previous_end: str
+    gpus: Delta
+    gpu_hours: Delta
+    waiting_hours: Delta
+    waiting_share: Delta
+    waiting_kwh: Delta | None  # None when neither period has an energy counter
+    cost: Delta | None  # None without prices
+    by_cause: tuple[Delta, ...]  # waiting GPU-hours per cause
+    by_group: tuple[Delta, ...]  # waiting GPU-hours per namespace / Slurm job / host (the --top largest changes)
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     schema_version: int
     generated_at: str
@@ -179,6 +229,8 @@ class Report:
     finding_details: tuple[FindingRow, ...]
     models: tuple[ModelRow, ...]
     idle_gaps: tuple[GapRow, ...]
+    cost: Cost
+    comparison: Comparison | None = None
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -194,10 +246,34 @@ def pct(x: float | None) -> str:
 
 
 def hours_text(h: float) -> str:
-    """GPU-hours as prose writes them: 1,234 or 12.5 or 0.3."""
+    """GPU-hours as prose writes them: 1,234 or 12.5 or 0.34 or 0.012 -- two significant digits below 1, never a
+    bare 0.0 for time that was there (<0.001 below that)."""
     if h >= 100:
         return f"{h:,.0f}"
-    return f"{h:.1f}"
+    if h >= 1 or h == 0:
+        return f"{h:.1f}"
+    if h < 0.001:
+        return "<0.001"
+    return f"{h:.2g}" if h >= 0.01 else f"{h:.1g}"
+
+
+def amount_text(x: float) -> str:
+    """kWh or money as prose writes them: 1,234 or 12.5 or 0.34 (as :func:`hours_text`)."""
+    return hours_text(x)
+
+
+def plural(n: int, noun: str) -> str:
+    """1 GPU, 2 GPUs; 1 host, 3 hosts."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def span_text(seconds: float) -> str:
+    """A range's length: 7 days, 1 day, 6 hours, 1 hour, 30 minutes."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = seconds / size
+            return f"{n:g} {unit}" + ("" if n == 1 else "s")
+    return f"{seconds:g} seconds"
 
 
 def _share(part: float, whole: float) -> float:
@@ -421,13 +497,18 @@ _BY_NOUN = {"namespace": "namespace", "job": "Slurm job", "host": "host"}
 _SUMMARY_FINDINGS = 3  # the longest-lasting findings named in the summary; the rest are in their section
 
 
+def no_owner(by: str) -> str:
+    """The name of the bucket of GPU time no namespace / Slurm job held."""
+    return f"(no {_BY_NOUN[by]})"
+
+
 def summary(fleet: FleetTotals, window: Window, by: str, *, groups: Sequence[GroupRow],
-            findings: Sequence[HostFinding], links: Mapping[GpuId, LinkState], models: Sequence[ModelRow]) -> str:
+            findings: Sequence[HostFinding], links: Mapping[GpuId, LinkState], models: Sequence[ModelRow],
+            unattributed: Breakdown | None = None, cost: Cost | None = None) -> str:
     """The paragraph at the top of the report: the figures that matter, in words."""
     b = fleet.breakdown
-    days = window.seconds / 86400
-    span = f"{days:g} days" if days >= 1 else f"{window.seconds / 3600:g} hours"
-    out = [f"Over {span} ({iso(window.start)} to {iso(window.end)}), {fleet.gpus} GPUs on {fleet.hosts} hosts "
+    out = [f"Over {span_text(window.seconds)} ({iso(window.start)} to {iso(window.end)}), "
+           f"{plural(fleet.gpus, 'GPU')} on {plural(fleet.hosts, 'host')} "
            f"reported {hours_text(b.gpu_hours)} GPU-hours ({pct(fleet.observed_share)} of "
            f"{hours_text(fleet.possible_gpu_hours)} possible)."]
     out.append(f"{pct(b.waiting_share)} of GPU-hours waited ({hours_text(b.state_hours['waiting'])} GPU-hours), "
@@ -439,10 +520,27 @@ def summary(fleet: FleetTotals, window: Window, by: str, *, groups: Sequence[Gro
                  if b.cause_hours[c] / waited >= 0.05]
         out.append("Of the waiting, " + _join(parts) + ".")
     worst = next((g for g in groups if g.breakdown.state_hours["waiting"] > 0), None)
-    if worst is not None:
+    if unattributed is not None and unattributed.state_hours["waiting"] > (
+            worst.breakdown.state_hours["waiting"] if worst is not None else 0.0):
+        # The largest bucket is the time no owner held: say so rather than name the largest owner as if it led.
+        ub = unattributed
+        out.append(f"The largest share of the waiting, {hours_text(ub.state_hours['waiting'])} GPU-hours "
+                   f"({pct(ub.dominant_cause_share)} {ub.dominant_cause}), was on GPUs no {_BY_NOUN[by]} held "
+                   f"({no_owner(by)} in the tables)"
+                   + (f"; of the {_BY_NOUN[by]}s, {worst.name} waited most "
+                      f"({hours_text(worst.breakdown.state_hours['waiting'])} GPU-hours)." if worst is not None
+                      else "."))
+    elif worst is not None:
         wb = worst.breakdown
         out.append(f"The {_BY_NOUN[by]} that waited most was {worst.name} ({hours_text(wb.state_hours['waiting'])} "
                    f"GPU-hours, {pct(wb.dominant_cause_share)} {wb.dominant_cause}).")
+    if cost is not None and (cost.total.waiting_kwh or cost.total.cost is not None):
+        parts = []
+        if cost.total.waiting_kwh:
+            parts.append(f"drew {amount_text(cost.total.waiting_kwh)} kWh")
+        if cost.total.cost is not None:
+            parts.append(f"cost {amount_text(cost.total.cost)} at the prices given")
+        out.append("The waiting " + " and ".join(parts) + ".")
     by_check: dict[str, list[HostFinding]] = defaultdict(list)
     for f in findings:
         by_check[f.check].append(f)
@@ -482,12 +580,104 @@ def _count_word(n: int) -> str:
     return words[n] if n < len(words) else str(n)
 
 
+# ---------------------------------------------------------------------------------------------------- cost
+
+_KWH_J = 3.6e6
+
+
+def _cost_row(name: str, hours: float, joules: float | None, gpu_hour: float | None, kwh: float | None) -> CostRow:
+    kwh_used = None if joules is None else joules / _KWH_J
+    cost = None
+    if gpu_hour is not None or kwh is not None:
+        cost = hours * (gpu_hour or 0.0) + (kwh_used or 0.0) * (kwh or 0.0)
+    return CostRow(name=name, waiting_hours=hours, waiting_kwh=kwh_used, cost=cost)
+
+
+def _cost(data: FleetData, fleet: Breakdown, *, groups: Sequence[GroupRow], rest: Breakdown | None,
+          hosts: Sequence[HostRow], gpu_hour: float | None, kwh: float | None) -> Cost:
+    """Waiting GPU-hours and kWh per cause and per group, priced."""
+    have = bool(data.cause_j)
+    fleet_j = {c: sum(per.get(c, 0.0) for per in data.cause_j.values()) for c in WAITING_CAUSES} if have else {}
+    waited = fleet.state_hours["waiting"]
+    total = _cost_row("all", waited, sum(fleet_j.values()) if have else None, gpu_hour, kwh)
+    by_cause = tuple(_cost_row(c, fleet.cause_hours[c], fleet_j.get(c) if have else None, gpu_hour, kwh)
+                     for c in sorted(WAITING_CAUSES, key=lambda c: -fleet.cause_hours[c])
+                     if fleet.cause_hours[c] > 0 or fleet_j.get(c, 0.0) > 0)
+    rows: list[CostRow] = []
+    if data.by == "host":
+        for h in hosts:
+            gs = [g for g in data.cause_j if (g.job, g.instance) == (h.job, h.instance)]
+            j = sum(sum(data.cause_j[g].values()) for g in gs) if gs else None
+            rows.append(_cost_row(h.instance, h.breakdown.state_hours["waiting"], j, gpu_hour, kwh))
+    else:
+        grouped_j = 0.0
+        for g in groups:
+            per = data.group_cause_j.get(g.name)
+            gj = sum(per.values()) if per else (0.0 if have else None)
+            grouped_j += gj or 0.0
+            rows.append(_cost_row(g.name, g.breakdown.state_hours["waiting"], gj, gpu_hour, kwh))
+        if rest is not None and (rest.state_hours["waiting"] > 0 or (have and total.waiting_kwh)):
+            rest_j = max(0.0, sum(fleet_j.values()) - grouped_j) if have else None
+            rows.append(_cost_row(no_owner(data.by), rest.state_hours["waiting"], rest_j, gpu_hour, kwh))
+        rows.sort(key=lambda r: (-r.waiting_hours, r.name))
+    return Cost(price_per_gpu_hour=gpu_hour, price_per_kwh=kwh, energy_gpus=len(data.cause_j), total=total,
+                by_cause=by_cause, by_group=tuple(rows))
+
+
+def _delta(name: str, now: float, before: float) -> Delta:
+    return Delta(name=name, now=now, before=before, change=now - before,
+                 ratio=(now / before - 1) if before > 0 else None)
+
+
+def compare(current: Report, previous: Report) -> Comparison:
+    """``current`` against ``previous`` (the range of the same length just before it): the fleet's figures,
+    waiting GPU-hours per cause, and per namespace / Slurm job / host the ``top`` largest changes."""
+    cb, pb = current.fleet.breakdown, previous.fleet.breakdown
+    kwh = None
+    if current.cost.total.waiting_kwh is not None or previous.cost.total.waiting_kwh is not None:
+        kwh = _delta("waiting kWh", current.cost.total.waiting_kwh or 0.0, previous.cost.total.waiting_kwh or 0.0)
+    cost = None
+    if current.cost.total.cost is not None and previous.cost.total.cost is not None:
+        cost = _delta("cost of waiting", current.cost.total.cost, previous.cost.total.cost)
+    causes = tuple(_delta(c, cb.cause_hours[c], pb.cause_hours[c]) for c in WAITING_CAUSES
+                   if cb.cause_hours[c] > 0 or pb.cause_hours[c] > 0)
+    now_g = {r.name: r.waiting_hours for r in current.cost.by_group}
+    before_g = {r.name: r.waiting_hours for r in previous.cost.by_group}
+    groups = [_delta(n, now_g.get(n, 0.0), before_g.get(n, 0.0)) for n in set(now_g) | set(before_g)]
+    groups.sort(key=lambda d: (-abs(d.change), d.name))
+    return Comparison(
+        previous_start=previous.range.start, previous_end=previous.range.end,
+        gpus=_delta("GPUs", current.fleet.gpus, previous.fleet.gpus),
+        gpu_hours=_delta("GPU-hours", cb.gpu_hours, pb.gpu_hours),
+        waiting_hours=_delta("waiting GPU-hours", cb.state_hours["waiting"], pb.state_hours["waiting"]),
+        waiting_share=_delta("share waiting", cb.waiting_share, pb.waiting_share),
+        waiting_kwh=kwh, cost=cost, by_cause=causes, by_group=tuple(groups[:current.top]),
+    )
+
+
+def comparison_sentence(c: Comparison) -> str:
+    """The comparison in one sentence for the summary."""
+    w = c.waiting_hours
+    if w.before <= 0 and w.now <= 0:
+        return "No GPU waited in this period or the one before."
+    trend = "more" if w.change > 0 else "less"
+    text = (f"Against the period before ({c.previous_start[:10]} to {c.previous_end[:10]}), the fleet waited "
+            f"{hours_text(abs(w.change))} GPU-hours {trend}" + (f" ({w.ratio:+.0%})" if w.ratio is not None else "")
+            + f", {pct(c.waiting_share.now)} of its time against {pct(c.waiting_share.before)}")
+    mover = max(c.by_cause, key=lambda d: abs(d.change), default=None)
+    if mover is not None and abs(mover.change) > 0:
+        text += (f"; {mover.name} moved most ({'+' if mover.change > 0 else '-'}"
+                 f"{hours_text(abs(mover.change))} GPU-hours)")
+    return text + "."
+
+
 # --------------------------------------------------------------------------------------------------- entry
 
 
 def build_report(data: FleetData, *, prometheus: str, generated_at: float, top: int = 10,
-                 top_gpus: int = 6) -> Report:
-    """Every figure of the review from ``data``."""
+                 top_gpus: int = 6, price_per_gpu_hour: float | None = None, price_per_kwh: float | None = None,
+                 previous: FleetData | None = None) -> Report:
+    """Every figure of the review from ``data``; with ``previous`` (the range before it), the comparison."""
     w = data.window
     gpus = sorted(data.state_s)
     host_map = _hosts_of(gpus)
@@ -506,15 +696,23 @@ def build_report(data: FleetData, *, prometheus: str, generated_at: float, top: 
                         observed_share=_share(fb.gpu_hours, possible), breakdown=fb)
     groups, rest = _groups(data, hosts)
     models = _models(data, {k: tuple(sorted(v)) for k, v in checks_of.items()})
-    return Report(
+    cost = _cost(data, fb, groups=groups, rest=rest, hosts=hosts, gpu_hour=price_per_gpu_hour, kwh=price_per_kwh)
+    text = summary(fleet, w, data.by, groups=groups, findings=host_findings, links=data.links, models=models,
+                   unattributed=rest, cost=cost)
+    report = Report(
         schema_version=SCHEMA_VERSION, generated_at=iso(generated_at), prometheus=prometheus,
         range=RangeInfo(start=iso(w.start), end=iso(w.end), seconds=w.seconds, step_seconds=w.step),
-        by=data.by, top=top, sources=data.sources, notes=data.notes,
-        summary=summary(fleet, w, data.by, groups=groups, findings=host_findings, links=data.links, models=models),
+        by=data.by, top=top, sources=data.sources, notes=data.notes, summary=text,
         fleet=fleet, timeline=_timeline(data), groups=tuple(groups), unattributed=rest, hosts=tuple(hosts),
         findings=tuple(host_findings), finding_details=tuple(finding_rows), models=tuple(models),
-        idle_gaps=tuple(_gaps(data, top_gpus)),
+        idle_gaps=tuple(_gaps(data, top_gpus)), cost=cost,
     )
+    if previous is None:
+        return report
+    before = build_report(previous, prometheus=prometheus, generated_at=generated_at, top=top, top_gpus=top_gpus,
+                          price_per_gpu_hour=price_per_gpu_hour, price_per_kwh=price_per_kwh)
+    c = compare(report, before)
+    return dataclasses.replace(report, comparison=c, summary=f"{text} {comparison_sentence(c)}")
 
 
 def to_json(report: Report) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Grouping dimensions of ``gpufeed report --by``: the workload label of gpufeed_workload_info for each, and the
 # prefix of its recording rules (alerts/generate.py, workload_rollups). ``host`` is the Prometheus instance.
@@ -110,3 +110,7 @@ class FleetData:
     gaps: Mapping[GpuId, GapHistogram]
     sources: tuple[Source, ...]
     notes: tuple[str, ...] = ()
+    # Joules spent waiting over the whole range, by cause (gpufeed_gpu_waiting_joules_total): per GPU, and per
+    # namespace / Slurm job (empty for --by host). A GPU without an energy counter is absent.
+    cause_j: Mapping[GpuId, Mapping[str, float]] = field(default_factory=dict)
+    group_cause_j: Mapping[str, Mapping[str, float]] = field(default_factory=dict)

@@ -18,7 +18,7 @@ import matplotlib
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 
-from exporter.fleet.figures import Breakdown, GapRow, HostFinding, Report
+from exporter.fleet.figures import Breakdown, GapRow, HostFinding, Report, hours_text, pct
 from exporter.names import STATES, WAITING_CAUSES
 from exporter.vocabulary import STATE_COLOURS, VERDICT
 
@@ -103,7 +103,9 @@ def totals(report: Report) -> str:
         ax = fig.add_subplot()
         bars = ax.barh(labels[::-1], values[::-1], color=colors[::-1])
         total = b.gpu_hours or 1.0
-        ax.bar_label(bars, labels=[f"{v:,.0f} h ({v / total:.0%})" for v in values[::-1]], padding=3)
+        # The report's own number format: a small fleet's 0.058 h is not "0 h", nor 0.4% "0%".
+        ax.bar_label(bars, labels=[f"{hours_text(v)} h ({pct(v / total)})" if v > 0 else "—" for v in values[::-1]],
+                     padding=3)
         ax.set_xlabel("GPU-hours")
         ax.margins(x=0.15)
         return _svg(fig, "totals")

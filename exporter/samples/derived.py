@@ -52,7 +52,9 @@ class GpuActivity:
     ``gap_buckets`` are non-cumulative counts of completed idle gaps per ``GAP_BUCKETS`` upper bound plus a
     final +Inf slot; ``burstiness`` is the coefficient of variation of activity over the window (None when
     the GPU was never active); ``links`` maps each PCIe hop (BDF) of the GPU's chain to whether it is
-    downgraded while busy.
+    downgraded while busy. ``waiting_joules`` is the energy spent waiting, by cause, apportioned over the same
+    evaluations as ``waiting_seconds`` (only the causes seen; empty on a GPU without an energy counter and on a
+    MIG instance).
     """
 
     state_seconds: Mapping[str, float]  # working / waiting / idle
@@ -63,6 +65,7 @@ class GpuActivity:
     idle_ratio: float | None
     periodic_gaps: bool
     links: Mapping[str, bool]
+    waiting_joules: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 # Buckets of gpufeed_gpu_idle_gap_seconds, one per kind of stall the playbook tells apart (5 series per GPU

@@ -140,6 +140,7 @@ class HostPlan:
     max_link: tuple[int, int]
     gpus: tuple[tuple[Segment, ...], ...]
     downtime_h: tuple[tuple[float, float], ...] = ()
+    energy: bool = True  # its GPUs export gpufeed_gpu_waiting_joules_total (an energy counter, NVML field 83)
 
 
 D = 24.0
@@ -176,7 +177,7 @@ def default_plans() -> list[HostPlan]:
         HostPlan("gpu-e", "NVIDIA A100 80GB PCIe", (4, 16), (
             (Segment(0, 7 * D, "healthy", pod("recsys", "dlrm-1")),),
             (Segment(0, 5 * D, "healthy", pod("recsys", "ranker-1")), Segment(5 * D, 7 * D, "numa", recsys)),
-        )),
+        ), energy=False),
     ]
 
 
@@ -188,7 +189,7 @@ def scaled_plans(hosts: int, gpus_per_host: int) -> list[HostPlan]:
         p = base[h % len(base)]
         name = p.name if h < len(base) else f"{p.name}{h // len(base) + 1}"
         out.append(HostPlan(name, p.model, p.max_link, tuple(p.gpus[g % len(p.gpus)] for g in range(gpus_per_host)),
-                            p.downtime_h))
+                            p.downtime_h, p.energy))
     return out
 
 
@@ -261,6 +262,14 @@ class Fleet:
         """Host-wide findings raised in minute m: those of the profiles its GPUs run."""
         return {c for g in self.gpus if g.host is plan for c in g.profiles[m].host_findings}
 
+    def waiting_watts(self, g: _Gpu) -> float:
+        """What GPU ``g`` draws while it waits: a known constant per GPU, from its host's name and its index (not
+        from the host's place in the plans: the backfill writes the hosts in parts)."""
+        return 90.0 + 15.0 * (zlib.crc32(g.host.name.encode()) % 8) + 5.0 * g.index
+
+    def _joules_rate(self, g: _Gpu, p: Profile, cause: str) -> float:
+        return self._rate(p, cause) * self.waiting_watts(g)
+
     # ---- OpenMetrics
 
     def _scrapes(self, g: _Gpu) -> Iterator[tuple[int, int, float]]:
@@ -299,6 +308,13 @@ class Fleet:
                     for t, v in self._counter(g, lambda m, g=g, key=key: self._rate(g.profiles[m], key)):
                         out.write(f"{family}_total{{{ls}}} {v:.4f} {t}\n")
                         n += 1
+        out.write("# TYPE gpufeed_gpu_waiting_joules counter\n")
+        for g in (x for x in self.gpus if x.host.energy):
+            for key in WAITING_CAUSES:
+                ls = lab(g, cause=key)
+                for t, v in self._counter(g, lambda m, g=g, key=key: self._joules_rate(g, g.profiles[m], key)):
+                    out.write(f"gpufeed_gpu_waiting_joules_total{{{ls}}} {v:.3f} {t}\n")
+                    n += 1
         out.write("# TYPE gpufeed_gpu_idle_gap_seconds histogram\n")
         for g in self.gpus:
             for k, le in enumerate((*GAP_BUCKETS, math.inf)):
@@ -402,6 +418,23 @@ class Fleet:
         lo, hi = self.start if a is None else a, self.end if b is None else b
         return sum(self._integrate(g, lambda m, g=g: self._rate(g.profiles[m], key), lo, hi)
                    for g in (self.gpus if gpus is None else gpus))
+
+    def truth_joules(self, cause: str, a: float | None = None, b: float | None = None) -> float:
+        """Joules spent waiting on ``cause`` over (a, b] (default: the range), on the GPUs with an energy counter."""
+        lo, hi = self.start if a is None else a, self.end if b is None else b
+        return sum(self._integrate(g, lambda m, g=g: self._joules_rate(g, g.profiles[m], cause), lo, hi)
+                   for g in self.gpus if g.host.energy)
+
+    def truth_group_joules(self, label: str) -> dict[str, float]:
+        """Joules spent waiting (every cause) per value of workload label ``label``, over the range."""
+        out: dict[str, float] = {}
+        for g in (x for x in self.gpus if x.host.energy):
+            for m in range(self.minutes):
+                name = g.workloads[m].get(label)
+                if name and g.up[m]:
+                    w = sum(self._joules_rate(g, g.profiles[m], c) for c in WAITING_CAUSES)
+                    out[name] = out.get(name, 0.0) + w * self._overlap(m, self.start, self.end)
+        return out
 
     def host_gpus(self, host: str) -> list[_Gpu]:
         return [g for g in self.gpus if g.host.name == host]

@@ -45,6 +45,9 @@ REPORT_RULES = (
     "namespace_cause:gpufeed_gpu_waiting_seconds:rate5m",
     "slurm_job_state:gpufeed_gpu_state_seconds:rate5m",
     "slurm_job_cause:gpufeed_gpu_waiting_seconds:rate5m",
+    "instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m",
+    "namespace_cause:gpufeed_gpu_waiting_joules:rate5m",
+    "slurm_job_cause:gpufeed_gpu_waiting_joules:rate5m",
 )
 EVAL_INTERVAL_S = 60
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

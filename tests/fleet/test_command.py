@@ -42,7 +42,8 @@ class Stub:
 def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def _answer(self) -> None:
-            stub.requests.append({"path": self.path, "auth": self.headers.get("Authorization", "")})
+            stub.requests.append({"path": self.path, "auth": self.headers.get("Authorization", ""),
+                                  "body": getattr(self, "body", b"").decode()})
             if not self.path.startswith("/api/v1/"):
                 self.send_error(404)
                 return
@@ -74,7 +75,7 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
             self._answer()
 
         def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             self._answer()
 
         def log_message(self, *_args: Any) -> None:
@@ -120,6 +121,12 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     (["--timeout", "soon"], "--timeout"),
     (["--ca-file", "/nonexistent/ca.pem"], "--ca-file"),
     (["--password-file", "/nonexistent"], "--password-file"),
+    (["--selector", 'cluster="eu"'], "--selector"),
+    (["--selector", "{cluster=eu}"], "--selector"),
+    (["--selector", '{cluster="eu"}', "--cluster", "eu"], "--cluster"),
+    (["--compare", "last-year"], "--compare"),
+    (["--price-per-kwh", "cheap"], "--price-per-kwh"),
+    (["--price-per-gpu-hour", "-2"], "--price-per-gpu-hour"),
 ])
 def test_bad_flag_is_one_line_naming_it_and_exit_2(args: list[str], flag: str, capsys: pytest.CaptureFixture[str],
                                                    tmp_path: Path) -> None:
@@ -168,7 +175,7 @@ def test_missing_plotting_library_names_the_extra_to_install(monkeypatch: pytest
     monkeypatch.delattr(exporter.fleet, "plots", raising=False)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     rc, err = run(capsys, "--prometheus", "http://127.0.0.1:9")
-    assert rc == 8 and err.count("\n") == 1 and "pip install 'gpufeed[report]'" in err and "matplotlib" in err
+    assert rc == 8 and err.count("\n") == 1 and "pip install matplotlib" in err and "pip install '.[report]'" in err
 
 
 def test_progress_is_drawn_on_a_terminal_only() -> None:
@@ -375,3 +382,17 @@ def test_a_rule_loaded_in_the_middle_of_the_range_gives_way_to_raw_series() -> N
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_cluster_or_selector_reaches_every_query_and_no_data_names_it(stub: Stub,
+                                                                       capsys: pytest.CaptureFixture[str],
+                                                                       tmp_path: Path) -> None:
+    rc, err = run(capsys, "--prometheus", stub.url, "--cluster", 'eu-"1"', "--out", str(tmp_path))
+    assert rc == 5 and 'matching {cluster="eu-\\"1\\""}' in err, err
+    queries = [urllib.parse.unquote_plus(r["path"] + r["body"]) for r in stub.requests if "query" in r["path"]]
+    assert queries and all('cluster="eu-\\"1\\""' in q for q in queries)
+    stub.requests.clear()
+    rc, err = run(capsys, "--prometheus", stub.url, "--selector", '{cluster="eu", region=~"west.*"}',
+                  "--out", str(tmp_path))
+    queries = [urllib.parse.unquote_plus(r["path"] + r["body"]) for r in stub.requests if "query" in r["path"]]
+    assert rc == 5 and all('cluster="eu", region=~"west.*"}' in q for q in queries), queries

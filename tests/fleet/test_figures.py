@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -193,3 +194,68 @@ def test_rule_sums_use_a_left_open_step_and_the_groups_interval() -> None:
     assert q.expr == (f"sum by (job, instance, gpu, state) (sum_over_time({GPU_STATE_RULE}[3599999ms])) * 30")
     raw = gpu_family_query("gpu_cause", "raw", W)
     assert raw.expr == "sum by (job, instance, gpu, cause) (increase(gpufeed_gpu_waiting_seconds_total[3600000ms]))"
+
+
+def _with_energy(data: FleetData, **kw: object) -> FleetData:
+    # a's GPU 0 drew 150 W while waiting (input_bound 2.1 h -> 315 Wh), b's GPU 0 100 W (transfer_bound 1.5 h);
+    # A1 never waited: no joules.
+    j = {A0: {"input_bound": 150 * 2.0 * H, "io_bound": 150 * 0.1 * H}, B0: {"transfer_bound": 100 * 1.5 * H}}
+    return dataclasses.replace(data, cause_j=j, **kw)  # type: ignore[arg-type]
+
+
+def test_energy_and_cost_of_waiting_per_cause_and_per_host_at_the_prices_given() -> None:
+    r = build_report(_with_energy(fleet()), prometheus="p", generated_at=0, price_per_gpu_hour=2.0,
+                     price_per_kwh=0.5)
+    c = r.cost
+    assert c.energy_gpus == 2 and c.total.waiting_kwh is not None and c.total.cost is not None
+    assert abs(c.total.waiting_kwh - (0.315 + 0.15)) < 1e-9
+    assert abs(c.total.cost - (3.7 * 2.0 + 0.465 * 0.5)) < 1e-9
+    by_cause = {x.name: x for x in c.by_cause}
+    assert abs(by_cause["input_bound"].waiting_kwh - 0.3) < 1e-9  # type: ignore[operator]
+    assert abs(by_cause["transfer_bound"].cost - (1.5 * 2.0 + 0.15 * 0.5)) < 1e-9  # type: ignore[operator]
+    assert [x.name for x in c.by_group] == ["a:9842", "b:9842"]
+    assert "drew 0.47 kWh" in r.summary and "cost 7.6 at the prices given" in r.summary
+    assert "GPUs on 2 hosts" in r.summary
+
+
+def test_without_energy_counters_or_prices_kwh_and_cost_are_unknown_not_zero() -> None:
+    c = build_report(fleet(), prometheus="p", generated_at=0).cost
+    assert c.energy_gpus == 0 and c.total.waiting_kwh is None and c.total.cost is None
+    assert all(x.waiting_kwh is None for x in (*c.by_cause, *c.by_group))
+
+
+def test_the_time_no_owner_held_is_named_when_it_waited_most() -> None:
+    r = build_report(fleet(by="namespace", groups={"vision": {"working": 0.5 * H, "waiting": 0.5 * H}},
+                           group_causes={"vision": {"input_bound": 0.5 * H}}), prometheus="p", generated_at=0)
+    assert "The largest share of the waiting, 3.2 GPU-hours (50% input_bound), was on GPUs no namespace held" \
+        in r.summary
+    assert "of the namespaces, vision waited most (0.5 GPU-hours)" in r.summary
+    assert [x.name for x in r.cost.by_group] == ["(no namespace)", "vision"]
+
+
+def test_small_fleets_and_short_ranges_read_right() -> None:
+    from exporter.fleet.figures import hours_text, plural, span_text
+    assert [hours_text(h) for h in (0.0, 0.0004, 0.004, 0.034, 0.5, 1.25, 1234.0)] == [
+        "0.0", "<0.001", "0.004", "0.034", "0.5", "1.2", "1,234"]
+    assert (plural(1, "GPU"), plural(2, "host"), span_text(3600), span_text(1800), span_text(86400 * 7)) == (
+        "1 GPU", "2 hosts", "1 hour", "30 minutes", "7 days")
+    one = dataclasses.replace(fleet(), state_s={B0: per_step(working=(0.01, 0, 0), waiting=(0.02, 0, 0),
+                                                             idle=(0, 0, 0))}, cause_s={B0: {}})
+    text = build_report(one, prometheus="p", generated_at=0).summary
+    assert "1 GPU on 1 host reported 0.03 GPU-hours" in text and "0.0 GPU-hours" not in text
+
+
+def test_compare_previous_gives_deltas_per_cause_and_per_host() -> None:
+    before = dataclasses.replace(fleet(), cause_s={A0: per_step(input_bound=(0.4, 0.4, 0.4)), A1: {},
+                                                   B0: per_step(transfer_bound=(0.5, 0.5, 0.5))})
+    r = build_report(_with_energy(fleet()), prometheus="p", generated_at=0, previous=before, price_per_kwh=1.0)
+    c = r.comparison
+    assert c is not None
+    d = {x.name: x for x in c.by_cause}
+    assert abs(d["input_bound"].change - (2.1 - 1.2)) < 1e-9 and abs(d["input_bound"].ratio - 0.75) < 1e-9  # type: ignore[operator]
+    assert d["transfer_bound"].change == 0
+    assert c.waiting_kwh is not None and c.waiting_kwh.before == 0 and c.waiting_kwh.ratio is None
+    assert c.waiting_hours.change == 0  # the state seconds are the same in both periods
+    assert "input_bound moved most (+0.9 GPU-hours)" in r.summary
+    doc = json.loads(json.dumps(to_json(r)))
+    jsonschema.validate(doc, json.loads((REPO / "docs" / "report.schema.json").read_text()))

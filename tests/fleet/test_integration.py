@@ -128,6 +128,15 @@ def check_figures(doc: dict[str, Any], fleet: Fleet) -> None:
         gpu = next(x for x in fleet.gpus if (fleet.instance(x.host), str(x.index)) == (g["instance"], g["gpu"]))
         for k, (got_n, want_n) in enumerate(zip(g["counts"], fleet.truth_gaps(gpu), strict=True)):
             assert abs(got_n - want_n) <= max(REL * want_n, 2.0), f"{g['instance']} GPU {g['gpu']} bucket {k}"
+    # Energy spent waiting, per cause (the GPUs with an energy counter only), and its cost at the prices given.
+    cost = doc["cost"]
+    assert cost["energy_gpus"] == sum(len(p.gpus) for p in fleet.plans if p.energy) < f["gpus"]
+    for row in cost["by_cause"]:
+        close(row["waiting_kwh"], fleet.truth_joules(row["name"]) / 3.6e6, f"kWh {row['name']}", abs_h=0.01)
+    close(cost["total"]["waiting_kwh"], sum(fleet.truth_joules(c) for c in WAITING_CAUSES) / 3.6e6, "kWh", abs_h=0.01)
+    if cost["price_per_gpu_hour"] is not None:
+        assert abs(cost["total"]["cost"] - (cost["total"]["waiting_hours"] * cost["price_per_gpu_hour"]
+                                            + cost["total"]["waiting_kwh"] * cost["price_per_kwh"])) < 1e-6
     worst = sorted(fleet.gpus, key=lambda x: -fleet.truth_seconds("waiting", gpus=[x]))[:len(doc["idle_gaps"])]
     assert [(fleet.instance(x.host), str(x.index)) for x in worst] == [(g["instance"], g["gpu"])
                                                                        for g in doc["idle_gaps"]]
@@ -145,6 +154,10 @@ def check_groups(doc: dict[str, Any], fleet: Fleet, label: str) -> None:
             close(g["breakdown"]["cause_hours"][c], want_cause[c].get(g["name"], 0.0) / 3600, f"{g['name']} {c}")
     waits = [g["breakdown"]["state_hours"]["waiting"] for g in doc["groups"]]
     assert waits == sorted(waits, reverse=True)
+    want_kwh = {k: v / 3.6e6 for k, v in fleet.truth_group_joules(label).items()}
+    for row in doc["cost"]["by_group"]:
+        if not row["name"].startswith("(no "):
+            close(row["waiting_kwh"], want_kwh.get(row["name"], 0.0), f"kWh {row['name']}", abs_h=0.01)
     rest = doc["unattributed"]
     total_state = {s: _hours(fleet, s) for s in STATES}
     for s in STATES:
@@ -157,7 +170,8 @@ def namespace_run(fleet_servers: Backfilled, tmp_path_factory: pytest.TempPathFa
     bf = fleet_servers
     out = tmp_path_factory.mktemp("namespace")
     r = subprocess.run([sys.executable, "-m", "exporter", "report", "--prometheus", bf.rules.url, "--range", "7d",
-                        "--end", str(int(bf.fleet.end)), "--by", "namespace", "--out", str(out)],
+                        "--end", str(int(bf.fleet.end)), "--by", "namespace", "--out", str(out),
+                        "--price-per-gpu-hour", "2.5", "--price-per-kwh", "0.3"],
                        capture_output=True, text=True, timeout=120, check=False)
     return Run(r.returncode, out, r.stdout, r.stderr)
 
@@ -183,7 +197,10 @@ def test_summary_names_the_figures_that_matter(namespace_run: Run, fleet_servers
     top_cause = max(WAITING_CAUSES, key=lambda c: _hours(fleet, c))
     assert f"on storage I/O ({top_cause})" in summary if top_cause == "io_bound" else top_cause in summary
     assert "One host had a link at Gen3 x8 while busy (pcie_link_downgraded, 168 h in all)" in summary
-    assert "The namespace that waited most was recsys" in summary
+    # gpu-d's Slurm jobs and the idle GPUs have no namespace: that bucket waited most, and is named as such.
+    assert "was on GPUs no namespace held ((no namespace) in the tables)" in summary
+    assert "of the namespaces, recsys waited most" in summary
+    assert "The waiting drew " in summary and " kWh and cost " in summary
     assert "gpu-c:9842 worked 48% of its busy time against 96% on gpu-e:9842" in summary
     md = (namespace_run.out / "report.md").read_text()
     assert md.startswith("# GPU capacity review") and summary in md and "| recsys |" in md
@@ -218,6 +235,29 @@ def test_without_recording_rules_the_report_falls_back_to_raw_series_and_says_so
     assert "gpu_state=raw" in run.stdout and "is not loaded" in run.stdout
     html = (run.out / "report.html").read_text()
     assert "raw series" in html and "is not loaded on this Prometheus" in html
+
+
+def test_compare_previous_gives_each_causes_change_against_the_period_before(
+        fleet_servers: Backfilled, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bf = fleet_servers
+    fleet = bf.fleet
+    mid = fleet.start + 4 * 86400
+    run = main(["report", "--prometheus", bf.rules.url, "--range", "2d", "--end", str(int(mid)), "--by", "namespace",
+                "--compare", "previous", "--out", str(tmp_path / "cmp")])
+    assert run == 0, capsys.readouterr().err
+    doc = json.loads((tmp_path / "cmp" / "report.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    c = doc["comparison"]
+    assert c["previous_start"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mid - 4 * 86400))
+    assert c["previous_end"] == doc["range"]["start"]
+    for d in c["by_cause"]:
+        close(d["now"], fleet.truth_seconds(d["name"], mid - 2 * 86400, mid) / 3600, f"now {d['name']}")
+        close(d["before"], fleet.truth_seconds(d["name"], mid - 4 * 86400, mid - 2 * 86400) / 3600,
+              f"before {d['name']}")
+    close(c["waiting_kwh"]["now"], sum(fleet.truth_joules(k, mid - 2 * 86400, mid) for k in WAITING_CAUSES) / 3.6e6,
+          "kWh now", abs_h=0.01)
+    assert "Against the period before" in doc["summary"]
+    assert "Against the period before" in (tmp_path / "cmp" / "report.html").read_text()
 
 
 def test_source_rules_without_rules_loaded_is_a_clear_error(fleet_servers: Backfilled, tmp_path: Path,
@@ -263,6 +303,9 @@ def test_page_renders_in_headless_chromium_with_every_section_and_plot(namespace
     assert not re.search(r"url\(\s*['\"]?(?!#)", text), "a url() that is not a reference inside the page"
     dom = chromium(html, tmp_path, dump_dom=True)
     for section in SECTIONS:
+        if section == "compare":  # only with --compare previous (tested on its own)
+            assert namespace_run.json["comparison"] is None and f'<section id="{section}"' not in dom
+            continue
         assert f'<section id="{section}"' in dom, section
     for key in PLOTS:
         start = dom.index(f'data-plot="{key}"')
