@@ -27,12 +27,12 @@ from exporter.capture.stacks import (
     summarize,
 )
 from exporter.capture.trigger import VerdictChange
+from exporter.names import CAPTURE_TRIGGERS
 from exporter.samples.derived import GpuVerdict
 
-TRIGGER_VERDICT = "verdict"  # the GPU waited on one cause for --capture.after
-TRIGGER_HTTP = "http"  # POST /capture
-TRIGGER_DIAGNOSE = "diagnose"  # gpufeed diagnose --stacks
-TRIGGERS = (TRIGGER_VERDICT, TRIGGER_HTTP, TRIGGER_DIAGNOSE)
+# What started it: the GPU waited on one cause for --capture.after; POST /capture; gpufeed diagnose --stacks.
+TRIGGERS = CAPTURE_TRIGGERS
+TRIGGER_VERDICT, TRIGGER_HTTP, TRIGGER_DIAGNOSE = TRIGGERS
 
 # Which verdict each stack label confirms.
 CONFIRMS = {LABEL_INPUT: ("input_bound", "io_bound"), LABEL_LAUNCH: ("launch_bound",)}

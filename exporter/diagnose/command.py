@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from exporter import examples, log, names, pipeline
+from exporter.capture.options import DIAGNOSE_DIR
 from exporter.config import ConfigError, resolve
 from exporter.diagnose import report
 from exporter.durations import parse_duration
@@ -164,7 +165,9 @@ def live_report(engine: Engine, duration: float) -> dict[str, Any]:
 
 
 def run_live(ns: argparse.Namespace) -> int:
-    """``gpufeed diagnose [--duration 30s] [--json]`` on this host."""
+    """``gpufeed diagnose [--duration 30s] [--json] [--stacks [--stacks.dir DIR]]`` on this host. With
+    ``--stacks`` the capture stage is built (never triggering on its own: ``capture.after`` is past the run) and,
+    once sampling ends, captures every GPU whose verdict waits; the report's ``captures`` says what each shows."""
     try:
         given = getattr(ns, "duration", None)
         duration = parse_duration(DEFAULT_DURATION if given is None else given)
@@ -172,6 +175,7 @@ def run_live(ns: argparse.Namespace) -> int:
         return _usage(f"--duration: {e}")
     if getattr(ns, "check", False) or getattr(ns, "timeline", False):
         return _usage("--check and --timeline need --scenario FILE")
+    stacks = bool(getattr(ns, "stacks", False))
     as_json = bool(getattr(ns, "json", False))
     procfs, sysfs = Path(getattr(ns, "path.procfs", "/proc")), Path(getattr(ns, "path.sysfs", "/sys"))
     blind = blind_reason(procfs, sysfs)
@@ -187,6 +191,9 @@ def run_live(ns: argparse.Namespace) -> int:
             "path.procfs": str(procfs), "path.sysfs": str(sysfs),
             # Deep per-thread evidence every second from the start: a diagnosis is short.
             "collector.proc.threads-interval": 1.0,
+            # --stacks: the capture stage, built to be asked once sampling ends (never on its own within a run).
+            **({"capture.enabled": True, "capture.dir": str(getattr(ns, "stacks.dir", DIAGNOSE_DIR)),
+                "capture.after": "1h"} if stacks else {}),
         })
     except ConfigError as e:
         return _usage(str(e))
@@ -198,6 +205,11 @@ def run_live(ns: argparse.Namespace) -> int:
         print("gpufeed diagnose: interrupted", file=sys.stderr)
         return 130
     doc = live_report(pipe.engine, duration)
+    if pipe.capture is not None:
+        # After the engine stopped: py-spy samples each waiting GPU's processes now, one after another.
+        if tty is not None:
+            tty.write("gpufeed diagnose: capturing the stacks of the waiting GPUs' processes\n")
+        doc["captures"] = [o.as_json() for o in pipe.capture.take_waiting()]
     _emit(doc, as_json)
     return report.exit_code(doc)
 
