@@ -10,6 +10,7 @@ from __future__ import annotations
 # ---- samplers: defined once with the stages' registration (exporter/sampling.py); re-exported for the readers
 # of their samples (``X as X``: an explicit re-export, which mypy --strict needs)
 # ruff: noqa: PLC0414
+from exporter.sampling import CAPTURE as CAPTURE
 from exporter.sampling import CPU as CPU
 from exporter.sampling import CPUFREQ as CPUFREQ
 from exporter.sampling import DERIVED as DERIVED
