@@ -35,7 +35,7 @@ from exporter.derived.evaluate import (
     mig_gpu_findings,
     overlap_mean,
     unjudged,
-    with_capture,
+    with_captures,
 )
 from exporter.derived.families import derived_families
 from exporter.derived.gpuview import GpuView
@@ -339,10 +339,8 @@ class Analyzer(Stage):
                 settled = settled and st.judged.agreed and st.settled is not None \
                     and now - st.settled.since >= self.window_s
         self._captures = captures
-        for key, v in verdicts.items():  # a capture's word on the verdict it was taken for (published copy only)
-            if key.mig is None and key.gpu in captures:
-                verdicts[key], sync = with_capture(v, captures[key.gpu])
-                found.extend([sync] if sync is not None else [])
+        verdicts, captured = with_captures(verdicts, captures)  # a capture's word (on the published copy only)
+        found.extend(captured)
         found.extend(host_findings(w, snap.value(names.NUMA), snap.value(names.CPUFREQ), gpu_key, busy))
         self._host_t = now
         settled = any_waiting and settled

@@ -24,7 +24,7 @@ from exporter.derived.workload import GroupSignals, Workload, enrich, group_sign
 from exporter.names import CAPTURE_INPUT, CAPTURE_LAUNCH, CAPTURE_SYNC
 from exporter.samples.capture import CaptureNote
 from exporter.samples.derived import Finding, GpuVerdict
-from exporter.samples.gpu import GpuIdentity, GpuSample
+from exporter.samples.gpu import GpuIdentity, GpuKey, GpuSample
 from exporter.samples.host import CpufreqSample, CpuSample, MemorySample, ProcSample
 from exporter.samples.topology import NumaSample, PcieSample
 from exporter.samples.workload import WorkloadSample
@@ -314,3 +314,16 @@ def with_capture(verdict: GpuVerdict, note: CaptureNote | None) -> tuple[GpuVerd
     evidence = (*verdict.evidence, f"stacks ({note.name}): {note.evidence}")
     return (dataclasses.replace(verdict, confidence=round(confidence, 2), evidence=evidence),
             fnd.sync_bound(verdict, note))
+
+
+def with_captures(verdicts: Mapping[GpuKey, GpuVerdict],
+                  captures: Mapping[int, CaptureNote]) -> tuple[dict[GpuKey, GpuVerdict], list[Finding]]:
+    """:func:`with_capture` over every whole GPU's verdict (a capture is of the whole GPU's processes: MIG
+    instances' verdicts stay as they are), and the findings it raised."""
+    out = dict(verdicts)
+    found: list[Finding] = []
+    for key, v in verdicts.items():
+        if key.mig is None and key.gpu in captures:
+            out[key], sync = with_capture(v, captures[key.gpu])
+            found.extend([sync] if sync is not None else [])
+    return out, found

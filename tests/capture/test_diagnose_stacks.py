@@ -1,7 +1,8 @@
 """``gpufeed diagnose --stacks`` on this machine's /proc and /sys with a real workload (a loop waiting on a
 multiprocessing queue fed by slow workers) and the fake NVML showing its GPU waiting: once sampling ends, the
 waiting GPU's processes are captured, the report (JSON, valid against the schema, and text) says what the stacks
-show and where the bundle is; without --stacks nothing is captured and the report has no ``captures``."""
+show and where the bundle is, and the capture's line joins the GPU's evidence; without --stacks nothing is
+captured and the report has no ``captures``."""
 
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ def test_diagnose_stacks_names_the_waiting_loop_s_line_and_writes_the_bundle(
     bundle = Path(cap["path"])
     assert bundle.parent == out and bundle.name == cap["name"] and bundle.name.endswith("-gpu0-diagnose")
     assert (bundle / "summary.md").read_text().startswith(f"# gpufeed capture {cap['name']}")
+    # The capture has its word on the verdict it was taken for, as in the daemon.
+    assert gpu["evidence"][-1] == f"stacks ({cap['name']}): {cap['evidence'][0]}"
     # The text report says the same.
     text_out = io.StringIO()
     report.print_text(doc, text_out)
