@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 from exporter import thresholds as judgements  # noqa: E402 -- the repo root is put on sys.path above
 from exporter.names import FINDINGS, WAITING_CAUSES, XID_MEANING  # noqa: E402
 from exporter.regen import write_or_check  # noqa: E402
+from exporter.vocabulary import FINDING  # noqa: E402
 
 DEFAULTS = judgements.PATH
 ALERTS_FILE = "gpufeed-alerts.yml"
@@ -177,6 +178,8 @@ def finding(check: str) -> str:
     """A gpufeed_finding selector for ``check``, which must be one of the daemon's findings (exporter.names)."""
     if check not in FINDINGS:
         raise ValueError(f"{check!r} is not a gpufeed finding (known: {', '.join(FINDINGS)})")
+    if not FINDING[check].alert:
+        raise ValueError(f"{check!r} is a finding without an alert (exporter/vocabulary.py)")
     return f'gpufeed_finding{{check="{check}"}}'
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from exporter import buildinfo, examples, log
+from exporter.capture.options import DIAGNOSE_DIR
 from exporter.config import GLOBAL_OPTIONS, ConfigError, Settings, collector_options, load_file, resolve
 from exporter.durations import format_duration
 from exporter.pipeline import registry
@@ -117,6 +118,11 @@ def _diagnose_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="with --scenario: exit 1 when one of its expect entries fails, 0 when all hold")
     p.add_argument("--timeline", action="store_true", help="with --scenario: also list each change of a verdict")
+    p.add_argument("--stacks", action="store_true",
+                   help="after sampling, capture the stacks of every waiting GPU's processes with py-spy (needs "
+                   "ptrace on them) and write a bundle per GPU; the report names what each capture shows")
+    p.add_argument("--stacks.dir", dest="stacks.dir", default=DIAGNOSE_DIR, metavar="DIR",
+                   help=f"with --stacks: the folder the bundles are written to (default {DIAGNOSE_DIR})")
     p.add_argument("--path.procfs", dest="path.procfs", default="/proc", metavar="PATH", help="procfs mountpoint")
     p.add_argument("--path.sysfs", dest="path.sysfs", default="/sys", metavar="PATH", help="sysfs mountpoint")
     p.add_argument("--log.level", dest="log.level", default=None, choices=log.LEVELS,

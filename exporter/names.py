@@ -10,6 +10,7 @@ from __future__ import annotations
 # ---- samplers: defined once with the stages' registration (exporter/sampling.py); re-exported for the readers
 # of their samples (``X as X``: an explicit re-export, which mypy --strict needs)
 # ruff: noqa: PLC0414
+from exporter.sampling import CAPTURE as CAPTURE
 from exporter.sampling import CPU as CPU
 from exporter.sampling import CPUFREQ as CPUFREQ
 from exporter.sampling import DERIVED as DERIVED
@@ -40,6 +41,11 @@ STATES = ("working", "waiting", "idle")
 # Platform findings, independent of the verdict.
 FINDINGS = tuple(f.name for f in FINDING_LIST)
 SEVERITIES = ("critical", "warning", "info")
+# What a capture (--capture.enabled, diagnose --stacks) says a workload thread does: capture-side words that
+# confirm or question a verdict, not verdicts (exporter/capture/stacks.py); and what started a capture.
+CAPTURE_INPUT, CAPTURE_SYNC, CAPTURE_LAUNCH, CAPTURE_BUSY = "input", "sync", "launch", "busy"
+CAPTURE_LABELS = (CAPTURE_INPUT, CAPTURE_SYNC, CAPTURE_LAUNCH, CAPTURE_BUSY)
+CAPTURE_TRIGGERS = ("verdict", "http", "diagnose")
 
 # ---- GPU health ------------------------------------------------------------------------------------------------
 # What the Xid codes gpufeed raises mean (NVIDIA's Xid catalogue, docs.nvidia.com/deploy/xid-errors, and its GPU

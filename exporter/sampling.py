@@ -50,6 +50,7 @@ SELF = "self"  # the daemon's own /proc/self
 DERIVED = "derived"  # the analyzer: verdicts, findings, state seconds
 WORKLOAD = "workload"  # process trees and cgroups of the GPU processes
 KUBERNETES = "kubernetes"  # the kubelet's pod-resources API: which pod holds which GPU
+CAPTURE = "capture"  # --capture.enabled: the capture stage's counters and each GPU's newest capture
 
 # The longest window the analyzer judges CPU shape over (its cpu window is min(window, this)): deep
 # (per-thread) samples older than this are never read, so the deep sampler keeps only this much.

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exporter.names import FINDINGS, SEVERITIES, VERDICTS, WAITING_CAUSES
+from exporter.names import CAPTURE_LABELS, CAPTURE_TRIGGERS, FINDINGS, SEVERITIES, VERDICTS, WAITING_CAUSES
 from exporter.regen import write_or_check
 
 DIAGNOSE = Path(__file__).parent / "diagnose" / "report.schema.json"
@@ -28,6 +28,9 @@ def diagnose_vocabulary(schema: dict[str, Any]) -> dict[str, Any]:
     defs["cause"]["enum"] = [*VERDICTS, None]  # null: no verdict reached
     defs["finding"]["properties"]["severity"]["enum"] = list(SEVERITIES)
     schema["properties"]["finding_events"]["items"]["properties"]["check"]["enum"] = list(FINDINGS)
+    capture = defs["capture"]["properties"]
+    capture["trigger"]["enum"] = list(CAPTURE_TRIGGERS)
+    capture["label"]["enum"] = [*CAPTURE_LABELS, None]  # null: no dominant wait
     return schema
 
 

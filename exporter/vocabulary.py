@@ -47,8 +47,11 @@ class Finding:
     name: str
     label: str  # a few words for prose and the report's tables
     fix: str  # the field playbook's fix
-    runbook: str  # the heading of docs/runbooks.md (the alert that fires on it)
+    runbook: str  # the heading of docs/runbooks.md (the alert that fires on it, when ``alert``)
     evidence: tuple[str, ...]  # the exported families that show why it was raised
+    # Whether an alert fires on it (alerts/generate.py): a finding that only explains a verdict already alerted
+    # on (GpufeedGPUStarved) has none, and its runbook heading is a section of its own.
+    alert: bool = True
 
 
 VERDICT_LIST = (
@@ -177,6 +180,15 @@ FINDING_LIST = (
             "CPU -- activation checkpointing or mixed precision raise it.", "GpufeedGPUMemoryFull",
             evidence=("gpufeed_gpu_memory_used_bytes", "gpufeed_gpu_memory_total_bytes",
                       "gpufeed_gpu_busy_seconds_total")),
+    # Stack captures (--capture.enabled, ptrace granted): the loop feeding a latency_bound or launch_bound GPU
+    # blocks in a host sync every step. Info only and no alert: GpufeedGPUStarved already fires on the wait;
+    # this names where it comes from, and exists only where captures run.
+    Finding("sync_bound", "a host sync every step (stacks)",
+            "Take the sync out of the step: keep values on the GPU (no .item() / .cpu() / print of a tensor per "
+            "step), log every N steps, make copies non-blocking from pinned memory; torch.cuda.set_sync_debug_mode"
+            "('warn') names each sync.", "sync_bound (stack captures)",
+            evidence=("gpufeed_gpu_idle_gap_seconds", "gpufeed_gpu_burstiness_ratio"),
+            alert=False),
 )
 
 VERDICT = {v.name: v for v in VERDICT_LIST}

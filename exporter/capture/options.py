@@ -16,6 +16,7 @@ from exporter.sampling import Option
 
 MAX_DURATION_S = 60.0  # py-spy runs this long at most: a capture is a glance, not a profile
 MAX_RATE_HZ = 1000
+DIAGNOSE_DIR = "gpufeed-captures"  # ``gpufeed diagnose --stacks``'s bundles: beside the person running it
 
 CAPTURE_OPTIONS: tuple[Option, ...] = (
     Option("capture.enabled", "bool", False, "Capture the stacks of a GPU's workload (py-spy, needs ptrace: "

@@ -30,11 +30,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-LABEL_INPUT = "input"
-LABEL_SYNC = "sync"
-LABEL_LAUNCH = "launch"
-LABEL_BUSY = "busy"
-LABELS = (LABEL_INPUT, LABEL_SYNC, LABEL_LAUNCH, LABEL_BUSY)
+from exporter.names import CAPTURE_LABELS as LABELS
+
+LABEL_INPUT, LABEL_SYNC, LABEL_LAUNCH, LABEL_BUSY = LABELS
 
 # A thread's label needs this share of its samples in one kind of frame (input, sync) ...
 LABEL_MIN_SHARE = 0.4

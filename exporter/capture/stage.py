@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -38,6 +37,7 @@ from exporter.capture.take import (
     take,
 )
 from exporter.capture.trigger import Trigger
+from exporter.samples.capture import CaptureNote, CaptureStats
 from exporter.samples.derived import DerivedState
 from exporter.samples.gpu import GpuSample
 from exporter.sampling import SamplerSpec, Stage, Targets
@@ -45,7 +45,7 @@ from exporter.snapshot import Snapshot, Stamped
 
 _log = log.get_logger(component="capture")
 
-CAPTURE = "capture"  # the stage and its sampler
+CAPTURE = names.CAPTURE  # the stage and its sampler
 CHECK_INTERVAL = 1.0
 # The samplers whose window goes into a bundle (GPU samples filtered to the captured GPU) and whose newest
 # sample is the host's facts.
@@ -68,16 +68,6 @@ class EngineView(Protocol):
 
 class BusyError(Exception):
     """A capture is already running."""
-
-
-@dataclass(frozen=True, slots=True)
-class CaptureStats:
-    """The stage's counters at one instant (its sampler's sample)."""
-
-    total: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (gpu, trigger) -> captures
-    last_wall: float | None = None  # unix time of the newest capture's start
-    cpu_seconds: float = 0.0
-    running: bool = False
 
 
 class CaptureStage(Stage):
@@ -104,6 +94,7 @@ class CaptureStage(Stage):
         self._last_wall: float | None = None
         self._cpu = 0.0
         self._recent: list[CaptureOutcome] = []
+        self._newest: dict[int, CaptureNote] = {}  # each GPU's newest capture with stacks, while its verdict holds
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()  # the running capture's: set by close(), which kills its py-spy
         self._closed = False  # after close() nothing starts on its own thread (take() still runs when asked)
@@ -137,6 +128,8 @@ class CaptureStage(Stage):
     def check(self) -> CaptureStats:
         """One look at the verdicts: start the capture that is due, if none runs."""
         state = self._state()
+        if state is not None:
+            self._forget_changed(state)
         if state is not None and self._engine is not None:
             now = self._engine.now()
             for due in self.trigger.observe(now, state.gpus, self._workloads(state)):
@@ -148,6 +141,15 @@ class CaptureStage(Stage):
                 _log.info("capture_started", gpu=due.gpu, cause=due.cause, waited_s=round(now - due.since, 1),
                           workload=",".join(due.workload))
         return self.stats()
+
+    def _forget_changed(self, state: DerivedState) -> None:
+        """A capture speaks for the verdict it was taken for: once the GPU's verdict changed, it is not its
+        evidence any more (a later return to that cause does not bring it back)."""
+        with self._stats_lock:
+            for gpu, note in list(self._newest.items()):
+                v = state.gpus.get(gpu)
+                if v is None or v.cause != note.cause:
+                    del self._newest[gpu]
 
     # ---- captures --------------------------------------------------------------------------------------------
 
@@ -227,6 +229,12 @@ class CaptureStage(Stage):
             self._last_wall = wall
             self._cpu += out.cpu_seconds
             self._recent = [*self._recent[-(RECENT - 1):], out]
+            if ctx.gpu is not None and ctx.verdict is not None:
+                if out.evidence and out.unavailable is None:
+                    self._newest[ctx.gpu] = CaptureNote(ctx.gpu, out.name, ctx.verdict.cause, out.label,
+                                                        out.evidence[0])
+                else:  # no stacks this time: an older capture is not the newest word on this GPU
+                    self._newest.pop(ctx.gpu, None)
         _log.info("capture_written", gpu=ctx.gpu, trigger=ctx.trigger, bundle=str(out.path), label=out.label,
                   unavailable=out.unavailable, error=out.error, cpu_s=round(out.cpu_seconds, 3))
         return out
@@ -251,7 +259,8 @@ class CaptureStage(Stage):
 
     def stats(self) -> CaptureStats:
         with self._stats_lock:
-            return CaptureStats(MappingProxyType(dict(self._total)), self._last_wall, self._cpu, self.running)
+            return CaptureStats(MappingProxyType(dict(self._total)), self._last_wall, self._cpu, self.running,
+                                MappingProxyType(dict(self._newest)))
 
     def listing(self) -> dict[str, Any]:
         """GET /captures: the bundles on disk (oldest first) and the recent outcomes."""

@@ -17,8 +17,6 @@ from typing import Any
 from exporter.capture import bundle, runner
 from exporter.capture.options import CaptureConfig
 from exporter.capture.stacks import (
-    LABEL_INPUT,
-    LABEL_LAUNCH,
     LABEL_SYNC,
     ThreadSummary,
     dominant_label,
@@ -27,15 +25,13 @@ from exporter.capture.stacks import (
     summarize,
 )
 from exporter.capture.trigger import VerdictChange
+from exporter.derived.evaluate import CAPTURE_CONFIRMS
+from exporter.names import CAPTURE_TRIGGERS
 from exporter.samples.derived import GpuVerdict
 
-TRIGGER_VERDICT = "verdict"  # the GPU waited on one cause for --capture.after
-TRIGGER_HTTP = "http"  # POST /capture
-TRIGGER_DIAGNOSE = "diagnose"  # gpufeed diagnose --stacks
-TRIGGERS = (TRIGGER_VERDICT, TRIGGER_HTTP, TRIGGER_DIAGNOSE)
-
-# Which verdict each stack label confirms.
-CONFIRMS = {LABEL_INPUT: ("input_bound", "io_bound"), LABEL_LAUNCH: ("launch_bound",)}
+# What started it: the GPU waited on one cause for --capture.after; POST /capture; gpufeed diagnose --stacks.
+TRIGGERS = CAPTURE_TRIGGERS
+TRIGGER_VERDICT, TRIGGER_HTTP, TRIGGER_DIAGNOSE = TRIGGERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +79,11 @@ def assess(cause: str | None, label: str | None) -> str:
     if label is None:
         return "the stacks show no dominant wait in the GPU process"
     if label == LABEL_SYNC:
-        # gpufeed has no verdict for it yet: a loop blocked in a host sync every step reads as latency_bound
-        # (or launch_bound) from the GPU's side.
+        # A loop blocked in a host sync every step reads as latency_bound (or launch_bound) from the GPU's side;
+        # under those verdicts the analyzer raises the sync_bound finding from this capture.
         said = f" (the verdict reads it as {cause})" if cause else ""
         return f"sync-bound: the GPU process blocks in a host sync every step{said}"
-    if cause is not None and cause in CONFIRMS.get(label, ()):
+    if cause is not None and cause in CAPTURE_CONFIRMS.get(label, ()):  # the derived layer's rule
         return f"the stacks confirm {cause}"
     if cause is None:
         return f"the stacks point to {label}"

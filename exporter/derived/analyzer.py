@@ -35,6 +35,7 @@ from exporter.derived.evaluate import (
     mig_gpu_findings,
     overlap_mean,
     unjudged,
+    with_captures,
 )
 from exporter.derived.families import derived_families
 from exporter.derived.gpuview import GpuView
@@ -43,6 +44,7 @@ from exporter.derived.series import IDLE_LEVEL, Point, bucket_counts
 from exporter.derived.verdict import Candidate, Settled, settle
 from exporter.derived.workload import workloads
 from exporter.names import STATES, WAITING_CAUSES
+from exporter.samples.capture import CaptureNote, CaptureStats
 from exporter.samples.derived import GAP_BUCKETS, DerivedState, Finding, GpuActivity, GpuVerdict, WorkloadSummary
 from exporter.samples.gpu import GpuFast, GpuIdentity, GpuKey, GpuSample
 from exporter.sampling import CPU_WINDOW_MAX, UNCHANGED, NoDataError, Option, SamplerSpec, Stage, Targets, Unchanged
@@ -187,6 +189,7 @@ class Analyzer(Stage):
         self._previous: DerivedState | None = None
         self._gpus: dict[GpuKey, _GpuState] = {}
         self._raised: set[tuple[str, str]] = set()
+        self._captures: Mapping[int, CaptureNote] = {}  # the capture stage's newest per GPU, as last published
 
     @property
     def state(self) -> DerivedState | None:
@@ -253,7 +256,9 @@ class Analyzer(Stage):
                 self._gpus.setdefault(key, _GpuState()).pending_s += dt
         due = {idx for idx in identities if self._due(idx, keys_of[idx], identities[idx], lost, now)}
         shape = (frozenset(identities), frozenset(lost))
-        if not due and shape == self._shape and self._previous is not None and now - self._host_t < self.host_s:
+        captures = _captures(snap)
+        if not due and shape == self._shape and self._previous is not None and now - self._host_t < self.host_s \
+                and captures == self._captures:
             self.pacer.request_full(now)
             return UNCHANGED  # every verdict holds and no activity moved: the previous state stands
         self._shape = shape
@@ -350,6 +355,9 @@ class Analyzer(Stage):
                 waiting_pids.update(st.judged.waiting_pids)
                 settled = settled and st.judged.agreed and st.settled is not None \
                     and now - st.settled.since >= self.window_s
+        self._captures = captures
+        verdicts, captured = with_captures(verdicts, captures)  # a capture's word (on the published copy only)
+        found.extend(captured)
         found.extend(host_findings(w, snap.value(names.NUMA), snap.value(names.CPUFREQ), gpu_key, busy))
         self._host_t = now
         settled = any_waiting and settled
@@ -498,3 +506,9 @@ class Analyzer(Stage):
         d = snap.value(self.name)
         if isinstance(d, DerivedState):
             yield from derived_families(d)
+
+
+def _captures(snap: Snapshot) -> Mapping[int, CaptureNote]:
+    """Each GPU's newest capture (the capture stage's sample; {} when captures are off)."""
+    stats = snap.value(names.CAPTURE)
+    return stats.newest if isinstance(stats, CaptureStats) else {}

@@ -21,8 +21,10 @@ from exporter.derived.hostshape import CpuShape, IoSignals, cpu_shape
 from exporter.derived.series import IDLE_LEVEL, Point, gaps, mean_and_idle
 from exporter.derived.verdict import WAITING_LEAVE, Candidate, classify
 from exporter.derived.workload import GroupSignals, Workload, enrich, group_signals
-from exporter.samples.derived import Finding
-from exporter.samples.gpu import GpuIdentity, GpuSample
+from exporter.names import CAPTURE_INPUT, CAPTURE_LAUNCH, CAPTURE_SYNC
+from exporter.samples.capture import CaptureNote
+from exporter.samples.derived import Finding, GpuVerdict
+from exporter.samples.gpu import GpuIdentity, GpuKey, GpuSample
 from exporter.samples.host import CpufreqSample, CpuSample, MemorySample, ProcSample
 from exporter.samples.topology import NumaSample, PcieSample
 from exporter.samples.workload import WorkloadSample
@@ -35,6 +37,12 @@ TRIP_ACTIVITY = 0.1
 # When the mean activity of the last third of the window differs from the whole window's by this much,
 # the condition changed inside the window and the recent part is judged alone (fast onset detection).
 ONSET_CHANGE = 0.25
+
+# A capture's stacks (exporter/capture) and the verdicts they confirm: the main thread waiting on the input
+# pipeline's workers or queue confirms an input or IO wait; one busy in Python launching work, launch_bound.
+CAPTURE_CONFIRMS = {CAPTURE_INPUT: ("input_bound", "io_bound"), CAPTURE_LAUNCH: ("launch_bound",)}
+CAPTURE_CONFIRMED = 0.1  # added to the confidence of a verdict the stacks confirm
+CAPTURE_QUESTIONED = 0.8  # the confidence's factor when they show another wait (the held verdict's, too)
 
 # What a verdict on a GPU without GPM (Ampere and older, consumer boards) rests on, said in its evidence.
 NO_GPM_NOTE = ("no GPM on this GPU (Ampere or older): judged from the driver's utilisation samples, SM clocks, "
@@ -286,3 +294,36 @@ def host_findings(
         if f is not None:
             found.append(f)
     return found
+
+
+def with_capture(verdict: GpuVerdict, note: CaptureNote | None) -> tuple[GpuVerdict, Finding | None]:
+    """The GPU's verdict with its newest capture's word on it (docs/derived.md, "Stack captures"), and the
+    ``sync_bound`` finding when the capture names one. A capture taken for another verdict says nothing here.
+
+    The capture's first evidence line is appended to the verdict's evidence; the confidence rises by
+    :data:`CAPTURE_CONFIRMED` (at most 1) when the stacks show what the verdict says (:data:`CAPTURE_CONFIRMS`),
+    is multiplied by :data:`CAPTURE_QUESTIONED` when they show another kind of wait, and stays when they show no
+    dominant wait or a host sync under latency_bound / launch_bound (the finding names that)."""
+    if note is None or note.cause != verdict.cause:
+        return verdict, None
+    confidence = verdict.confidence
+    if verdict.cause in CAPTURE_CONFIRMS.get(note.label or "", ()):
+        confidence = min(1.0, confidence + CAPTURE_CONFIRMED)
+    elif note.label is not None and not (note.label == CAPTURE_SYNC and verdict.cause in fnd.SYNC_READS_AS):
+        confidence *= CAPTURE_QUESTIONED
+    evidence = (*verdict.evidence, f"stacks ({note.name}): {note.evidence}")
+    return (dataclasses.replace(verdict, confidence=round(confidence, 2), evidence=evidence),
+            fnd.sync_bound(verdict, note))
+
+
+def with_captures(verdicts: Mapping[GpuKey, GpuVerdict],
+                  captures: Mapping[int, CaptureNote]) -> tuple[dict[GpuKey, GpuVerdict], list[Finding]]:
+    """:func:`with_capture` over every whole GPU's verdict (a capture is of the whole GPU's processes: MIG
+    instances' verdicts stay as they are), and the findings it raised."""
+    out = dict(verdicts)
+    found: list[Finding] = []
+    for key, v in verdicts.items():
+        if key.mig is None and key.gpu in captures:
+            out[key], sync = with_capture(v, captures[key.gpu])
+            found.extend([sync] if sync is not None else [])
+    return out, found

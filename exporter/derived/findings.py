@@ -13,8 +13,9 @@ from exporter.clockevents import THERMAL_REASONS
 from exporter.derived.gpuview import GpuView
 from exporter.derived.hostshape import CpuShape, IoSignals
 from exporter.derived.series import Point
-from exporter.names import XID_MEANING
-from exporter.samples.derived import Finding
+from exporter.names import CAPTURE_SYNC, XID_MEANING
+from exporter.samples.capture import CaptureNote
+from exporter.samples.derived import Finding, GpuVerdict
 from exporter.samples.gpu import GpuSample, GpuSlow
 from exporter.samples.host import CpufreqSample, MemorySample
 from exporter.samples.topology import NumaSample, PcieSample
@@ -35,6 +36,7 @@ PSI_MEMORY_SOME = thresholds.MEMORY.max_memory_stall_ratio
 PSI_MEMORY_FULL = 0.02
 NFS_RETRANS_RATIO = thresholds.NFS.max_retrans_ratio
 NFS_RETRANS_PER_S = thresholds.NFS.min_retrans_per_second
+SYNC_READS_AS = ("latency_bound", "launch_bound")  # the verdicts a loop blocked in a host sync reads as
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,3 +406,13 @@ def workload_memory_pressure(index: int, who: str, events: Mapping[str, int], ps
     return Finding("memory_pressure", index, severity,
                    f"{who or 'the workload cgroup'} of GPU {index}: {'; '.join(why)} in the window (reclaim under its "
                    "limit slows the data pipeline; raise resources.limits.memory or shrink the page cache it needs)")
+
+
+def sync_bound(verdict: GpuVerdict, note: CaptureNote | None) -> Finding | None:
+    """The loop feeding ``verdict``'s GPU blocks in a host sync every step: the newest capture's label is ``sync``
+    while the verdict it was taken for (latency_bound or launch_bound, which is how a blocking sync reads from
+    the GPU's side) still holds. Only where captures run (--capture.enabled, ptrace granted)."""
+    if note is None or note.label != CAPTURE_SYNC or note.cause != verdict.cause \
+            or verdict.cause not in SYNC_READS_AS:
+        return None
+    return Finding("sync_bound", verdict.index, "info", note.evidence)

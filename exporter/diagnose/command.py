@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TextIO
 
 from exporter import examples, log, names, pipeline
+from exporter.capture.options import DIAGNOSE_DIR
 from exporter.config import ConfigError, resolve
+from exporter.derived.evaluate import with_captures
 from exporter.diagnose import report
 from exporter.durations import parse_duration
 from exporter.engine import Engine, RealClock
+from exporter.samples.capture import CaptureNote
 from exporter.samples.derived import DerivedState
-from exporter.samples.gpu import GpuSample, GpuSlow
+from exporter.samples.gpu import GpuKey, GpuSample, GpuSlow
 from exporter.sources import CHUNK, read_bytes
 
 DEFAULT_DURATION = "30s"
@@ -119,15 +125,20 @@ def sampler_errors(engine: Engine) -> dict[str, str]:
             if st.available and not st.success and st.runs > 0 and st.error}
 
 
-def live_report(engine: Engine, duration: float) -> dict[str, Any]:
+def live_report(engine: Engine, duration: float, captures: Mapping[int, CaptureNote] | None = None) -> dict[str, Any]:
     """The live report as a JSON-ready dict: :mod:`exporter.diagnose.report`'s shape, one phase named ``live``.
 
     When neither /proc/stat, /proc/meminfo nor a GPU could be read (:data:`SEEING_SAMPLERS`), the report
     carries ``error``: the host was not seen, whatever the empty verdict and finding lists would suggest.
+    ``captures`` (``--stacks``, taken after sampling) have their word on the verdicts as the daemon's would.
     """
     snap = engine.snapshot
     state = snap.value(names.DERIVED)
     state = state if isinstance(state, DerivedState) else None
+    if state is not None and captures:
+        verdicts, found = with_captures({GpuKey(i): v for i, v in state.gpus.items()}, captures)
+        state = dataclasses.replace(state, gpus=MappingProxyType({k.gpu: v for k, v in verdicts.items()}),
+                                    findings=(*state.findings, *found))
     gpu_status = snap.status.get(names.GPU_FAST)
     identities: dict[int, Any] = {}
     pids: dict[int, tuple[int, ...]] = {}
@@ -164,7 +175,9 @@ def live_report(engine: Engine, duration: float) -> dict[str, Any]:
 
 
 def run_live(ns: argparse.Namespace) -> int:
-    """``gpufeed diagnose [--duration 30s] [--json]`` on this host."""
+    """``gpufeed diagnose [--duration 30s] [--json] [--stacks [--stacks.dir DIR]]`` on this host. With
+    ``--stacks`` the capture stage is built (never triggering on its own: ``capture.after`` is past the run) and,
+    once sampling ends, captures every GPU whose verdict waits; the report's ``captures`` says what each shows."""
     try:
         given = getattr(ns, "duration", None)
         duration = parse_duration(DEFAULT_DURATION if given is None else given)
@@ -172,6 +185,7 @@ def run_live(ns: argparse.Namespace) -> int:
         return _usage(f"--duration: {e}")
     if getattr(ns, "check", False) or getattr(ns, "timeline", False):
         return _usage("--check and --timeline need --scenario FILE")
+    stacks = bool(getattr(ns, "stacks", False))
     as_json = bool(getattr(ns, "json", False))
     procfs, sysfs = Path(getattr(ns, "path.procfs", "/proc")), Path(getattr(ns, "path.sysfs", "/sys"))
     blind = blind_reason(procfs, sysfs)
@@ -187,6 +201,9 @@ def run_live(ns: argparse.Namespace) -> int:
             "path.procfs": str(procfs), "path.sysfs": str(sysfs),
             # Deep per-thread evidence every second from the start: a diagnosis is short.
             "collector.proc.threads-interval": 1.0,
+            # --stacks: the capture stage, built to be asked once sampling ends (never on its own within a run).
+            **({"capture.enabled": True, "capture.dir": str(getattr(ns, "stacks.dir", DIAGNOSE_DIR)),
+                "capture.after": "1h"} if stacks else {}),
         })
     except ConfigError as e:
         return _usage(str(e))
@@ -197,7 +214,15 @@ def run_live(ns: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("gpufeed diagnose: interrupted", file=sys.stderr)
         return 130
-    doc = live_report(pipe.engine, duration)
+    outcomes = None
+    if pipe.capture is not None:
+        # After the engine stopped: py-spy samples each waiting GPU's processes now, one after another.
+        if tty is not None:
+            tty.write("gpufeed diagnose: capturing the stacks of the waiting GPUs' processes\n")
+        outcomes = pipe.capture.take_waiting()
+    doc = live_report(pipe.engine, duration, None if pipe.capture is None else pipe.capture.stats().newest)
+    if outcomes is not None:
+        doc["captures"] = [o.as_json() for o in outcomes]
     _emit(doc, as_json)
     return report.exit_code(doc)
 

@@ -11,6 +11,7 @@ The JSON is ``shared/scenarios/SPEC.md``'s, extended the same way in both modes,
                  "findings": [{"check", "gpu", "severity", "detail"}]}],
      "timeline": [{"t", "gpu", "cause"}],           # with --timeline only: each change of a GPU's verdict
      "finding_events": [{"t", "gpu", "check", "event"}],   # with --timeline, version-2 scenarios
+     "captures": [{"name", "gpu", "trigger", "path", "label", "assessment", "evidence", ...}],  # --stacks
      "note": "...", "sampler_errors": {...},         # only when there is something to say
      "error": "..."}                                 # only when the host could not be seen (exit 3)
 
@@ -273,12 +274,30 @@ def print_text(doc: Mapping[str, Any], out: TextIO) -> None:
         for f in findings:
             where = "host" if f["gpu"] is None else f"GPU {f['gpu']}"
             out.write(f"  [{f['severity']}] {f['check']} ({where}): {f['detail']}\n")
+    if "captures" in doc:
+        print_captures(doc["captures"], out)
     for name, err in (doc.get("sampler_errors") or {}).items():
         out.write(f"\nsampler {name} failed: {err}\n")
     if doc.get("timeline"):
         out.write("\nTimeline (each change of a verdict):\n")
         for row in doc["timeline"]:
             out.write(f"  t={row['t']:g} s GPU {row['gpu']}: {row['cause'] or 'no verdict'}\n")
+
+
+def print_captures(captures: Sequence[Mapping[str, Any]], out: TextIO) -> None:
+    """``--stacks``: each capture's bundle, what its stacks say of the verdict and its evidence lines."""
+    if not captures:
+        out.write("\nStacks: no GPU was waiting when sampling ended: nothing captured\n")
+        return
+    out.write("\nStacks:\n")
+    for c in captures:
+        where = "host" if c["gpu"] is None else f"GPU {c['gpu']}"
+        out.write(f"  {where}: {c['unavailable'] or c['assessment']}\n")
+        for e in c["evidence"]:
+            out.write(f"  - {e}\n")
+        for p in c["problems"]:
+            out.write(f"  partial: {p}\n")
+        out.write(f"  bundle: {c['path']}\n" if c["path"] else f"  no bundle: {c['error']}\n")
 
 
 # ---- scenarios -------------------------------------------------------------------------------------------------

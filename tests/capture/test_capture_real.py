@@ -17,14 +17,14 @@ from exporter import names, pipeline
 from exporter.capture.stage import CAPTURE, CaptureStage
 from exporter.capture.take import TRIGGER_DIAGNOSE
 from exporter.config import resolve
-from exporter.engine import RealClock
+from exporter.engine import Engine, RealClock
 from exporter.samples.derived import DerivedState
 from exporter.sim.fakenvml import FakeNvml
 from tests.capture.conftest import line_of
 from tests.test_workload_real import _Gpu
 
 Start = Callable[..., subprocess.Popen[bytes]]
-RUN_S = 40.0  # engine time at most; the test ends as soon as the capture is written
+RUN_S = 40.0  # engine time at most; the test ends once the capture is written and its line published
 
 
 def test_waiting_gpu_is_captured_on_its_verdict_and_sampling_stays_on_time(workload: Start, tmp_path: Path) -> None:
@@ -53,8 +53,8 @@ def test_waiting_gpu_is_captured_on_its_verdict_and_sampling_stays_on_time(workl
                 st = pipe.engine.snapshot.status
                 overruns.append((stage.running, sum(s.overruns for s in st.values()),
                                  sum(s.runs for s in st.values())))
-                if out.is_dir() and any(out.iterdir()):
-                    break
+                if out.is_dir() and any(out.iterdir()) and not stage.running and _stacks_line(pipe.engine):
+                    break  # the capture is written and the analyzer published its word on the verdict
         finally:
             await pipe.engine.stop(timeout=2.0)
 
@@ -90,9 +90,19 @@ def test_waiting_gpu_is_captured_on_its_verdict_and_sampling_stays_on_time(workl
     missed, runs = after[1] - before[1], after[2] - before[2]
     assert runs > 20, "the samplers ran during the capture"
     assert missed <= max(3, runs // 20), f"{missed} overruns in {runs} runs around the capture"
-    # diagnose --stacks: the same stage takes every waiting GPU now, synchronously.
+    # The analyzer appends the capture's first line to the verdict it was taken for (input confirms input_bound).
     derived = pipe.engine.snapshot.value(names.DERIVED)
     assert isinstance(derived, DerivedState)
+    if derived.gpus[0].cause == record["verdict"]["cause"]:
+        assert derived.gpus[0].evidence[-1] == f"stacks ({b.name}): {record['evidence'][0]}"
+    # diagnose --stacks: the same stage takes every waiting GPU now, synchronously.
     if derived.gpus[0].cause in names.WAITING_CAUSES:
         (taken,) = stage.take_waiting(TRIGGER_DIAGNOSE)
         assert taken.trigger == TRIGGER_DIAGNOSE and taken.path is not None and taken.label == "input"
+
+
+def _stacks_line(engine: Engine) -> bool:
+    """The published verdict of GPU 0 carries a capture's line."""
+    derived = engine.snapshot.value(names.DERIVED)
+    return isinstance(derived, DerivedState) and 0 in derived.gpus and any(
+        e.startswith("stacks (") for e in derived.gpus[0].evidence)

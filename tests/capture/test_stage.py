@@ -20,6 +20,7 @@ from exporter.capture.stage import CAPTURE, BusyError, CaptureStage
 from exporter.capture.take import TRIGGER_HTTP, TRIGGER_VERDICT
 from exporter.config import ConfigError, resolve
 from exporter.engine import Engine, VirtualClock
+from exporter.samples.capture import CaptureNote, CaptureStats
 from exporter.samples.derived import DerivedState, GpuVerdict
 from exporter.sampling import SamplerSpec, Stage, Targets
 from exporter.snapshot import Snapshot
@@ -49,8 +50,9 @@ class _Verdicts(Stage):
         return ()
 
 
-def _engine(stage: CaptureStage, cause: str) -> Engine:
-    engine = Engine([_Verdicts(cause), stage], VirtualClock(0.0), inline=True)
+def _engine(stage: CaptureStage, cause: str | _Verdicts) -> Engine:
+    verdicts = cause if isinstance(cause, _Verdicts) else _Verdicts(cause)
+    engine = Engine([verdicts, stage], VirtualClock(0.0), inline=True)
     stage.bind(engine)
     return engine
 
@@ -67,7 +69,8 @@ def test_gpu_waiting_past_capture_after_gets_one_capture_naming_the_sync_line(
     targets.publish({"0": [proc.pid]})
     out = tmp_path / "captures"
     stage = CaptureStage(CaptureConfig(enabled=True, after=3.0, interval=3600.0, duration=2.0, dir=out), targets)
-    engine = _engine(stage, "latency_bound")
+    verdicts = _Verdicts("latency_bound")
+    engine = _engine(stage, verdicts)
     # The stage first sees the verdict at its check of t=1 (the derived sample of t=0): due at t=4.
     engine.run_until(3.5)
     assert not stage.running and not out.exists()
@@ -98,6 +101,17 @@ def test_gpu_waiting_past_capture_after_gets_one_capture_naming_the_sync_line(
     # Once per workload per interval: still waiting, no second capture.
     engine.run_until(60.0)
     assert not stage.running and len(list(out.iterdir())) == 1
+    # The stage's sample carries the capture for the analyzer while the verdict it was taken for holds ...
+    stats = engine.snapshot.value(CAPTURE)
+    assert isinstance(stats, CaptureStats)
+    assert stats.newest == {0: CaptureNote(0, b.name, "latency_bound", "sync", record["evidence"][0])}
+    # ... and forgets it once the verdict changes, for good.
+    verdicts.cause = "healthy"
+    engine.run_until(63.0)
+    verdicts.cause = "latency_bound"
+    engine.run_until(66.0)
+    stats = engine.snapshot.value(CAPTURE)
+    assert isinstance(stats, CaptureStats) and stats.newest == {}
 
 
 def test_one_capture_at_a_time(workload: Start, tmp_path: Path) -> None:
