@@ -9,6 +9,8 @@ ARG NVIDIA_ML_PY_VERSION=13.615.71
 
 FROM ${PYTHON_IMAGE} AS build
 ARG NVIDIA_ML_PY_VERSION
+# Optional extras, e.g. --build-arg GPUFEED_EXTRAS=capture for py-spy (--capture.enabled, docs/deployment.md).
+ARG GPUFEED_EXTRAS=
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/gpufeed
@@ -19,7 +21,7 @@ COPY tests/scenarios/*.yaml ./tests/scenarios/
 COPY alerts/gpufeed-*.yml ./alerts/
 COPY deploy/grafana/dashboards/*.json ./deploy/grafana/dashboards/
 # Wheels only: a dependency that would need a compiler fails here instead of dragging one in.
-RUN /opt/gpufeed/bin/pip install --only-binary=:all: --no-compile . "nvidia-ml-py==${NVIDIA_ML_PY_VERSION}" \
+RUN /opt/gpufeed/bin/pip install --only-binary=:all: --no-compile ".${GPUFEED_EXTRAS:+[$GPUFEED_EXTRAS]}" "nvidia-ml-py==${NVIDIA_ML_PY_VERSION}" \
     && /opt/gpufeed/bin/pip uninstall --yes pip setuptools \
     && /opt/gpufeed/bin/gpufeed --version
 

@@ -313,3 +313,22 @@ def test_security_context_values_reach_the_pod_and_a_misspelt_key_is_refused(tmp
         r = subprocess.run([_helm(), "template", "x", str(CHART), "-f", str(tmp_path / "bad.yaml")],
                            capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode != 0 and "Additional property" in r.stderr, (bad, r.stderr)
+
+
+def test_capture_value_adds_ptrace_uid_0_the_flags_and_the_bundle_folder_and_off_adds_nothing(tmp_path: Path) -> None:
+    off = _one(render(tmp_path), "DaemonSet")["spec"]["template"]["spec"]
+    c = off["containers"][0]
+    assert not [a for a in c["args"] if a.startswith("--capture")]
+    assert "add" not in c["securityContext"]["capabilities"] and "runAsUser" not in c["securityContext"]
+    assert "captures" not in {v["name"] for v in off["volumes"]}
+    on = _one(render(tmp_path, {"capture": {"enabled": True, "after": "5m"}}), "DaemonSet")["spec"]["template"]["spec"]
+    c = on["containers"][0]
+    assert {"--capture.enabled", "--capture.dir=/var/lib/gpufeed/captures", "--capture.after=5m",
+            "--capture.interval=1h"} <= set(c["args"])
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False and sc["readOnlyRootFilesystem"] is True
+    assert on["hostPID"] is True
+    assert {"name": "captures", "mountPath": "/var/lib/gpufeed/captures"} in c["volumeMounts"]
+    assert {"name": "captures", "hostPath": {"path": "/var/lib/gpufeed/captures", "type": "DirectoryOrCreate"}} \
+        in on["volumes"]
