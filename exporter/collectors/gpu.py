@@ -126,6 +126,7 @@ class GpuCollector(Collector):
         prev, self._last_fast = self._last_fast, sample
         if (prev is not None and sample.gpus and all(isinstance(g, HeldFast) for g in sample.gpus.values())
                 and sample.lost == prev.lost and sample.identities == prev.identities
+                and sample.unavailable == prev.unavailable
                 and sample.steady == prev.steady):
             return UNCHANGED
         return sample
@@ -152,7 +153,7 @@ class GpuCollector(Collector):
                 gpus[idx] = g
         self.ctx.targets.publish(pids, {str(i): ident.pci_bus_id for i, ident in sorted(sample.identities.items())})
         return GpuSample(identities=sample.identities, gpus=MappingProxyType(gpus), lost=sample.lost,
-                         calls=sample.calls)
+                         calls=sample.calls, unavailable=sample.unavailable)
 
     def _sample(self, path: Callable[[NvmlBackend], GpuSample]) -> GpuSample:
         try:
@@ -239,6 +240,7 @@ class GpuCollector(Collector):
         identities: Mapping[int, GpuIdentity] = max((s.identities for s in samples), key=len)
         lost = samples[0].lost
         yield from _identity_families(identities, lost, self._hostname)
+        yield from _unavailable_family(samples[0].unavailable)
         if fast is not None:
             yield from _fast_families(fast)
         if buffered is not None:
@@ -296,6 +298,21 @@ def _identity_families(
         for m in ident.mig:
             mig_info.add_metric([str(idx), str(m.gi), str(m.ci), m.uuid, m.name], 1.0)
     yield from (info, lost_f, mig_mode, mig_info)
+
+
+def _unavailable_family(unavailable: Mapping[int, str]) -> Iterator[Metric]:
+    """``gpufeed_gpu_unavailable{gpu,reason}``: only while some GPU is (a family without samples would be one more
+    HELP/TYPE pair on every host whose GPUs all answer)."""
+    if not unavailable:
+        return
+    fam = GaugeMetricFamily(
+        "gpufeed_gpu_unavailable", "1 while NVML counts the GPU but refuses its handle; reason is the NVML error "
+        "(no_permission: this process may not open it, e.g. a cgroup or Slurm hiding it; insufficient_power; "
+        "irq_issue). Not sampled, retried with backoff; the other GPUs are sampled. Absent once it answers.",
+        labels=["gpu", "reason"])
+    for idx, why in sorted(unavailable.items()):
+        fam.add_metric([str(idx), why], 1.0)
+    yield fam
 
 
 def _fast_families(sample: GpuSample) -> Iterator[Metric]:

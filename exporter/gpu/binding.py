@@ -18,14 +18,22 @@ ERR_INVALID_ARGUMENT = 2
 ERR_NOT_SUPPORTED = 3
 ERR_NO_PERMISSION = 4
 ERR_NOT_FOUND = 6
+ERR_INSUFFICIENT_POWER = 8
 ERR_DRIVER_NOT_LOADED = 9
 ERR_TIMEOUT = 10
+ERR_IRQ_ISSUE = 11
 ERR_LIBRARY_NOT_FOUND = 12
 ERR_FUNCTION_NOT_FOUND = 13
 ERR_GPU_IS_LOST = 15
 ERR_UNKNOWN = 999
 DISABLING = {ERR_NOT_SUPPORTED: "not_supported", ERR_FUNCTION_NOT_FOUND: "function_not_found",
               ERR_NO_PERMISSION: "no_permission"}
+# Names of return codes for labels and logs (nvml.h nvmlReturn_t, NVML_ERROR_ without the prefix, lower case).
+ERROR_NAMES = {ERR_INVALID_ARGUMENT: "invalid_argument", ERR_NOT_SUPPORTED: "not_supported",
+               ERR_NO_PERMISSION: "no_permission", ERR_NOT_FOUND: "not_found",
+               ERR_INSUFFICIENT_POWER: "insufficient_power", ERR_DRIVER_NOT_LOADED: "driver_not_loaded",
+               ERR_TIMEOUT: "timeout", ERR_IRQ_ISSUE: "irq_issue", ERR_LIBRARY_NOT_FOUND: "library_not_found",
+               ERR_FUNCTION_NOT_FOUND: "function_not_found", ERR_GPU_IS_LOST: "gpu_is_lost", ERR_UNKNOWN: "unknown"}
 UNAVAILABLE = {ERR_LIBRARY_NOT_FOUND: "NVML library not found (no NVIDIA driver installed)"}
 # NVML value types of nvmlFieldValue_t (pynvml NVML_VALUE_TYPE_*).
 VT_DOUBLE, VT_UINT, VT_ULONG, VT_ULL, VT_SLL, VT_SINT, VT_USHORT = range(7)
@@ -80,6 +88,12 @@ class CallStats:
 def code(e: BaseException) -> int:
     v = getattr(e, "value", None)
     return int(v) if isinstance(v, int) else -1
+
+
+def reason(e: BaseException) -> str:
+    """The return code of an NVML error as a label value: ``no_permission``, ``irq_issue``, ``error_42``."""
+    rc = code(e)
+    return ERROR_NAMES.get(rc, f"error_{rc}")
 
 
 def errname(e: BaseException) -> str:

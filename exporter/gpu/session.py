@@ -4,7 +4,9 @@ conventions every NVML call of the sampling paths goes through (:meth:`NvmlSessi
 :class:`~exporter.gpu.backend.NvmlBackend` puts them together.
 
 Enumeration acquires each index on its own (:meth:`NvmlSession._acquire`: handle, UUID, setup); a GPU that
-answers GPU_IS_LOST or UNKNOWN there is marked lost while the others are sampled.
+answers GPU_IS_LOST or UNKNOWN there is marked lost, and one that answers any other error (NO_PERMISSION for a
+GPU this process may not open, INSUFFICIENT_POWER, IRQ_ISSUE) unavailable with that error as its reason, while
+the others are sampled; both are retried with the same backoff.
 
 MIG: a GPU whose ``nvmlDeviceGetMigMode`` is enabled is enumerated with its MIG devices
 (``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``, their GPU and compute instance
@@ -49,6 +51,7 @@ from exporter.gpu.binding import (
     code,
     describe,
     errname,
+    reason,
 )
 from exporter.gpu.calls import CallTimes
 from exporter.gpu.events import XidWatcher
@@ -65,6 +68,13 @@ _INIT_HINTS = {
                            "'lsmod | grep nvidia', dmesg and nvidia-smi",
 }
 _INIT_HINT_OTHER = "check nvidia-smi and dmesg on this host"
+# Per-GPU handle errors (nvmlDeviceGetHandleByIndex / GetUUID): what each one usually means.
+_UNAVAILABLE_HINTS = {
+    "no_permission": "this process may not open the GPU's /dev/nvidiaN (a cgroup device rule, Slurm "
+                     "ConstrainDevices, or a container given a subset of the GPUs); expected if so",
+    "insufficient_power": "the GPU's auxiliary power cables are not connected or not enough: check the board",
+    "irq_issue": "the GPU's interrupts do not work (NVRM in dmesg): check the slot and the kernel's IOMMU/MSI setup",
+}
 
 # nvmlDeviceGetCpuAffinity / GetMemoryAffinity bitmask sizes in 64-bit words: 1024 CPUs, 256 nodes.
 CPU_SET_WORDS = 16
@@ -123,6 +133,7 @@ class NvmlSession:
         self._initialised = False
         self._gpus: dict[int, GpuState] = {}
         self._identity_map: Mapping[int, GpuIdentity] = NO_FIELDS
+        self._unavailable_map: Mapping[int, str] = NO_FIELDS
         self._unavailable: str | None = None
         self._init_failed: str | None = None
         self._init_backoff = min(self._backoff_min, retry_unavailable_s)
@@ -149,9 +160,17 @@ class NvmlSession:
         """Every GPU's identity: the previous mapping while no identity changed, as every sample holds one (a
         new one per sample would be two more objects per sample for the cycle collector to traverse)."""
         known = self._identity_map
-        if len(known) != len(self._gpus) or any(known.get(i) is not g.identity for i, g in self._gpus.items()):
-            known = self._identity_map = MappingProxyType({i: g.identity for i, g in self._gpus.items()})
+        gpus = {i: g for i, g in self._gpus.items() if g.unavailable is None}
+        if len(known) != len(gpus) or any(known.get(i) is not g.identity for i, g in gpus.items()):
+            known = self._identity_map = MappingProxyType({i: g.identity for i, g in gpus.items()})
         return known
+
+    def _unavailable_now(self) -> Mapping[int, str]:  # under self._lock
+        """The GPUs NVML will not hand over, with the reason (the previous mapping while it is the same)."""
+        now = {i: g.unavailable for i, g in self._gpus.items() if g.unavailable is not None}
+        if now != self._unavailable_map:
+            self._unavailable_map = MappingProxyType(now) if now else NO_FIELDS
+        return self._unavailable_map
 
     def close(self) -> None:
         """Stop the Xid watcher, free GPM samples and shut NVML down."""
@@ -248,7 +267,7 @@ class NvmlSession:
         fresh: dict[int, GpuState] = {}
         for idx in range(count):
             cur = self._gpus.get(idx)
-            if only_lost and cur is not None and not cur.lost:
+            if only_lost and cur is not None and not cur.lost and cur.unavailable is None:
                 fresh[idx] = cur
                 continue
             fresh[idx] = self._acquire(idx, by_uuid, now)
@@ -260,7 +279,8 @@ class NvmlSession:
                 fresh[old.index] = old
         self._gpus = fresh
         # The reachable GPUs changed (start, recovery, re-init): watch their Xid events from now on.
-        reachable = {i: g.handle for i, g in sorted(fresh.items()) if not g.lost and g.handle is not None}
+        reachable = {i: g.handle for i, g in sorted(fresh.items())
+                     if not g.lost and g.unavailable is None and g.handle is not None}
         self.events.arm(self._nvml, reachable)
 
     def _acquire(self, idx: int, by_uuid: Mapping[str, GpuState], now: float) -> GpuState:
@@ -271,17 +291,25 @@ class NvmlSession:
             handle = self._timed("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, idx)
             uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
         except nvml.NVMLError as e:
-            if code(e) not in (ERR_GPU_IS_LOST, ERR_UNKNOWN):
-                raise
             old = self._gpus.get(idx)
             g = old or GpuState(idx, None, GpuIdentity(idx, "", "", "", False))
             g.handle = None
-            if not g.lost:
+            if code(e) not in (ERR_GPU_IS_LOST, ERR_UNKNOWN):
+                # nvml.h (nvmlDeviceGetCount_v2): the count includes GPUs whose handle answers NO_PERMISSION (a
+                # cgroup or Slurm ConstrainDevices hiding it); INSUFFICIENT_POWER and IRQ_ISSUE are a GPU's own
+                # fault. Either way this GPU alone is unavailable: the others are sampled.
+                g.lost = False
+                self._mark_unavailable(g, reason(e), now)
+            elif not g.lost:
+                g.unavailable = None
                 self._mark_lost(g, now)
             return g
         g = by_uuid.get(uuid) or GpuState(idx, handle, GpuIdentity(idx, uuid, "", "", False))
         was_lost = g.lost
-        g.index, g.handle, g.lost, g.unknown_streak = idx, handle, False, 0
+        if g.unavailable is not None:
+            self._log.info("gpu_available", gpu=idx, uuid=uuid, was=g.unavailable)
+            log.forget(("gpu_unavailable", self._tag, str(idx), g.unavailable))
+        g.index, g.handle, g.lost, g.unavailable, g.unknown_streak = idx, handle, False, None, 0
         try:
             self._setup(g)
         except GpuLostError:
@@ -449,6 +477,15 @@ class NvmlSession:
         if self._next_reinit is None:
             self._next_reinit = now + self._backoff
 
+    def _mark_unavailable(self, g: GpuState, why: str, now: float) -> None:
+        """NVML counts GPU ``g`` but refuses its handle (``why``): skip it, retry with the lost GPUs' backoff."""
+        g.unavailable = why
+        if log.once(("gpu_unavailable", self._tag, str(g.index), why)):
+            self._log.warning("gpu_unavailable", gpu=g.index, reason=why, retry_in=self._backoff,
+                              hint=_UNAVAILABLE_HINTS.get(why, _INIT_HINT_OTHER))
+        if self._next_reinit is None:
+            self._next_reinit = now + self._backoff
+
     def _reinit(self, now: float) -> None:
         """Try to get lost GPUs back; back off exponentially while any stays lost.
 
@@ -457,7 +494,7 @@ class NvmlSession:
         and initialised again.
         """
         nvml = self._nvml
-        healthy = any(not g.lost for g in self._gpus.values())
+        healthy = any(not g.lost and g.unavailable is None for g in self._gpus.values())
         try:
             if not healthy or not self._initialised:
                 self._teardown()
@@ -471,7 +508,7 @@ class NvmlSession:
                 # Keep the last enumeration; every GPU is unreachable until the next attempt.
                 for g in self._gpus.values():
                     g.lost, g.handle = True, None
-        if any(g.lost for g in self._gpus.values()):
+        if any(g.lost or g.unavailable is not None for g in self._gpus.values()):
             self._backoff = min(self._backoff * 2, self._backoff_max)
             self._next_reinit = now + self._backoff
         else:

@@ -58,6 +58,9 @@ class GpuState:
     handle: Any
     identity: GpuIdentity
     lost: bool = False
+    # Why NVML will not hand over this GPU's handle (exporter.gpu.binding.reason of a per-index error other than
+    # GPU_IS_LOST / UNKNOWN), None once it does: not sampled, retried with the lost GPUs' backoff.
+    unavailable: str | None = None
     unknown_streak: int = 0
     disabled: set[str] = field(default_factory=set)
     disabled_fields: set[int] = field(default_factory=set)
