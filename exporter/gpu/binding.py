@@ -122,16 +122,18 @@ FIELD_VALUE = struct.Struct("<IIqqiIQ")
 GPM_METRIC = struct.Struct("<IId24x")
 
 
-def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None]]:
-    """``(fieldId, nvmlReturn, valueType, integer value)`` for each entry of an nvmlFieldValue_t array."""
+def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None, int]]:
+    """``(fieldId, nvmlReturn, valueType, integer value, timestamp)`` for each entry of an nvmlFieldValue_t
+    array; the timestamp is the driver's, in microseconds (when the value was taken: exporter/gpu/counters.py
+    judges a counter's step by it)."""
     try:
         buf = memoryview(arr).cast("B")
     except TypeError:
         buf = None
     if buf is not None and len(buf) == FIELD_VALUE.size * len(arr):
-        return [(fid, ret, vt, _field_int(vt, raw))
-                for fid, _scope, _ts, _lat, vt, ret, raw in FIELD_VALUE.iter_unpack(buf)]
-    out: list[tuple[int, int, int, int | None]] = []
+        return [(fid, ret, vt, _field_int(vt, raw), ts)
+                for fid, _scope, ts, _lat, vt, ret, raw in FIELD_VALUE.iter_unpack(buf)]
+    out: list[tuple[int, int, int, int | None, int]] = []
     for fv in arr:  # not a ctypes array: read the attributes
         vt = int(fv.valueType)
         v = fv.value
@@ -139,7 +141,7 @@ def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None]]:
                VT_SLL: v.sllVal, VT_SINT: v.siVal, VT_USHORT: v.usVal}.get(vt)
         if vt == VT_DOUBLE:
             raw = int(v.dVal)
-        out.append((int(fv.fieldId), int(fv.nvmlReturn), vt, None if raw is None else int(raw)))
+        out.append((int(fv.fieldId), int(fv.nvmlReturn), vt, None if raw is None else int(raw), int(fv.timestamp)))
     return out
 
 

@@ -37,6 +37,10 @@ Top level::
      "driver_version": "550.54.15",
      "init_error": null,        # NVML error name (see "Error names"): nvmlInit raises it, e.g.
                                 #   "library_not_found" (no driver), "driver_not_loaded", "no_permission"
+     "driver_fields": null,     # null: every field of exporter/gpu/fields.py is answered. An error name
+                                #   ("not_supported", "invalid_argument"): a field whose driver_branch is
+                                #   newer than driver_version's branch answers that per-field nvmlReturn, as a
+                                #   driver without the field does (197/198 before R555, 269-271 before R575)
      "devices": [ {...}, ... ]} # the GPUs, in NVML index order
 
 Per device (the NVML index is the position in ``devices``; ``index``, if given, must equal it)::
@@ -46,6 +50,13 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
     capability    "gpm": true                    GPM supported (Hopper+); false -> isSupportedDevice=0
                   "pcie_counter_bits": 32        width at which fields 197/198 wrap (32 -> reported as
                                                  NVML_VALUE_TYPE_UNSIGNED_INT, 64 -> UNSIGNED_LONG_LONG)
+                  "pcie_counter_value_type": null   "uint" / "ull": the value type reported for 197/198
+                                                 whatever the width ("ull" with 32 bits: a 32-bit hardware
+                                                 counter in a 64-bit slot, which nvml.h does not rule out)
+                  "field_refresh_s": {}          field id -> seconds, or a list of seconds (cycled: irregular):
+                                                 the driver refreshes that field's value only so often; a read
+                                                 in between answers the value and timestamp of the newest
+                                                 refresh (the first read at least a period after the previous)
     faults        "lost": false                  every call for this GPU (handle lookup included) raises
                                                  GPU_IS_LOST; clear it to model recovery after a reset
                   "lost_error": "gpu_is_lost"    error of the calls *after* the first lost one (real drivers
@@ -53,6 +64,8 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
                   "unsupported": [names]         function names that raise NOT_SUPPORTED for this GPU, and
                                                  "field:<id>" entries whose per-field nvmlReturn is NOT_SUPPORTED
                   "errors": {name: error}        any function name -> error name, raised on every call
+                                                 ("nvmlDeviceGetHandleByIndex": "no_permission": this index
+                                                 refuses its handle, as a GPU hidden by a cgroup does)
     counters (ABSOLUTE values at time t; the fake never advances them itself -- see advance_state)
                   "pcie_tx_bytes": 0, "pcie_rx_bytes": 0   unwrapped byte totals; fields 197/198 report them
                                                  modulo 2**pcie_counter_bits, GPM PCIe rates use the deltas.
@@ -164,7 +177,7 @@ from exporter.gpu.binding import (
 )
 from exporter.sim.exchange import Reader
 
-TOP_KEYS = frozenset({"t", "driver_version", "init_error", "devices"})
+TOP_KEYS = frozenset({"t", "driver_version", "init_error", "driver_fields", "devices"})
 
 DEVICE_DEFAULTS: Mapping[str, Any] = {
     "index": None,
@@ -173,6 +186,8 @@ DEVICE_DEFAULTS: Mapping[str, Any] = {
     "pci_bus_id": None,
     "gpm": True,
     "pcie_counter_bits": 32,
+    "pcie_counter_value_type": None,
+    "field_refresh_s": {},
     "lost": False,
     "lost_error": "gpu_is_lost",
     "unsupported": [],
@@ -337,6 +352,29 @@ def _normalize_mig(dev: dict[str, Any], where: str) -> None:
     dev["mig"] = out
 
 
+def _branch(version: str) -> int:
+    """The driver branch of a version string ("550.54.15" -> 550)."""
+    try:
+        return int(version.split(".", maxsplit=1)[0])
+    except ValueError:
+        raise StateError(f"driver_version {version!r} does not start with a branch number") from None
+
+
+def _refresh_periods(raw: object, where: str) -> dict[str, list[float]]:
+    """``field_refresh_s`` as field id (a string, as JSON keys are) -> the refresh periods, cycled."""
+    if not isinstance(raw, Mapping):
+        raise StateError(f"{where}.field_refresh_s must be a mapping of field id to seconds")
+    out: dict[str, list[float]] = {}
+    for fid, periods in raw.items():
+        if str(fid) not in {str(f.field_id) for f in fields.FIELDS}:
+            raise StateError(f"{where}.field_refresh_s: {fid!r} is not a field of exporter/gpu/fields.py")
+        seq = periods if isinstance(periods, list) else [periods]
+        if not seq or not all(isinstance(p, int | float) and not isinstance(p, bool) and p > 0 for p in seq):
+            raise StateError(f"{where}.field_refresh_s[{fid!r}] must be seconds > 0 or a list of them")
+        out[str(fid)] = [float(p) for p in seq]
+    return out
+
+
 def _check_xid_events(events: object, dev: Mapping[str, Any], where: str) -> None:
     if not isinstance(events, list):
         raise StateError(f"{where}.xid_events must be a list")
@@ -366,10 +404,14 @@ def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
         "t": float(state.get("t", 0.0)),
         "driver_version": str(state.get("driver_version", "550.54.15")),
         "init_error": state.get("init_error"),
+        "driver_fields": state.get("driver_fields"),
         "devices": [],
     }
     if out["init_error"] is not None:
         _check_error_name(out["init_error"], "init_error")
+    if out["driver_fields"] is not None:
+        _check_error_name(out["driver_fields"], "driver_fields")
+        _branch(out["driver_version"])
     devices = state.get("devices", [])
     if not isinstance(devices, list):
         raise StateError("devices must be a list")
@@ -395,6 +437,9 @@ def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
             raise StateError(f"{where}: pci_bus_id is required (e.g. '0000:82:00.0')")
         if dev["pcie_counter_bits"] not in (32, 64):
             raise StateError(f"{where}: pcie_counter_bits must be 32 or 64")
+        if dev["pcie_counter_value_type"] not in (None, "uint", "ull"):
+            raise StateError(f"{where}: pcie_counter_value_type must be null, 'uint' or 'ull'")
+        dev["field_refresh_s"] = _refresh_periods(dev["field_refresh_s"], where)
         link = dict(LINK_DEFAULTS)
         if not isinstance(dev["link"], Mapping) or set(dev["link"]) - set(LINK_KEYS):
             raise StateError(f"{where}: link must be a mapping with keys from {LINK_KEYS}")
@@ -564,11 +609,12 @@ _M64 = (1 << 64) - 1
 @dataclass(frozen=True)
 class _FieldPlan:
     """How to answer one nvmlDeviceGetFieldValues request of one device: per requested field, ``(fieldId,
-    scopeId, state key head, subkey or None, fake_scale, width)`` -- width 32/64 bits, 0 for the device's
-    pcie_counter_bits (a number: read at every call), head None for a field the device answers NOT_SUPPORTED --
-    and the struct that packs the whole array in one call."""
+    scopeId, state key head, subkey or None, fake_scale, width, error)`` -- width 32/64 bits, 0 for the device's
+    pcie_counter_bits (a number: read at every call), head None for a field the device answers ``error`` for
+    (NOT_SUPPORTED, or the state's driver_fields code for a field newer than its driver branch) -- and the
+    struct that packs the whole array in one call."""
 
-    items: tuple[tuple[int, int, str | None, str | None, float, int], ...]
+    items: tuple[tuple[int, int, str | None, str | None, float, int, int], ...]
     packer: struct.Struct
 
 
@@ -705,6 +751,8 @@ class _FakeCore:
         self._by_uuid: dict[str, dict[str, Any]] = {}
         self._has_events = False
         self._field_plans: dict[tuple[str, tuple[Any, ...]], _FieldPlan] = {}
+        # Per (device UUID, field id) with a refresh period: (timestamp µs, value, refreshes so far).
+        self._field_refresh: dict[tuple[str, int], tuple[int, int, int]] = {}
         self.calls: Counter[str] = Counter()
         self.gpm_short_pairs = 0
         self.reload_errors = 0
@@ -897,18 +945,23 @@ class _FakeFastPath(_FakeCore):
 
     def _field_plan(self, dev: Mapping[str, Any], fieldIds: list[Any]) -> _FieldPlan:  # noqa: N803
         """The plan of a request (AssertionError for a field the fake does not model, every call: not cached)."""
-        items: list[tuple[int, int, str | None, str | None, float, int]] = []
+        items: list[tuple[int, int, str | None, str | None, float, int, int]] = []
+        missing = self._state["driver_fields"]
+        branch = _branch(self._state["driver_version"]) if missing is not None else 0
         for requested in fieldIds:
             fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
             if f"field:{fid}" in dev["unsupported"]:
-                items.append((fid, scope, None, None, 1.0, 0))
+                items.append((fid, scope, None, None, 1.0, 0, ERR_NOT_SUPPORTED))
                 continue
             f = fields.BY_ID.get(fid)
             if f is None:
                 raise AssertionError(f"FakeNvml: nvmlDeviceGetFieldValues asked for unmodelled field id {fid}")
+            if missing is not None and branch < f.driver_branch:
+                items.append((fid, scope, None, None, 1.0, 0, int(nvml_error(missing).value)))
+                continue
             head, _, rest = f.state_key.partition(".")
             width = {fields.PCIE: 0, fields.UINT: 32}.get(f.value_type, 64)
-            items.append((fid, scope, head, rest or None, f.fake_scale, width))
+            items.append((fid, scope, head, rest or None, f.fake_scale, width, SUCCESS))
         return _FieldPlan(tuple(items), struct.Struct("<" + FIELD_VALUE.format.lstrip("<") * len(items)))
 
     @_api
@@ -929,16 +982,33 @@ class _FakeFastPath(_FakeCore):
         # Filled as the driver does, through the struct's memory, in one call (the layout test ties FIELD_VALUE
         # to the binding's c_nvmlFieldValue_t); per-attribute writes through pynvml's hooks were most of the cost.
         out: list[int] = []
-        for fid, scope, head, rest, scale, width in plan.items:
+        refresh = dev["field_refresh_s"]
+        for fid, scope, head, rest, scale, width, error in plan.items:
             if head is None:
-                out += (fid, scope, now, 0, 0, ERR_NOT_SUPPORTED, 0)
+                out += (fid, scope, now, 0, 0, error, 0)
                 continue
             raw = dev[head] if rest is None else dev[head].get(rest, 0)
             value = round(float(raw) * scale) if scale != 1.0 else int(raw)
             bits = width or dev["pcie_counter_bits"]
-            out += (fid, scope, now, 0, VT_UINT if bits == 32 else VT_ULL, SUCCESS, value % (1 << bits))
+            vt = VT_UINT if bits == 32 else VT_ULL
+            if width == 0 and dev["pcie_counter_value_type"] is not None:
+                vt = VT_UINT if dev["pcie_counter_value_type"] == "uint" else VT_ULL
+            ts = now
+            if refresh and str(fid) in refresh:
+                ts, value = self._refreshed(dev["uuid"], fid, refresh[str(fid)], now, value)
+            out += (fid, scope, ts, 0, vt, SUCCESS, value % (1 << bits))
         plan.packer.pack_into(arr, 0, *out)
         return arr
+
+    def _refreshed(self, uuid: str, fid: int, periods: list[float], now_us: int, value: int) -> tuple[int, int]:
+        """``(timestamp, value)`` of a field the driver refreshes every ``periods`` seconds (cycled: irregular
+        refresh): the value taken at its newest refresh, the first read at least a period after the one before
+        (or the first read, or after time went back)."""
+        key = (uuid, fid)
+        got = self._field_refresh.get(key)
+        if got is None or now_us < got[0] or now_us - got[0] >= round(periods[got[2] % len(periods)] * 1e6):
+            got = self._field_refresh[key] = (now_us, value, 0 if got is None else got[2] + 1)
+        return got[0], got[1]
 
     @_api
     def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:  # noqa: N802

@@ -41,3 +41,41 @@ def test_an_unavailable_gpu_is_sampled_once_its_handle_is_granted(rig: MakeRig) 
     assert set(r.history("gpu")[-1][1].gpus) == {0, 1}
     info = [dict(k[1]) for k in r.metrics() if k[0] == "gpufeed_gpu_info"]
     assert [(i["gpu"], i["uuid"]) for i in info] == [("0", "GPU-test-0"), ("1", "GPU-test-1")]
+
+
+@pytest.mark.parametrize("refresh", [0.1, 1.0, [0.3, 1.7, 0.9, 0.45]], ids=["100ms", "1s", "irregular"])
+def test_throttle_time_the_driver_refreshes_in_steps_is_exported_whole(rig: MakeRig, refresh: object) -> None:
+    # 10 s of power-cap throttling read every 100 ms, the counter refreshed every `refresh` seconds: each step
+    # is the throttle time since the previous refresh, which the value's own timestamp explains.
+    r = rig([device(0, field_refresh_s={"74": refresh})], options={"steady-interval": 0.1})
+    r.rates(0, lambda t: {"gpu_util": 1.0, "throttle": {"sw_power_cap": 1.0 if 2.0 <= t < 12.0 else 0.0}})
+    r.run_until(16.0)
+    throttled = r.value("gpufeed_gpu_throttle_seconds_total", gpu="0", reason="sw_power_cap")
+    assert throttled is not None and 9.9 <= throttled <= 10.1
+
+
+def test_pcie_counters_a_driver_before_r555_lacks_are_logged_as_not_available(rig: MakeRig) -> None:
+    r = rig([device(0)], driver_version="550.54.15", driver_fields="invalid_argument")
+    r.rates(0, {"gpu_util": 1.0, "pcie_rx_bytes_per_s": 1e9})
+    with capture_logs() as logs:
+        r.run_until(6.0)
+    off = {e["field"]: e for e in logs if e["event"] == "gpu_field_disabled"}
+    assert sorted(off) == [197, 198, 269, 270, 271]
+    assert off[198]["reason"] == "invalid_argument" and off[198]["needs_driver"] == "R555+"
+    assert "GPM" in off[198]["instead"]
+    assert r.value("gpufeed_gpu_pcie_rx_bytes_total", gpu="0") is None
+    assert r.value("gpufeed_gpu_pcie_replays_total", gpu="0") == 0.0, "the fields the driver has are read"
+    assert r.failures() == {}
+
+
+def test_a_pcie_counter_typed_64_bit_that_wraps_at_32_bits_is_unwrapped(rig: MakeRig) -> None:
+    # 20 GB/s for 10 s: a 2**32 wrap every 0.21 s. Each wrap of a 64-bit-typed counter read as a reset lost
+    # 45 of 200 GB.
+    r = rig([device(0, pcie_counter_bits=32, pcie_counter_value_type="ull")], options={"steady-interval": 0.1})
+    r.rates(0, lambda t: {"gpu_util": 1.0, "pcie_rx_bytes_per_s": 20e9 if 1.0 <= t < 11.0 else 0.0})
+    r.run_until(0.5)
+    start = r.value("gpufeed_gpu_pcie_rx_bytes_total", gpu="0")
+    r.run_until(12.0)
+    end = r.value("gpufeed_gpu_pcie_rx_bytes_total", gpu="0")
+    assert start is not None and end is not None
+    assert end - start == pytest.approx(200e9, rel=1e-3)
