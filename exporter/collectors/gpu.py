@@ -153,7 +153,7 @@ class GpuCollector(Collector):
                 gpus[idx] = g
         self.ctx.targets.publish(pids, {str(i): ident.pci_bus_id for i, ident in sorted(sample.identities.items())})
         return GpuSample(identities=sample.identities, gpus=MappingProxyType(gpus), lost=sample.lost,
-                         calls=sample.calls, unavailable=sample.unavailable)
+                         calls=sample.calls, unavailable=sample.unavailable, dropped=sample.dropped)
 
     def _sample(self, path: Callable[[NvmlBackend], GpuSample]) -> GpuSample:
         try:
@@ -241,6 +241,7 @@ class GpuCollector(Collector):
         lost = samples[0].lost
         yield from _identity_families(identities, lost, self._hostname)
         yield from _unavailable_family(samples[0].unavailable)
+        yield from _dropped_family(max((s.dropped for s in samples), key=lambda d: sum(d.values())))
         if fast is not None:
             yield from _fast_families(fast)
         if buffered is not None:
@@ -312,6 +313,20 @@ def _unavailable_family(unavailable: Mapping[int, str]) -> Iterator[Metric]:
         labels=["gpu", "reason"])
     for idx, why in sorted(unavailable.items()):
         fam.add_metric([str(idx), why], 1.0)
+    yield fam
+
+
+def _dropped_family(dropped: Mapping[str, int]) -> Iterator[Metric]:
+    """``gpufeed_nvml_values_dropped_total{reason}``: from the first value dropped (none on a sane driver)."""
+    if not dropped:
+        return
+    fam = CounterMetricFamily(
+        "gpufeed_nvml_values_dropped", "Values NVML returned that cannot be true, dropped rather than exported: "
+        "reason gpm_not_finite (a GPM metric NaN or infinite with SUCCESS), invalid_pid (a process id outside "
+        "1..pid_max: driver and nvidia-ml-py struct sizes disagree). The log's nvml_value_dropped names the GPU.",
+        labels=["reason"])
+    for why, n in sorted(dropped.items()):
+        fam.add_metric([why], float(n))
     yield fam
 
 

@@ -136,6 +136,7 @@ class NvmlBackend(FastPath, BufferedPath, SlowPath):
                 steady=self._kept("steady", frozenset(
                     i for i, g in self._gpus.items() if not g.lost and g.pace.steady_now)),
                 unavailable=self._unavailable_now(),
+                dropped=self._dropped_now(),
             )
 
     def _kept(self, name: str, value: frozenset[int]) -> frozenset[int]:  # under self._lock

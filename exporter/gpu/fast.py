@@ -17,7 +17,7 @@ from exporter.gpu import fields as F  # noqa: N812
 from exporter.gpu.binding import M64, SUCCESS, read_gpm_metrics
 from exporter.gpu.fieldvalues import FieldValues
 from exporter.gpu.pace import classify
-from exporter.gpu.state import GPM_METRICS, NO_FIELDS, GpmStream, GpuState
+from exporter.gpu.state import DROPPED_GPM, GPM_METRICS, NO_FIELDS, GpmStream, GpuState
 from exporter.samples.gpu import GpuFast, HeldFast
 
 # Longest a fast tick waits so its GPM sample is >= 100 ms after the previous one (scheduling jitter).
@@ -155,10 +155,16 @@ class FastPath(FieldValues):
         dt = now - prev[1]
         vals: dict[int, float | None] = {}
         for mid, (got_id, ret, value) in zip(GPM_METRICS, read_gpm_metrics(mg, len(GPM_METRICS)), strict=True):
-            vals[mid] = value if ret == SUCCESS and got_id == mid else None
+            ok = ret == SUCCESS and got_id == mid
+            if ok and not math.isfinite(value):
+                # SUCCESS with NaN or Inf (nvml.h does not rule it out): one such value integrated would make
+                # the counters NaN for the rest of the process's life. Dropped, counted and logged.
+                self._drop(g, DROPPED_GPM, metric=mid, value=repr(value))
+                ok = False
+            vals[mid] = value if ok else None
         gpm.last = vals
         sm, gr = vals.get(C.GPM_SM_UTIL), vals.get(C.GPM_GRAPHICS_UTIL)
-        if gr is not None and not math.isnan(gr):
+        if gr is not None:
             # Kernels resident over the pair: the adaptive rate's GPM source (one per stream: GPU or instance).
             g.pace.observe(source, classify([min(max(gr, 0.0), 100.0) / 100.0]), now)
         if sm is not None and gpm.sm_active_seconds is not None:

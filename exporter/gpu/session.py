@@ -134,6 +134,8 @@ class NvmlSession:
         self._gpus: dict[int, GpuState] = {}
         self._identity_map: Mapping[int, GpuIdentity] = NO_FIELDS
         self._unavailable_map: Mapping[int, str] = NO_FIELDS
+        self._dropped: dict[str, int] = {}
+        self._dropped_map: Mapping[str, int] = NO_FIELDS
         self._unavailable: str | None = None
         self._init_failed: str | None = None
         self._init_backoff = min(self._backoff_min, retry_unavailable_s)
@@ -476,6 +478,21 @@ class NvmlSession:
             self._log.warning("gpu_lost", gpu=g.index, uuid=g.identity.uuid, retry_in=self._backoff)
         if self._next_reinit is None:
             self._next_reinit = now + self._backoff
+
+    def _drop(self, g: GpuState, why: str, n: int = 1, **detail: object) -> None:
+        """Count ``n`` values NVML returned for GPU ``g`` that cannot be true (``why``); log the first per GPU."""
+        self._count_dropped(why, n)
+        if log.once(("nvml_value_dropped", self._tag, str(g.index), why)):
+            self._log.warning("nvml_value_dropped", gpu=g.index, reason=why, **detail)
+
+    def _count_dropped(self, why: str, n: int = 1) -> None:
+        self._dropped[why] = self._dropped.get(why, 0) + n
+
+    def _dropped_now(self) -> Mapping[str, int]:  # under self._lock
+        """The dropped values so far by reason (the previous mapping while no count changed)."""
+        if dict(self._dropped_map) != self._dropped:
+            self._dropped_map = MappingProxyType(dict(self._dropped))
+        return self._dropped_map
 
     def _mark_unavailable(self, g: GpuState, why: str, now: float) -> None:
         """NVML counts GPU ``g`` but refuses its handle (``why``): skip it, retry with the lost GPUs' backoff."""

@@ -19,7 +19,7 @@ from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
 from exporter.gpu import fields as F  # noqa: N812
 from exporter.gpu.binding import ERR_NOT_FOUND, SUCCESS, code
 from exporter.gpu.fieldvalues import FieldValues
-from exporter.gpu.state import NO_FIELDS, GpuState
+from exporter.gpu.state import DROPPED_PID, NO_FIELDS, GpuState
 from exporter.samples.gpu import GpuProcess, GpuSlow, MigSlow
 
 # Compute-process calls, newest struct first (pynvml's unversioned name raises outside NVMLError when the
@@ -142,6 +142,8 @@ class SlowPath(FieldValues):
                 mem[pid] = int(mem[pid] or 0) + used_i  # the same process listed twice (several contexts)
             elif pid not in mem:
                 mem[pid] = used_i
+        if bad:
+            self._count_dropped(DROPPED_PID, bad)
         if bad and log.once(("gpu_bad_pids", self._tag, str(g.index))):
             self._log.warning("gpu_process_pids_invalid", gpu=g.index, dropped=bad, pid_max=self._pid_max,
                               hint="nvidia-ml-py and driver versions may not match")
@@ -170,7 +172,10 @@ class SlowPath(FieldValues):
         for s in samples:
             pid, ts = _valid_pid(s.pid, self._pid_max), int(s.timeStamp)
             g.proc_last_seen = max(g.proc_last_seen, ts)
-            if pid is None or pid not in pids:
+            if pid is None:
+                self._count_dropped(DROPPED_PID)
+                continue
+            if pid not in pids:
                 continue
             if pid not in latest or ts >= latest[pid][0]:
                 latest[pid] = (ts, min(max(float(s.smUtil), 0.0), 100.0) / 100.0)

@@ -18,6 +18,9 @@ from exporter.samples.gpu import GpuIdentity, GpuProcess, HeldFast, MigIdentity
 GPM_METRICS = (C.GPM_GRAPHICS_UTIL, C.GPM_SM_UTIL, C.GPM_SM_OCCUPANCY, C.GPM_ANY_TENSOR_UTIL,
                C.GPM_DRAM_BW_UTIL, C.GPM_PCIE_TX_PER_SEC, C.GPM_PCIE_RX_PER_SEC)
 NO_FIELDS: Mapping[Any, Any] = MappingProxyType({})  # the one shared empty mapping
+# Why a value NVML returned was dropped (gpufeed_nvml_values_dropped_total{reason}): a non-finite GPM metric
+# with SUCCESS, a process id no process on this host can have.
+DROPPED_GPM, DROPPED_PID = "gpm_not_finite", "invalid_pid"
 
 
 class GpuLostError(Exception):

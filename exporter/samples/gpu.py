@@ -243,3 +243,5 @@ class GpuSample:
     # GPUs NVML counts but will not hand over (a per-index NO_PERMISSION, INSUFFICIENT_POWER, IRQ_ISSUE ...):
     # index -> the NVML error's name. Not lost (they are retried with the same backoff), not sampled.
     unavailable: Mapping[int, str] = field(default_factory=_empty)
+    # Values NVML returned that cannot be true and were dropped, so far, by reason (exporter/gpu/state.py).
+    dropped: Mapping[str, int] = field(default_factory=_empty)

@@ -53,6 +53,8 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
                   "pcie_counter_value_type": null   "uint" / "ull": the value type reported for 197/198
                                                  whatever the width ("ull" with 32 bits: a 32-bit hardware
                                                  counter in a 64-bit slot, which nvml.h does not rule out)
+                  "gpm_nan": []                  GPM metric ids answered NaN with SUCCESS (nvml.h does not rule
+                                                 it out; a pair inside one internal refresh is the likely cause)
                   "field_refresh_s": {}          field id -> seconds, or a list of seconds (cycled: irregular):
                                                  the driver refreshes that field's value only so often; a read
                                                  in between answers the value and timestamp of the newest
@@ -188,6 +190,7 @@ DEVICE_DEFAULTS: Mapping[str, Any] = {
     "pcie_counter_bits": 32,
     "pcie_counter_value_type": None,
     "field_refresh_s": {},
+    "gpm_nan": [],
     "lost": False,
     "lost_error": "gpu_is_lost",
     "unsupported": [],
@@ -440,6 +443,8 @@ def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
         if dev["pcie_counter_value_type"] not in (None, "uint", "ull"):
             raise StateError(f"{where}: pcie_counter_value_type must be null, 'uint' or 'ull'")
         dev["field_refresh_s"] = _refresh_periods(dev["field_refresh_s"], where)
+        if not isinstance(dev["gpm_nan"], list) or set(dev["gpm_nan"]) - set(_GPM_RATIO) - set(_GPM_BYTES):
+            raise StateError(f"{where}.gpm_nan must be a list of modelled GPM metric ids")
         link = dict(LINK_DEFAULTS)
         if not isinstance(dev["link"], Mapping) or set(dev["link"]) - set(LINK_KEYS):
             raise StateError(f"{where}: link must be a mapping with keys from {LINK_KEYS}")
@@ -1075,6 +1080,7 @@ class _FakeFastPath(_FakeCore):
         if n > _GPM_MAX_METRICS:
             raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet numMetrics {n} outside the request's metrics array")
         v1, v2 = s1.values, s2.values
+        nan = self._by_uuid[s1.source[0]]["gpm_nan"] if s1.source[0] in self._by_uuid else ()
         elems = _gpm_elements(n)
         got = elems.read.unpack_from(mg, GPM_METRICS_AT)  # (metricId, metricInfo's bytes) per metric
         plan = _gpm_plan(got[0::2])
@@ -1083,6 +1089,8 @@ class _FakeFastPath(_FakeCore):
             for (pos, is_ratio), mid, info in zip(plan, got[0::2], got[1::2], strict=True):
                 value = 0.0 if dt <= 0 else (100.0 * (v2[pos] - v1[pos]) / dt if is_ratio else
                                              (v2[pos] - v1[pos]) / dt / C.MIB)
+                if nan and mid in nan:
+                    value = math.nan
                 out += (mid, ERR_INVALID_ARGUMENT if dt <= 0 else SUCCESS, value, info)
             elems.write.pack_into(mg, GPM_METRICS_AT, *out)
             return mg
@@ -1095,6 +1103,8 @@ class _FakeFastPath(_FakeCore):
             key = _GPM_KEYS.index(ratio if ratio is not None else counter)
             if dt <= 0:
                 GPM_RESULT.pack_into(mg, at + 4, ERR_INVALID_ARGUMENT, 0.0)
+            elif mid in nan:
+                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, math.nan)
             elif ratio is not None:
                 GPM_RESULT.pack_into(mg, at + 4, SUCCESS, 100.0 * (v2[key] - v1[key]) / dt)
             else:

@@ -79,3 +79,30 @@ def test_a_pcie_counter_typed_64_bit_that_wraps_at_32_bits_is_unwrapped(rig: Mak
     end = r.value("gpufeed_gpu_pcie_rx_bytes_total", gpu="0")
     assert start is not None and end is not None
     assert end - start == pytest.approx(200e9, rel=1e-3)
+
+
+def test_a_nan_from_gpm_is_dropped_and_counted_and_the_counters_stay_finite(rig: MakeRig) -> None:
+    r = rig([device(0)], options={"steady-interval": 0.1})
+    r.rates(0, {"gpu_util": 1.0, "graphics_active": 1.0, "sm_active": 0.5})
+    r.at(3.0, lambda st: st["devices"][0].update(gpm_nan=[1, 2]))  # graphics and SM utilisation
+    r.at(3.25, lambda st: st["devices"][0].update(gpm_nan=[]))
+    with capture_logs() as logs:
+        r.run_until(10.0)
+    sm = r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0")
+    assert sm is not None and sm == pytest.approx(0.5 * 10.0, abs=0.2), "the pairs without NaN still count"
+    dropped = r.value("gpufeed_nvml_values_dropped_total", reason="gpm_not_finite")
+    assert dropped is not None and dropped >= 2
+    assert [e["gpu"] for e in logs if e["event"] == "nvml_value_dropped"] == [0]
+
+
+def test_pids_no_process_can_have_are_dropped_and_counted(rig: MakeRig) -> None:
+    procs = [{"pid": 4242, "used_memory_bytes": 1 << 30}, {"pid": 0, "used_memory_bytes": 5},
+             {"pid": (1 << 32) - 1, "used_memory_bytes": 1}, {"pid": 4194305, "used_memory_bytes": 1}]
+    r = rig([device(0, processes=procs)], procs={4242: "python3"})
+    r.at(9.5, lambda st: st["devices"][0].update(process_util=[
+        {"pid": 4242, "ts_us": 9_400_000, "sm_pct": 63, "mem_pct": 10},
+        {"pid": 0, "ts_us": 9_450_000, "sm_pct": 99, "mem_pct": 0}]))
+    r.run_until(11.0)
+    assert r.targets.by_gpu() == {"0": frozenset({4242})}
+    lists = r.fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"]
+    assert r.value("gpufeed_nvml_values_dropped_total", reason="invalid_pid") == 3 * lists + 1
