@@ -196,14 +196,15 @@ class GpuCollector(Collector):
             return ""
         return raw.decode("utf-8", errors="replace").strip()
 
-    def _sysfs_has_nvidia_gpu(self) -> bool:
-        """Whether /sys/bus/pci/devices lists an NVIDIA (0x10de) display or 3D controller; True when sysfs
-        cannot be read (then an init failure stays a failure rather than being explained away)."""
+    def _sysfs_has_nvidia_gpu(self) -> bool | None:
+        """Whether /sys/bus/pci/devices lists an NVIDIA (0x10de) display or 3D controller; None when sysfs
+        cannot be read (then neither an init failure is explained away as absence nor a missing library taken
+        for a failure)."""
         root = self.ctx.sys("bus", "pci", "devices")
         try:
             devices = list(root.iterdir())
         except OSError:
-            return True
+            return None
         for dev in devices:
             try:
                 vendor = read_text(dev / "vendor").strip().lower()

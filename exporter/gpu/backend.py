@@ -53,7 +53,7 @@ class NvmlBackend(FastPath, BufferedPath, SlowPath):
         sleep: Callable[[float], None] = time.sleep,
         pid_max: int = PID_MAX_LIMIT,
         numa_of: Callable[[str], int | None] | None = None,
-        gpu_hardware: Callable[[], bool] | None = None,
+        gpu_hardware: Callable[[], bool | None] | None = None,
         retry_unavailable_s: float = 60.0,
         lost_backoff_s: tuple[float, float] = (5.0, 300.0),
         profile: bool = False,

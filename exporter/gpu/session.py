@@ -19,7 +19,9 @@ Errors (nvml.h return codes): ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_
 call (or field) for that GPU, logged once. ``GPU_IS_LOST`` marks the GPU lost (so do three ``UNKNOWN`` in a
 row: drivers answer that for a GPU that fell off the bus); the others keep sampling, and NVML is
 re-initialised with exponential backoff until the GPU answers again. No NVML library (or bindings) or no GPU
-raise :class:`GpuUnavailableError` (absence by design) and are retried every ``retry_unavailable_s``. Any other
+raise :class:`GpuUnavailableError` (absence by design) and are retried every ``retry_unavailable_s`` -- except
+where ``gpu_hardware`` sees NVIDIA GPUs on the PCI bus: then no library (LIBRARY_NOT_FOUND: a container the
+toolkit gave no driver libraries) or no bindings is a :class:`GpuInitError` with a hint. Any other
 ``nvmlInit`` error (``NO_PERMISSION``: the daemon's user cannot open ``/dev/nvidiactl``; ``DRIVER_NOT_LOADED``:
 the library is there but the kernel module is not; anything else) raises :class:`GpuInitError` naming the
 NVML error and a hint, logged once, retried with exponential backoff up to ``retry_unavailable_s``. Any
@@ -42,6 +44,7 @@ from exporter.gpu.binding import (
     ERR_DRIVER_NOT_LOADED,
     ERR_GPU_IS_LOST,
     ERR_INVALID_ARGUMENT,
+    ERR_LIBRARY_NOT_FOUND,
     ERR_NO_PERMISSION,
     ERR_NOT_FOUND,
     ERR_UNKNOWN,
@@ -68,6 +71,12 @@ _INIT_HINTS = {
                            "'lsmod | grep nvidia', dmesg and nvidia-smi",
 }
 _INIT_HINT_OTHER = "check nvidia-smi and dmesg on this host"
+_NO_LIBRARY_HINT = (
+    "NVIDIA GPUs are on the PCI bus but libnvidia-ml.so.1 is not visible to gpufeed. In a container the NVIDIA "
+    "container toolkit did not inject the driver libraries: an unprivileged pod's NVIDIA_VISIBLE_DEVICES is "
+    "ignored where accept-nvidia-visible-devices-envvar-when-unprivileged=false (Bottlerocket's default, a "
+    "common GPU-operator hardening). Request the GPUs through CDI or the device plugin, or run the pod "
+    "privileged (docs/deployment.md). On a host: install the driver's NVML library or set LD_LIBRARY_PATH")
 # Per-GPU handle errors (nvmlDeviceGetHandleByIndex / GetUUID): what each one usually means.
 _UNAVAILABLE_HINTS = {
     "no_permission": "this process may not open the GPU's /dev/nvidiaN (a cgroup device rule, Slurm "
@@ -116,7 +125,7 @@ class NvmlSession:
         *,
         clock: Callable[[], float],
         numa_of: Callable[[str], int | None] | None,
-        gpu_hardware: Callable[[], bool] | None,
+        gpu_hardware: Callable[[], bool | None] | None,
         retry_unavailable_s: float,
         lost_backoff_s: tuple[float, float],
         profile: bool,
@@ -212,18 +221,26 @@ class NvmlSession:
 
     def _init(self) -> None:
         """Load NVML, initialise, enumerate; GpuUnavailableError when there is nothing to sample."""
+        hardware = self._gpu_hardware() if self._gpu_hardware is not None else None
         try:
             nvml = self._provider()
         except ImportError as e:
+            if hardware:
+                raise GpuInitError(f"NVML Python bindings not importable ({e}) on a host with NVIDIA GPUs on "
+                                   "the PCI bus: install nvidia-ml-py (pip install gpufeed pulls it in)") from e
             raise GpuUnavailableError(f"NVML Python bindings not importable: {e}") from e
         self._nvml = nvml
         try:
             self._timed("nvmlInit", nvml.nvmlInit)
         except nvml.NVMLError as e:
             rc = code(e)
+            if rc == ERR_LIBRARY_NOT_FOUND and hardware:
+                # NVIDIA GPUs on the PCI bus but no libnvidia-ml.so.1 here: a container the toolkit gave no
+                # driver libraries (hardened clusters), not a host without GPUs.
+                raise GpuInitError(f"nvmlInit failed: {errname(e)}: {_NO_LIBRARY_HINT}") from e
             if rc in UNAVAILABLE:
                 raise GpuUnavailableError(UNAVAILABLE[rc]) from e
-            if rc == ERR_DRIVER_NOT_LOADED and self._gpu_hardware is not None and not self._gpu_hardware():
+            if rc == ERR_DRIVER_NOT_LOADED and hardware is False:
                 # Images that ship the driver's user-space libraries run on CPU-only hosts too: with no NVIDIA
                 # GPU on the PCI bus, an unloaded kernel module is absence, not a fault.
                 raise GpuUnavailableError(

@@ -106,3 +106,18 @@ def test_pids_no_process_can_have_are_dropped_and_counted(rig: MakeRig) -> None:
     assert r.targets.by_gpu() == {"0": frozenset({4242})}
     lists = r.fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"]
     assert r.value("gpufeed_nvml_values_dropped_total", reason="invalid_pid") == 3 * lists + 1
+
+
+def test_no_nvml_library_on_a_host_with_nvidia_gpus_is_a_failure_with_a_hint(rig: MakeRig) -> None:
+    # A pod the container toolkit gave no libnvidia-ml.so.1 (hardened clusters) on a node whose sysfs shows an
+    # NVIDIA 3D controller: not "no GPU here".
+    r = rig([device(0)], init_error="library_not_found")
+    dev = r.sysfs / "bus" / "pci" / "devices" / "0000:82:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x10de\n")
+    (dev / "class").write_text("0x030200\n")
+    with capture_logs() as logs:
+        r.run_until(2.0)
+    assert "CDI" in (r.failures().get("gpu") or "")
+    failed = [e for e in logs if e["event"] == "nvml_init_failed"]
+    assert len(failed) == 1 and "privileged" in failed[0]["error"]
