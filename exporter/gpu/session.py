@@ -1,6 +1,6 @@
-"""The NVML session: init and shutdown, enumeration and handles, MIG discovery, lost GPUs, and the calling
-conventions every NVML call of the sampling paths goes through (:meth:`NvmlSession._timed`, ``_opt``,
-``_failed``). The sampling paths (exporter/gpu/fast.py, buffered.py, slow.py) build on it, and
+"""The NVML session: init and shutdown, enumeration and handles, MIG discovery, lost and unavailable GPUs, on
+the calling conventions every NVML call goes through (exporter/gpu/calling.py: ``_timed``, ``_opt``,
+``_failed``, ``_drop``). The sampling paths (exporter/gpu/fast.py, buffered.py, slow.py) build on it, and
 :class:`~exporter.gpu.backend.NvmlBackend` puts them together.
 
 Enumeration acquires each index on its own (:meth:`NvmlSession._acquire`: handle, UUID, setup); a GPU that
@@ -10,10 +10,13 @@ the others are sampled; both are retried with the same backoff.
 
 MIG: a GPU whose ``nvmlDeviceGetMigMode`` is enabled is enumerated with its MIG devices
 (``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``, their GPU and compute instance
-ids, UUIDs and names). Its whole-GPU utilisation, samples and per-process utilisation are unsupported by the
-driver, so each instance gets GPM pairs of its own (``nvmlGpmMigSampleGet``), its memory and its compute
-processes (through its MIG handle, which needs no privileges). A change of MIG mode, or an instance that
-answers NOT_FOUND / INVALID_ARGUMENT (destroyed), re-enumerates that GPU's instances on the next slow cycle.
+ids, UUIDs and names), grouped by GPU instance: several compute instances of one GPU instance are several MIG
+devices, each with its own processes. Its whole-GPU utilisation, samples and per-process utilisation are
+unsupported by the driver, so each GPU instance gets GPM pairs of its own (``nvmlGpmMigSampleGet``), its memory
+and the compute processes of each of its compute instances (through their MIG handles, which need no
+privileges). A change of MIG mode, an instance that answers NOT_FOUND / INVALID_ARGUMENT (destroyed), or MIG
+device UUIDs that differ from the enumeration's (compared each slow cycle: nvml.h says MIG handles may be
+reused after a reconfiguration) re-enumerate that GPU's instances on the next slow cycle.
 
 Errors (nvml.h return codes): ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_PERMISSION`` disable that
 call (or field) for that GPU, logged once. ``GPU_IS_LOST`` marks the GPU lost (so do three ``UNKNOWN`` in a
@@ -32,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -40,7 +42,6 @@ from typing import Any
 from exporter import log
 from exporter import pci as pcimod
 from exporter.gpu.binding import (
-    DISABLING,
     ERR_DRIVER_NOT_LOADED,
     ERR_GPU_IS_LOST,
     ERR_INVALID_ARGUMENT,
@@ -52,10 +53,10 @@ from exporter.gpu.binding import (
     ArrayTypes,
     CallStats,
     code,
-    describe,
     errname,
     reason,
 )
+from exporter.gpu.calling import NvmlCalls
 from exporter.gpu.calls import CallTimes
 from exporter.gpu.events import XidWatcher
 from exporter.gpu.state import GPM_METRICS, NO_FIELDS, GpmStream, GpuLostError, GpuState, MigDevice
@@ -71,6 +72,8 @@ _INIT_HINTS = {
                            "'lsmod | grep nvidia', dmesg and nvidia-smi",
 }
 _INIT_HINT_OTHER = "check nvidia-smi and dmesg on this host"
+_MIG_PRIVILEGE_HINT = ("seeing MIG devices from a container needs the MIG monitor capability: run it privileged "
+                       "with NVIDIA_MIG_MONITOR_DEVICES=all (docs/deployment.md, MIG and privileges)")
 _NO_LIBRARY_HINT = (
     "NVIDIA GPUs are on the PCI bus but libnvidia-ml.so.1 is not visible to gpufeed. In a container the NVIDIA "
     "container toolkit did not inject the driver libraries: an unprivileged pod's NVIDIA_VISIBLE_DEVICES is "
@@ -90,7 +93,6 @@ CPU_SET_WORDS = 16
 NODE_SET_WORDS = 4
 AFFINITY_SCOPE_NODE = 0
 
-UNKNOWN_STREAK_LOST = 3
 
 MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 
@@ -116,7 +118,7 @@ def _bits(words: Iterable[int]) -> frozenset[int]:
     return frozenset(out)
 
 
-class NvmlSession:
+class NvmlSession(NvmlCalls):
     """One NVML session for every GPU of the host: the GPUs, their handles and state, under one lock."""
 
     def __init__(
@@ -131,6 +133,7 @@ class NvmlSession:
         profile: bool,
         event_thread: bool,
     ) -> None:
+        super().__init__()
         self._provider = provider
         self._clock = clock
         self._numa_of = numa_of
@@ -143,8 +146,6 @@ class NvmlSession:
         self._gpus: dict[int, GpuState] = {}
         self._identity_map: Mapping[int, GpuIdentity] = NO_FIELDS
         self._unavailable_map: Mapping[int, str] = NO_FIELDS
-        self._dropped: dict[str, int] = {}
-        self._dropped_map: Mapping[str, int] = NO_FIELDS
         self._unavailable: str | None = None
         self._init_failed: str | None = None
         self._init_backoff = min(self._backoff_min, retry_unavailable_s)
@@ -410,36 +411,27 @@ class NvmlSession:
         return mode is not None and int(mode[0]) == MIG_ENABLED
 
     def _enumerate_mig(self, g: GpuState) -> None:
-        """(Re)acquire the GPU's MIG devices; instances that stay (same GPU instance id and UUID) keep their GPM
-        integrals, so a re-enumeration never makes a counter jump."""
-        nvml, h = self._nvml, g.handle
+        """(Re)acquire the GPU's MIG devices, grouped by GPU instance (several compute instances of one GPU
+        instance are one MigDevice with a handle per compute instance: GPM and memory are the GPU instance's,
+        processes each compute instance's). Instances that stay (same GPU instance id and first UUID) keep
+        their GPM integrals, so a re-enumeration never makes a counter jump."""
         g.mig_stale = False
         g.processes_t = None  # the instances changed: enumerate their processes on this slow cycle
-        n = self._opt(g, "nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        slots = self._mig_devices(g)
         found: dict[int, MigDevice] = {}
-        for i in range(int(n)):
-            try:
-                mh = self._timed("nvmlDeviceGetMigDeviceHandleByIndex", nvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
-                gi = int(self._timed("nvmlDeviceGetGpuInstanceId", nvml.nvmlDeviceGetGpuInstanceId, mh))
-                ci = int(self._timed("nvmlDeviceGetComputeInstanceId", nvml.nvmlDeviceGetComputeInstanceId, mh))
-                uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, mh))
-                name = str(self._timed("nvmlDeviceGetName", nvml.nvmlDeviceGetName, mh))
-            except nvml.NVMLError as e:
-                if code(e) == ERR_NOT_FOUND:  # an unpopulated slot: fewer instances than the maximum
-                    continue
-                self._failed(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)
-                if "nvmlDeviceGetMigDeviceHandleByIndex" in g.disabled:
-                    break
+        for gi, ci, uuid, name, mh in sorted(slots, key=lambda d: (d[0], d[1])):
+            if gi in found:
+                found[gi].compute[ci] = mh
                 continue
             ident = MigIdentity(gi=gi, ci=ci, uuid=uuid, name=name)
             old = g.mig.get(gi)
             if old is not None and old.identity.uuid == uuid:
-                old.identity, old.handle = ident, mh
+                old.identity, old.handle, old.compute = ident, mh, {ci: mh}
                 found[gi] = old
             else:
                 if old is not None:
                     self._free_samples(old.gpm, g.index)
-                found[gi] = MigDevice(ident, mh)
+                found[gi] = MigDevice(ident, mh, {ci: mh})
         for gi, old in g.mig.items():
             if gi not in found:
                 self._free_samples(old.gpm, g.index)
@@ -447,15 +439,46 @@ class NvmlSession:
             if g.gpm_ok and not m.gpm.samples:
                 self._alloc_gpm(m.gpm)
         g.mig = found
+        g.mig_slots = tuple(d[2] for d in slots)
         g.identity = dataclasses.replace(
             g.identity, mig_mode=True, mig=tuple(m.identity for _, m in sorted(found.items())))
-        self._log.info("gpu_mig_enumerated", gpu=g.index, instances=",".join(map(str, sorted(found))) or "none")
+        self._log.info("gpu_mig_enumerated", gpu=g.index, instances=",".join(map(str, sorted(found))) or "none",
+                       compute_instances=",".join(f"{gi}.{ci}" for gi, m in sorted(found.items())
+                                                  for ci in sorted(m.compute)) or "none")
+
+    def _mig_devices(self, g: GpuState, *, full: bool = True) -> list[tuple[int, int, str, str, Any]]:
+        """The GPU's MIG devices by slot: (GPU instance id, compute instance id, UUID, name, handle); with
+        ``full`` False only the UUIDs are asked for (ids -1, name "")."""
+        nvml, h = self._nvml, g.handle
+        n = self._opt(g, "nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        out: list[tuple[int, int, str, str, Any]] = []
+        for i in range(int(n)):
+            try:
+                mh = self._timed("nvmlDeviceGetMigDeviceHandleByIndex", nvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+                uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, mh))
+                if not full:
+                    out.append((-1, -1, uuid, "", mh))
+                    continue
+                gi = int(self._timed("nvmlDeviceGetGpuInstanceId", nvml.nvmlDeviceGetGpuInstanceId, mh))
+                ci = int(self._timed("nvmlDeviceGetComputeInstanceId", nvml.nvmlDeviceGetComputeInstanceId, mh))
+                name = str(self._timed("nvmlDeviceGetName", nvml.nvmlDeviceGetName, mh))
+            except nvml.NVMLError as e:
+                if code(e) == ERR_NOT_FOUND:  # an unpopulated slot: fewer instances than the maximum
+                    continue
+                if code(e) == ERR_NO_PERMISSION and log.once(("gpu_mig_no_permission", self._tag, str(g.index))):
+                    self._log.warning("gpu_mig_no_permission", gpu=g.index, hint=_MIG_PRIVILEGE_HINT)
+                self._failed(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)
+                if "nvmlDeviceGetMigDeviceHandleByIndex" in g.disabled:
+                    break
+                continue
+            out.append((gi, ci, uuid, name, mh))
+        return out
 
     def _leave_mig(self, g: GpuState) -> None:
         """MIG mode was turned off: back to whole-GPU GPM."""
         for m in g.mig.values():
             self._free_samples(m.gpm, g.index)
-        g.mig, g.mig_stale = {}, False
+        g.mig, g.mig_stale, g.mig_slots = {}, False, ()
         g.processes_t = None
         g.identity = dataclasses.replace(g.identity, mig_mode=False, mig=())
         if g.gpm_ok and not g.gpm.samples:
@@ -474,6 +497,10 @@ class NvmlSession:
         if "nvmlDeviceGetMigMode" in g.disabled and not g.identity.mig_mode:
             return
         mode = self._mig_mode(g)
+        if mode and g.identity.mig_mode and not g.mig_stale and "nvmlDeviceGetMigDeviceHandleByIndex" not in g.disabled:
+            # Destroyed and created again, a MIG device may answer through a handle the old one had: only its
+            # UUID tells (a slot's handle and UUID per MIG device, each slow cycle; microseconds).
+            g.mig_stale = tuple(d[2] for d in self._mig_devices(g, full=False)) != g.mig_slots
         if mode and (not g.identity.mig_mode or g.mig_stale):
             if not g.identity.mig_mode:
                 self._free_samples(g.gpm, g.index)  # whole-GPU GPM is unsupported in MIG mode
@@ -495,21 +522,6 @@ class NvmlSession:
             self._log.warning("gpu_lost", gpu=g.index, uuid=g.identity.uuid, retry_in=self._backoff)
         if self._next_reinit is None:
             self._next_reinit = now + self._backoff
-
-    def _drop(self, g: GpuState, why: str, n: int = 1, **detail: object) -> None:
-        """Count ``n`` values NVML returned for GPU ``g`` that cannot be true (``why``); log the first per GPU."""
-        self._count_dropped(why, n)
-        if log.once(("nvml_value_dropped", self._tag, str(g.index), why)):
-            self._log.warning("nvml_value_dropped", gpu=g.index, reason=why, **detail)
-
-    def _count_dropped(self, why: str, n: int = 1) -> None:
-        self._dropped[why] = self._dropped.get(why, 0) + n
-
-    def _dropped_now(self) -> Mapping[str, int]:  # under self._lock
-        """The dropped values so far by reason (the previous mapping while no count changed)."""
-        if dict(self._dropped_map) != self._dropped:
-            self._dropped_map = MappingProxyType(dict(self._dropped))
-        return self._dropped_map
 
     def _mark_unavailable(self, g: GpuState, why: str, now: float) -> None:
         """NVML counts GPU ``g`` but refuses its handle (``why``): skip it, retry with the lost GPUs' backoff."""
@@ -548,62 +560,3 @@ class NvmlSession:
         else:
             self._backoff = self._backoff_min
             self._next_reinit = None
-
-    # ---- calling NVML ---------------------------------------------------------------------------------------
-
-    def _timed(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call NVML, timing the call for gpufeed_nvml_call_duration_seconds (and, profiling, CallStats)."""
-        t0 = time.perf_counter()
-        if not self._profile:
-            try:
-                return fn(*args)
-            finally:
-                self.calls.observe(name, time.perf_counter() - t0)
-        st = self.stats.setdefault(name, CallStats())
-        try:
-            out = fn(*args)
-        except Exception as e:
-            st.errors[errname(e)] = st.errors.get(errname(e), 0) + 1
-            raise
-        finally:
-            took = time.perf_counter() - t0
-            self.calls.observe(name, took)
-            st.calls += 1
-            st.total_us += took * 1e6
-            st.max_us = max(st.max_us, took * 1e6)
-        st.last = describe(out)
-        return out
-
-    def _opt(self, g: GpuState, name: str, fn: Callable[..., Any], *args: Any, raising: bool = False) -> Any:
-        """Call an NVML function for GPU ``g``: None when unsupported (disabled from now on) or failing.
-
-        ``raising`` (MIG instance calls): NOT_FOUND and INVALID_ARGUMENT -- the instance is gone -- are raised
-        to the caller instead, which re-enumerates the GPU's instances.
-        """
-        if name in g.disabled:
-            return None
-        try:
-            out = self._timed(name, fn, *args)
-        except self._nvml.NVMLError as e:
-            if raising and code(e) in (ERR_NOT_FOUND, ERR_INVALID_ARGUMENT):
-                raise
-            return self._failed(g, name, e)
-        g.unknown_streak = 0
-        return out
-
-    def _failed(self, g: GpuState, name: str, e: BaseException) -> None:
-        rc = code(e)
-        if rc == ERR_GPU_IS_LOST:
-            raise GpuLostError() from e
-        if rc == ERR_UNKNOWN:
-            g.unknown_streak += 1
-            if g.unknown_streak >= UNKNOWN_STREAK_LOST:
-                raise GpuLostError() from e
-        if rc in DISABLING:
-            g.disabled.add(name)
-            if log.once(("gpu_call_disabled", self._tag, str(g.index), name)):
-                self._log.info("gpu_call_disabled", gpu=g.index, call=name, reason=DISABLING[rc])
-            return None
-        if rc != ERR_NOT_FOUND and log.once(("gpu_call_failed", self._tag, str(g.index), name, str(rc))):
-            self._log.warning("gpu_call_failed", gpu=g.index, call=name, error=errname(e))
-        return None

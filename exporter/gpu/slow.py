@@ -104,7 +104,9 @@ class SlowPath(FieldValues):
             try:
                 mem = self._opt(g, "nvmlDeviceGetMemoryInfo:mig", nvml.nvmlDeviceGetMemoryInfo, m.handle, raising=True)
                 if enumerate_now or not m.processes_seen:
-                    m.processes = self._processes(g, m.handle, raising=True)
+                    # Each compute instance lists its own processes (a process runs in one).
+                    m.processes = _merged([p for _, h in sorted(m.compute.items())
+                                           for p in self._processes(g, h, raising=True)])
                     m.processes_seen = True
                 found = m.processes
             except nvml.NVMLError as e:
@@ -180,6 +182,21 @@ class SlowPath(FieldValues):
             if pid not in latest or ts >= latest[pid][0]:
                 latest[pid] = (ts, min(max(float(s.smUtil), 0.0), 100.0) / 100.0)
         return {pid: v for pid, (_, v) in latest.items()}
+
+
+def _merged(procs: list[GpuProcess]) -> tuple[GpuProcess, ...]:
+    """One entry per pid (a process with contexts in two compute instances of one GPU instance is listed by
+    both): memory added up, unknown if either is."""
+    by_pid: dict[int, GpuProcess] = {}
+    for p in procs:
+        q = by_pid.get(p.pid)
+        if q is None:
+            by_pid[p.pid] = p
+            continue
+        used = None if p.used_memory_bytes is None or q.used_memory_bytes is None else (
+            p.used_memory_bytes + q.used_memory_bytes)
+        by_pid[p.pid] = dataclasses.replace(q, used_memory_bytes=used)
+    return tuple(by_pid[pid] for pid in sorted(by_pid))
 
 
 def _int(v: Any) -> int | None:

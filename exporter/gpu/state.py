@@ -44,10 +44,12 @@ class GpmStream:
 
 @dataclass
 class MigDevice:
-    """One MIG device of a GPU in MIG mode."""
+    """One GPU instance of a GPU in MIG mode (GPM pairs, memory) with its compute instances (processes)."""
 
-    identity: MigIdentity
-    handle: Any
+    identity: MigIdentity  # its first compute instance's (the lowest ci)
+    handle: Any  # the first compute instance's MIG device handle: what the GPU instance shares (memory)
+    # Every compute instance of the GPU instance -- each a MIG device with processes of its own -- ci -> handle.
+    compute: dict[int, Any] = field(default_factory=dict)
     gpm: GpmStream = field(default_factory=GpmStream)
     processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration
     processes_seen: bool = False  # enumerated at least once (a new instance is enumerated on its first cycle)
@@ -80,6 +82,9 @@ class GpuState:
     # MIG: the instances by GPU instance id, and whether the next slow cycle must enumerate them again
     mig: dict[int, MigDevice] = field(default_factory=dict)
     mig_stale: bool = False
+    # The MIG device UUIDs by slot as of the newest enumeration: a slow cycle that finds others re-enumerates
+    # (nvml.h: MIG handles may be reused after a reconfiguration, answering for another instance).
+    mig_slots: tuple[str, ...] = ()
     # buffered path
     util: SampleIntegrator = field(default_factory=SampleIntegrator)
     mem: SampleIntegrator = field(default_factory=SampleIntegrator)

@@ -127,9 +127,15 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
 
 A MIG instance (an entry of ``mig``)::
 
-                  "gi": int (required, unique)   GPU instance id (nvmlDeviceGetGpuInstanceId)
-                  "ci": 0                        compute instance id
-                  "uuid": "MIG-<gpu uuid>-<gi>", "name": "<gpu name> MIG <gi>"
+                  "gi": int (required)           GPU instance id (nvmlDeviceGetGpuInstanceId)
+                  "ci": 0                        compute instance id; (gi, ci) unique. Several entries with one
+                                                 gi are the compute instances of one GPU instance, each a MIG
+                                                 device of its own (UUID, name, processes); what the GPU
+                                                 instance shares -- GPM, memory, PCIe bytes -- is its first
+                                                 entry's. A MIG device destroyed and created again at the same
+                                                 (gi, ci) answers through the same handle (nvml.h: MIG handles
+                                                 may be reused)
+                  "uuid": "MIG-<gpu uuid>-<gi>[-<ci>]", "name": "<gpu name> MIG <gi>[ CI <ci>]"   ([...]: ci > 0)
                   "memory_used_bytes": 0, "memory_total_bytes": 10737418240   nvmlDeviceGetMemoryInfo(MIG)
                   the five GPM integrals and "pcie_tx_bytes" / "pcie_rx_bytes", as on a device (per instance)
                   "processes": [{"pid", "used_memory_bytes"}]   the instance's compute processes
@@ -332,7 +338,7 @@ def _normalize_mig(dev: dict[str, Any], where: str) -> None:
                          "(mig[].processes), not to processes")
     if not isinstance(dev["max_mig_devices"], int) or len(dev["mig"]) > dev["max_mig_devices"]:
         raise StateError(f"{where}: more MIG instances than max_mig_devices ({dev['max_mig_devices']})")
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     out = []
     for i, raw in enumerate(dev["mig"]):
         w = f"{where}.mig[{i}]"
@@ -342,14 +348,17 @@ def _normalize_mig(dev: dict[str, Any], where: str) -> None:
         if bad:
             raise StateError(f"{w}: unknown key(s) {sorted(bad)}")
         inst = {k: copy.deepcopy(raw.get(k, v)) for k, v in MIG_DEFAULTS.items()}
-        gi = inst["gi"]
-        if not isinstance(gi, int) or isinstance(gi, bool) or gi < 0 or gi in seen:
-            raise StateError(f"{w}.gi must be a unique non-negative integer, not {gi!r}")
-        seen.add(gi)
+        gi, ci = inst["gi"], inst["ci"]
+        for key, v in (("gi", gi), ("ci", ci)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise StateError(f"{w}.{key} must be a non-negative integer, not {v!r}")
+        if (gi, ci) in seen:
+            raise StateError(f"{w}: (gi, ci) ({gi}, {ci}) is not unique")
+        seen.add((gi, ci))
         if inst["uuid"] is None:
-            inst["uuid"] = f"MIG-{dev['uuid'].removeprefix('GPU-')}-{gi}"
+            inst["uuid"] = f"MIG-{dev['uuid'].removeprefix('GPU-')}-{gi}" + (f"-{ci}" if ci else "")
         if inst["name"] is None:
-            inst["name"] = f"{dev['name']} MIG {gi}"
+            inst["name"] = f"{dev['name']} MIG {gi}" + (f" CI {ci}" if ci else "")
         _check_processes(inst["processes"], f"{w}.processes")
         out.append(inst)
     dev["mig"] = out
@@ -626,10 +635,12 @@ class _FieldPlan:
 @dataclass(frozen=True)
 class _HandleKey:
     """What a device handle stands for: a GPU (by UUID: NVML handles stay valid across re-init) or one of its
-    MIG devices (by GPU instance id)."""
+    MIG devices (by GPU and compute instance id: an instance destroyed and created again in the same place gets
+    the same handle back, as nvml.h warns MIG handles may be reused)."""
 
     uuid: str
     gi: int | None = None
+    ci: int = 0
 
 
 @dataclass
@@ -916,10 +927,11 @@ class _FakeCore:
         """The whole-GPU device behind ``handle``."""
         return self._resolve(handle, fn)[1]
 
-    def _instance(self, dev: Mapping[str, Any], gi: int) -> dict[str, Any]:
-        """MIG instance ``gi`` of ``dev``; NOT_FOUND when the instance is gone (destroyed since enumeration)."""
+    def _instance(self, dev: Mapping[str, Any], gi: int, ci: int | None = None) -> dict[str, Any]:
+        """MIG device (``gi``, ``ci``) of ``dev`` -- ``ci`` None: the GPU instance's first, which holds what the
+        GPU instance shares (GPM, memory) --; NOT_FOUND when it is gone (destroyed since enumeration)."""
         for m in dev["mig"] or ():
-            if m["gi"] == gi:
+            if m["gi"] == gi and (ci is None or m["ci"] == ci):
                 return dict(m)
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
@@ -1333,12 +1345,12 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
     @_api
     def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
         key, dev = self._resolve(handle, "nvmlDeviceGetUUID")
-        return str(dev["uuid"] if key.gi is None else self._instance(dev, key.gi)["uuid"])
+        return str(dev["uuid"] if key.gi is None else self._instance(dev, key.gi, key.ci)["uuid"])
 
     @_api
     def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
         key, dev = self._resolve(handle, "nvmlDeviceGetName")
-        return str(dev["name"] if key.gi is None else self._instance(dev, key.gi)["name"])
+        return str(dev["name"] if key.gi is None else self._instance(dev, key.gi, key.ci)["name"])
 
     @_api
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
@@ -1375,21 +1387,22 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if dev["mig"] is None or index >= len(dev["mig"]):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return self._handle(_HandleKey(dev["uuid"], int(dev["mig"][index]["gi"])))
+        inst = dev["mig"][index]
+        return self._handle(_HandleKey(dev["uuid"], int(inst["gi"]), int(inst["ci"])))
 
     @_api
     def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:  # noqa: N802
         key, dev = self._resolve(device, "nvmlDeviceGetGpuInstanceId")
         if key.gi is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not a MIG device handle
-        return int(self._instance(dev, key.gi)["gi"])
+        return int(self._instance(dev, key.gi, key.ci)["gi"])
 
     @_api
     def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:  # noqa: N802
         key, dev = self._resolve(device, "nvmlDeviceGetComputeInstanceId")
         if key.gi is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return int(self._instance(dev, key.gi)["ci"])
+        return int(self._instance(dev, key.gi, key.ci)["ci"])
 
     # ---- buffered samples -------------------------------------------------------------------------------------
 
@@ -1439,7 +1452,7 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
         if version:
             raise AssertionError("FakeNvml: nvmlDeviceGetMemoryInfo version 2 (c_nvmlMemory_v2_t) not modelled")
         key, dev = self._resolve(handle, "nvmlDeviceGetMemoryInfo")
-        src = dev if key.gi is None else self._instance(dev, key.gi)
+        src = dev if key.gi is None else self._instance(dev, key.gi)  # a GPU instance's memory: its first entry
         m = pynvml.c_nvmlMemory_t()
         m.total, m.used = int(src["memory_total_bytes"]), int(src["memory_used_bytes"])
         m.free = max(0, m.total - m.used)
@@ -1499,7 +1512,7 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
     def _compute_processes(self, handle: Any, fn: str) -> list[Any]:
         key, dev = self._resolve(handle, fn)
         if key.gi is not None:
-            inst = self._instance(dev, key.gi)
+            inst = self._instance(dev, key.gi, key.ci)
             return self._process_objects(inst["processes"], int(inst["gi"]), int(inst["ci"]))
         if dev["mig"] is None:
             return self._process_objects(dev["processes"], NO_ID, NO_ID)

@@ -96,3 +96,40 @@ def test_mig_on_a_gpu_without_gpm_has_instances_but_no_activity_series(rig: Make
     assert r.value("gpufeed_gpu_mig_info", gpu="0", mig="2", compute_instance="0", uuid="MIG-test-0-2",
                    name="NVIDIA A100-SXM4-80GB MIG 2") == 1.0
     assert not [k for k in r.metrics() if k[0] == "gpufeed_gpu_sm_active_seconds_total"]
+
+
+def test_several_compute_instances_of_one_gpu_instance_each_report_their_processes(rig: MakeRig) -> None:
+    # GPU instance 1 split into compute instances 0 and 1: two MIG devices with the same gi. Keyed by gi, the
+    # second replaced the first and process 100 was never enumerated.
+    r = rig([device(0, mig=[{"gi": 1, "ci": 0, "processes": [{"pid": 100, "used_memory_bytes": 1 << 30}]},
+                            {"gi": 1, "ci": 1, "processes": [{"pid": 101, "used_memory_bytes": 2 << 30}]},
+                            {"gi": 2, "processes": [{"pid": 200, "used_memory_bytes": 3 << 30}]}])],
+            procs={100: "a", 101: "b", 200: "c"})
+    r.rates(0, {"mig": {1: {"sm_active": 0.5}}})
+    r.run_until(10.0)
+    assert r.failures() == {}
+    assert set(r.targets.by_gpu()["0"]) == {100, 101, 200}
+    assert r.value("gpufeed_gpu_process_memory_bytes", gpu="0", mig="1", pid="100", comm="a") == float(1 << 30)
+    assert r.value("gpufeed_gpu_process_memory_bytes", gpu="0", mig="1", pid="101", comm="b") == float(2 << 30)
+    active = r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0", mig="1")
+    assert active is not None and abs(active - 0.5 * 10.0) < 0.15, "GPM is the GPU instance's, counted once"
+    assert [k for k in r.metrics() if k[0] == "gpufeed_gpu_mig_info"] == [
+        ("gpufeed_gpu_mig_info", (("compute_instance", "0"), ("gpu", "0"), ("mig", "1"),
+                                  ("name", "NVIDIA H100 80GB HBM3 MIG 1"), ("uuid", "MIG-test-0-1"))),
+        ("gpufeed_gpu_mig_info", (("compute_instance", "0"), ("gpu", "0"), ("mig", "2"),
+                                  ("name", "NVIDIA H100 80GB HBM3 MIG 2"), ("uuid", "MIG-test-0-2")))]
+
+
+def test_a_mig_device_recreated_behind_a_reused_handle_is_enumerated_again(rig: MakeRig) -> None:
+    # Instance 1 destroyed and created again with another profile: NVML hands out the same handle (nvml.h: MIG
+    # handles may be reused), every call on it succeeds, and only its UUID tells. On a GPU without GPM (A100)
+    # no failing GPM call would have noticed either.
+    r = rig([device(0, gpm=False, mig=[{"gi": 1, "uuid": "MIG-old", "name": "1g.10gb",
+                                         "processes": [{"pid": 100, "used_memory_bytes": 1}]}])])
+    r.at(7.0, lambda st: st["devices"][0].update(mig=[{"gi": 1, "uuid": "MIG-new", "name": "2g.20gb",
+                                                       "memory_total_bytes": 20 << 30}]))
+    r.run_until(16.0)
+    assert r.failures() == {}
+    info = [dict(k[1]) for k in r.metrics() if k[0] == "gpufeed_gpu_mig_info"]
+    assert [(i["uuid"], i["name"]) for i in info] == [("MIG-new", "2g.20gb")]
+    assert r.value("gpufeed_gpu_memory_total_bytes", gpu="0", mig="1") == float(20 << 30)
