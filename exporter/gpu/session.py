@@ -357,7 +357,7 @@ class NvmlSession(NvmlCalls):
         self._free_gpm(g)
         g.gpm_ok = gpm
         mig_mode = self._mig_mode(g)
-        if gpm and not mig_mode:
+        if gpm:  # in MIG mode too: nvml.h's nvmlGpmSampleGet "supports the device handle and MIG device handle"
             self._alloc_gpm(g.gpm)
         cpus = None
         words = self._opt(g, "nvmlDeviceGetCpuAffinity", nvml.nvmlDeviceGetCpuAffinity, h, CPU_SET_WORDS)
@@ -502,8 +502,6 @@ class NvmlSession(NvmlCalls):
             # UUID tells (a slot's handle and UUID per MIG device, each slow cycle; microseconds).
             g.mig_stale = tuple(d[2] for d in self._mig_devices(g, full=False)) != g.mig_slots
         if mode and (not g.identity.mig_mode or g.mig_stale):
-            if not g.identity.mig_mode:
-                self._free_samples(g.gpm, g.index)  # whole-GPU GPM is unsupported in MIG mode
             self._enumerate_mig(g)
         elif not mode and g.identity.mig_mode and "nvmlDeviceGetMigMode" not in g.disabled:
             self._leave_mig(g)

@@ -119,10 +119,11 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
     MIG           "mig": null | [instance, ...]  null: MIG mode off. A list (possibly empty): MIG mode on, with
                                                  these GPU instances, one MIG device each, in
                                                  nvmlDeviceGetMigDeviceHandleByIndex order. In MIG mode the
-                                                 whole GPU answers NOT_SUPPORTED to utilisation samples and rates,
-                                                 per-process utilisation and GPM (nvml.h: not supported on MIG),
-                                                 its compute processes are its instances' (``processes`` must
-                                                 be empty), and per-instance GPM is nvmlGpmMigSampleGet
+                                                 whole GPU answers NOT_SUPPORTED to utilisation samples and rates
+                                                 and per-process utilisation (nvml.h: not supported on MIG), its
+                                                 compute processes are its instances' (``processes`` must be
+                                                 empty), per-instance GPM is nvmlGpmMigSampleGet, and the whole
+                                                 GPU's own GPM (nvmlGpmSampleGet) answers the device's integrals
                   "max_mig_devices": 7           nvmlDeviceGetMaxMigDeviceCount
 
 A MIG instance (an entry of ``mig``)::
@@ -248,9 +249,10 @@ MIG_DEFAULTS: Mapping[str, Any] = {
     **dict.fromkeys(GPM_INTEGRALS, 0.0), "pcie_tx_bytes": 0, "pcie_rx_bytes": 0, "processes": [],
 }
 # A MIG-mode GPU answers NOT_SUPPORTED to these on its whole-GPU handle (nvml.h: utilisation samples, rates
-# and per-process utilisation "not currently supported" on MIG-enabled GPUs; GPM per instance instead).
+# and per-process utilisation "not currently supported" on MIG-enabled GPUs). Whole-GPU GPM it answers:
+# nvmlGpmSampleGet "supports the device handle and MIG device handle" (to refuse it, list it in unsupported).
 MIG_UNSUPPORTED = frozenset({"nvmlDeviceGetSamples", "nvmlDeviceGetUtilizationRates",
-                             "nvmlDeviceGetProcessUtilization", "nvmlGpmSampleGet"})
+                             "nvmlDeviceGetProcessUtilization"})
 # The functions the fake answers for a MIG device handle; any other one given a MIG handle is not modelled.
 MIG_HANDLE_CALLS = frozenset({"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
                               "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",

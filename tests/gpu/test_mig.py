@@ -27,7 +27,7 @@ def _two_instances(**kw: Any) -> dict[str, Any]:
 
 def test_a_mig_gpu_is_enumerated_with_its_instances_and_described_per_instance(rig: MakeRig) -> None:
     r = rig([_two_instances(), device(1)], procs={100: "trainer", 200: "server"})
-    r.rates(0, {"mig": {1: {"graphics_active": 0.95, "sm_active": 0.8}, 2: {}}})
+    r.rates(0, {"sm_active": 0.4, "mig": {1: {"graphics_active": 0.95, "sm_active": 0.8}, 2: {}}})
     r.run_until(10.0)
     assert r.failures() == {}
     assert r.value("gpufeed_gpu_mig_mode", gpu="0") == 1.0 and r.value("gpufeed_gpu_mig_mode", gpu="1") is None
@@ -36,15 +36,15 @@ def test_a_mig_gpu_is_enumerated_with_its_instances_and_described_per_instance(r
     active = r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0", mig="1")
     assert active is not None and abs(active - 0.8 * 10.0) < 0.15
     assert r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0", mig="2") == 0.0
-    # The whole GPU has no GPM of its own in MIG mode: only its instances do.
-    assert r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0") is None
+    # The whole GPU's own GPM as well (nvml.h: nvmlGpmSampleGet supports the device handle in MIG mode).
+    whole = r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0")
+    assert whole is not None and abs(whole - 0.4 * 10.0) < 0.15
     assert r.value("gpufeed_gpu_sm_active_seconds_total", gpu="1") is not None
     assert r.value("gpufeed_gpu_memory_used_bytes", gpu="0", mig="1") == float(6 << 30)
     assert r.value("gpufeed_gpu_process_memory_bytes", gpu="0", mig="1", pid="100", comm="trainer") == float(5 << 30)
     assert r.value("gpufeed_gpu_process_memory_bytes", gpu="0", mig="2", pid="200", comm="server") == float(1 << 30)
     # Every process of every instance feeds the host collectors under its GPU.
     assert set(r.targets.by_gpu()["0"]) == {100, 200}
-    # nvmlGpmMigSampleGet per instance, never the whole-GPU sample in MIG mode.
     assert r.fake.calls["nvmlGpmMigSampleGet"] > 0
     assert r.fake.gpm_short_pairs == 0
 
@@ -133,3 +133,14 @@ def test_a_mig_device_recreated_behind_a_reused_handle_is_enumerated_again(rig: 
     info = [dict(k[1]) for k in r.metrics() if k[0] == "gpufeed_gpu_mig_info"]
     assert [(i["uuid"], i["name"]) for i in info] == [("MIG-new", "2g.20gb")]
     assert r.value("gpufeed_gpu_memory_total_bytes", gpu="0", mig="1") == float(20 << 30)
+
+
+def test_a_driver_refusing_whole_gpu_gpm_in_mig_mode_keeps_the_instances_gpm(rig: MakeRig) -> None:
+    r = rig([_two_instances(unsupported=["nvmlGpmSampleGet"])])
+    r.rates(0, {"mig": {1: {"sm_active": 0.8}}})
+    r.run_until(10.0)
+    assert r.failures() == {}
+    assert r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0") is None
+    active = r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0", mig="1")
+    assert active is not None and abs(active - 0.8 * 10.0) < 0.15
+    assert r.fake.calls["nvmlGpmSampleGet"] == 1, "asked once, then disabled"
