@@ -25,6 +25,8 @@ from exporter.samples.gpu import GpuProcess, GpuSlow, MigSlow
 # Compute-process calls, newest struct first (pynvml's unversioned name raises outside NVMLError when the
 # driver lacks the newest one: see the module docstring).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+# Per-process utilisation, the older call first (every driver since Maxwell), its R550+ successor second.
+PROCESS_UTIL_CALLS = ("nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo")
 # Process enumeration (the compute-process list and per-process utilisation) holds the driver's global lock for
 # milliseconds and can stall the workload's own submission threads (MangoHud #2104): at most once per this many
 # seconds per GPU whatever the slow path's interval, except on the first slow cycle after the GPU's activity
@@ -61,7 +63,12 @@ class SlowPath(FieldValues):
             mask = get("nvmlDeviceGetCurrentClocksThrottleReasons")  # drivers before R535
         if mask is not None:
             supported = True
-        temp = get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
+        temp = None
+        if "nvmlDeviceGetTemperatureV" not in g.disabled:
+            temp = get("nvmlDeviceGetTemperatureV", nvml.NVML_TEMPERATURE_GPU)
+        if temp is None and "nvmlDeviceGetTemperatureV" in g.disabled:
+            # nvmlDeviceGetTemperature is DEPRECATED(13.0) (nvml.h) for the V call; drivers before it have only it.
+            temp = get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
         mem = get("nvmlDeviceGetMemoryInfo")
         limit_mw = get("nvmlDeviceGetEnforcedPowerLimit")
         max_clock = get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
@@ -155,13 +162,29 @@ class SlowPath(FieldValues):
                      for pid in sorted(mem))
 
     def _process_util(self, g: GpuState, pids: set[int]) -> dict[int, float] | None:
-        """Latest SM share per pid since the last call; None when unsupported (MIG). Absent pid = 0."""
+        """Latest SM share per pid since the last call (a pid without a sample: 0, as nvml.h returns only
+        processes with non-zero utilisation); None when unknown -- unsupported (MIG), or no sample at all while
+        the GPU's own samples show it busy.
+
+        ``nvmlDeviceGetProcessUtilization`` is reported to answer nothing useful on Blackwell (HAMi #2015): an
+        empty answer on a busy GPU, or the call unsupported, tries ``nvmlDeviceGetProcessesUtilizationInfo``
+        (R550+), the same samples in the newer struct."""
+        for name in PROCESS_UTIL_CALLS:
+            if name in g.disabled:
+                continue
+            got = self._util_samples(g, name, pids)
+            if got:
+                return got
+            if got is not None and not g.active:
+                return got  # an idle GPU: no process had non-zero utilisation, each one's share is 0
+        return None
+
+    def _util_samples(self, g: GpuState, name: str, pids: set[int]) -> dict[int, float] | None:
+        """One per-process utilisation call: the newest SM share of each pid in ``pids`` that has a sample;
+        None when the call failed."""
         nvml = self._nvml
-        name = "nvmlDeviceGetProcessUtilization"
-        if name in g.disabled:
-            return None
         try:
-            samples = self._timed(name, nvml.nvmlDeviceGetProcessUtilization, g.handle, g.proc_last_seen)
+            samples = self._timed(name, getattr(nvml, name), g.handle, g.proc_last_seen)
         except nvml.NVMLError as e:
             # NOT_FOUND: no process had non-zero utilisation since lastSeen. SUCCESS: the binding raises
             # NVMLError(NVML_SUCCESS) when the sizing call finds nothing to return (it expects

@@ -252,7 +252,7 @@ MIG_DEFAULTS: Mapping[str, Any] = {
 # and per-process utilisation "not currently supported" on MIG-enabled GPUs). Whole-GPU GPM it answers:
 # nvmlGpmSampleGet "supports the device handle and MIG device handle" (to refuse it, list it in unsupported).
 MIG_UNSUPPORTED = frozenset({"nvmlDeviceGetSamples", "nvmlDeviceGetUtilizationRates",
-                             "nvmlDeviceGetProcessUtilization"})
+                             "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo"})
 # The functions the fake answers for a MIG device handle; any other one given a MIG handle is not modelled.
 MIG_HANDLE_CALLS = frozenset({"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
                               "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
@@ -1449,6 +1449,15 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
         return round(float(dev["temperature_c"]))
 
     @_api
+    def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int, version: int = pynvml.nvmlTemperature_v1) -> int:  # noqa: N802
+        """The current temperature call (nvml.h: nvmlDeviceGetTemperature is deprecated for it)."""
+        dev = self._device(handle, "nvmlDeviceGetTemperatureV")
+        if sensor != pynvml.NVML_TEMPERATURE_GPU or version != pynvml.nvmlTemperature_v1:
+            raise AssertionError(f"FakeNvml: nvmlDeviceGetTemperatureV sensor {sensor} version {version:#x} "
+                                 "not modelled")
+        return round(float(dev["temperature_c"]))
+
+    @_api
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:  # noqa: N802
         """``c_nvmlMemory_t`` of the GPU, or of one MIG instance for a MIG device handle."""
         if version:
@@ -1530,20 +1539,32 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
         """Drivers before the v3 struct; the same list."""
         return self._compute_processes(handle, "nvmlDeviceGetComputeRunningProcesses_v2")
 
-    @_api
-    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:  # noqa: N802, N803
-        """``c_nvmlProcessUtilizationSample_t`` newer than ``timeStamp``; NOT_FOUND when none."""
-        dev = self._device(handle, "nvmlDeviceGetProcessUtilization")
+    def _process_samples(self, handle: Any, fn: str, struct: type[Any], timeStamp: int) -> list[Any]:  # noqa: N803
+        """The device's per-process samples newer than ``timeStamp`` as ``struct``s; NOT_FOUND when none."""
+        dev = self._device(handle, fn)
         out = []
         for p in self._buffer(dev, "process_util"):
             if int(p["ts_us"]) > int(timeStamp):
-                s = pynvml.c_nvmlProcessUtilizationSample_t()
+                s = struct()
                 s.pid, s.timeStamp = int(p["pid"]) % (1 << 32), int(p["ts_us"])
                 s.smUtil, s.memUtil, s.encUtil, s.decUtil = int(p["sm_pct"]), int(p["mem_pct"]), 0, 0
                 out.append(s)
         if not out:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return out
+
+    @_api
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:  # noqa: N802, N803
+        """``c_nvmlProcessUtilizationSample_t`` newer than ``timeStamp``; NOT_FOUND when none."""
+        return self._process_samples(handle, "nvmlDeviceGetProcessUtilization",
+                                     pynvml.c_nvmlProcessUtilizationSample_t, timeStamp)
+
+    @_api
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[Any]:  # noqa: N802, N803
+        """``c_nvmlProcessUtilizationInfo_v1_t`` (R550+), from the same samples as nvmlDeviceGetProcessUtilization
+        (the binding returns the array's slice as the older call does)."""
+        return self._process_samples(handle, "nvmlDeviceGetProcessesUtilizationInfo",
+                                     pynvml.c_nvmlProcessUtilizationInfo_v1_t, timeStamp)
 
     @staticmethod
     def _mask(items: frozenset[int], words: int) -> Any:

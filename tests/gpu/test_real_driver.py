@@ -121,3 +121,38 @@ def test_no_nvml_library_on_a_host_with_nvidia_gpus_is_a_failure_with_a_hint(rig
     assert "CDI" in (r.failures().get("gpu") or "")
     failed = [e for e in logs if e["event"] == "nvml_init_failed"]
     assert len(failed) == 1 and "privileged" in failed[0]["error"]
+
+
+def test_temperature_comes_from_the_current_call_and_falls_back_on_drivers_without_it(rig: MakeRig) -> None:
+    r = rig([device(0, temperature_c=61), device(1, temperature_c=47, errors={
+        "nvmlDeviceGetTemperatureV": "function_not_found"})])
+    r.run_until(11.0)
+    assert r.value("gpufeed_gpu_temperature_celsius", gpu="0") == 61.0
+    assert r.value("gpufeed_gpu_temperature_celsius", gpu="1") == 47.0
+    assert r.fake.calls["nvmlDeviceGetTemperature"] == r.fake.calls["nvmlDeviceGetTemperatureV"] - 1, (
+        "the deprecated call only for the GPU whose driver lacks the current one")
+
+
+def _busy_with_a_process(**kw: object) -> dict[str, object]:
+    return device(0, processes=[{"pid": 4242, "used_memory_bytes": 1 << 30}], **kw)
+
+
+def test_no_per_process_sample_on_a_busy_gpu_is_unknown_not_zero(rig: MakeRig) -> None:
+    # Blackwell's nvmlDeviceGetProcessUtilization is reported to answer nothing useful (HAMi #2015); the newer
+    # call is unsupported here too: the process's share is unknown, not "idle".
+    r = rig([_busy_with_a_process(errors={"nvmlDeviceGetProcessUtilization": "not_found"},
+                                  unsupported=["nvmlDeviceGetProcessesUtilizationInfo"])], procs={4242: "train"})
+    r.rates(0, {"gpu_util": 1.0, "sm_active": 0.9})
+    r.run_until(11.0)
+    assert r.value("gpufeed_gpu_process_memory_bytes", gpu="0", pid="4242", comm="train") == float(1 << 30)
+    assert r.value("gpufeed_gpu_process_sm_ratio", gpu="0", pid="4242", comm="train") is None
+
+
+def test_per_process_utilisation_falls_back_to_the_r550_call(rig: MakeRig) -> None:
+    r = rig([_busy_with_a_process(errors={"nvmlDeviceGetProcessUtilization": "not_found"})], procs={4242: "train"})
+    r.rates(0, {"gpu_util": 1.0, "sm_active": 0.9})
+    r.at(9.5, lambda st: st["devices"][0].update(process_util=[
+        {"pid": 4242, "ts_us": 9_400_000, "sm_pct": 71, "mem_pct": 10}]))
+    r.run_until(11.0)
+    assert r.value("gpufeed_gpu_process_sm_ratio", gpu="0", pid="4242", comm="train") == pytest.approx(0.71)
+    assert r.fake.calls["nvmlDeviceGetProcessesUtilizationInfo"] >= 1
