@@ -144,3 +144,14 @@ def test_a_driver_refusing_whole_gpu_gpm_in_mig_mode_keeps_the_instances_gpm(rig
     active = r.value("gpufeed_gpu_sm_active_seconds_total", gpu="0", mig="1")
     assert active is not None and abs(active - 0.8 * 10.0) < 0.15
     assert r.fake.calls["nvmlGpmSampleGet"] == 1, "asked once, then disabled"
+
+
+def test_mig_devices_hidden_from_an_unprivileged_container_say_what_to_set(rig: MakeRig) -> None:
+    r = rig([_two_instances(errors={"nvmlDeviceGetMigDeviceHandleByIndex": "no_permission"})])
+    with capture_logs() as logs:
+        r.run_until(11.0)
+    assert r.failures() == {}
+    warned = [e for e in logs if e["event"] == "gpu_mig_no_permission"]
+    assert len(warned) == 1 and "NVIDIA_MIG_MONITOR_DEVICES" in warned[0]["hint"]
+    assert r.value("gpufeed_gpu_mig_mode", gpu="0") == 1.0
+    assert not [k for k in r.metrics() if k[0] == "gpufeed_gpu_mig_info"]
