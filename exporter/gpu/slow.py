@@ -10,6 +10,7 @@ falls back to ``_v2`` on drivers without it.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from types import MappingProxyType
 from typing import Any
@@ -25,6 +26,9 @@ from exporter.samples.gpu import GpuProcess, GpuSlow, MigSlow
 # Compute-process calls, newest struct first (pynvml's unversioned name raises outside NVMLError when the
 # driver lacks the newest one: see the module docstring).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+# nvml.h nvmlProcessInfo_v2_t (= _v3): pid u32, usedGpuMemory u64 (aligned), gpuInstanceId u32,
+# computeInstanceId u32.
+PROCESS_INFO_BYTES = 24
 # Per-process utilisation, the older call first (every driver since Maxwell), its R550+ successor second.
 PROCESS_UTIL_CALLS = ("nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo")
 # Process enumeration (the compute-process list and per-process utilisation) holds the driver's global lock for
@@ -130,6 +134,8 @@ class SlowPath(FieldValues):
         garbage) and their SM share."""
         nvml = self._nvml
         h = g.handle if handle is None else handle
+        if not self._process_struct_fits(g):
+            return ()
         procs = None
         for name in PROCESS_CALLS:
             if name not in g.disabled:
@@ -160,6 +166,22 @@ class SlowPath(FieldValues):
         return tuple(GpuProcess(pid=pid, used_memory_bytes=mem[pid],
                                 sm_ratio=None if sm is None else sm.get(pid, 0.0))
                      for pid in sorted(mem))
+
+    def _process_struct_fits(self, g: GpuState) -> bool:
+        """Whether the binding's process struct is the driver's (nvml.h nvmlProcessInfo_v2_t/_v3: 24 bytes).
+        nvidia-ml-py 12.535.77's is 32 bytes: the driver writes 24-byte entries that the binding reads at a
+        32-byte stride, so every pid after the first is garbage that can name an unrelated process. Then no
+        process list is read at all (logged once as an error), rather than attribute work to strangers."""
+        struct = getattr(self._nvml, "c_nvmlProcessInfo_v3_t", None) or self._nvml.c_nvmlProcessInfo_t
+        size = ctypes.sizeof(struct)
+        if size == PROCESS_INFO_BYTES:
+            return True
+        g.disabled.update(PROCESS_CALLS)
+        if log.once(("gpu_process_struct_mismatch", self._tag)):
+            self._log.error("gpu_process_struct_mismatch", binding_bytes=size, driver_bytes=PROCESS_INFO_BYTES,
+                            hint="this nvidia-ml-py lays out nvmlProcessInfo_t unlike the driver: upgrade it "
+                                 "(pip install -U nvidia-ml-py); GPU processes are not listed until then")
+        return False
 
     def _process_util(self, g: GpuState, pids: set[int]) -> dict[int, float] | None:
         """Latest SM share per pid since the last call (a pid without a sample: 0, as nvml.h returns only

@@ -5,6 +5,7 @@ makes the strict fake behave as the driver does and checks what gpufeed exports.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 
 import pytest
@@ -156,3 +157,20 @@ def test_per_process_utilisation_falls_back_to_the_r550_call(rig: MakeRig) -> No
     r.run_until(11.0)
     assert r.value("gpufeed_gpu_process_sm_ratio", gpu="0", pid="4242", comm="train") == pytest.approx(0.71)
     assert r.fake.calls["nvmlDeviceGetProcessesUtilizationInfo"] >= 1
+
+
+def test_a_binding_whose_process_struct_is_not_the_drivers_lists_no_processes(rig: MakeRig) -> None:
+    # nvidia-ml-py 12.535.77 lays nvmlProcessInfo_t out in 32 bytes, the driver in 24: read at the wrong stride,
+    # every pid after the first is garbage that may name an unrelated process.
+    class Wider(ctypes.Structure):
+        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                    ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint),
+                    ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+    r = rig([device(0, processes=[{"pid": 4242, "used_memory_bytes": 1 << 30}])], procs={4242: "train"})
+    r.fake.__dict__["c_nvmlProcessInfo_v3_t"] = Wider  # the older binding's struct, as the backend finds it
+    with capture_logs() as logs:
+        r.run_until(11.0)
+    assert r.targets.by_gpu() == {"0": frozenset()}
+    assert r.fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 0
+    assert len([e for e in logs if e["event"] == "gpu_process_struct_mismatch"]) == 1
