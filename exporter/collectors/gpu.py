@@ -130,6 +130,7 @@ class GpuCollector(Collector):
         prev, self._last_fast = self._last_fast, sample
         if (prev is not None and sample.gpus and all(isinstance(g, HeldFast) for g in sample.gpus.values())
                 and sample.lost == prev.lost and sample.identities == prev.identities
+                and sample.unavailable == prev.unavailable
                 and sample.steady == prev.steady):
             return UNCHANGED
         return sample
@@ -156,7 +157,7 @@ class GpuCollector(Collector):
                 gpus[idx] = g
         self.ctx.targets.publish(pids, {str(i): ident.pci_bus_id for i, ident in sorted(sample.identities.items())})
         return GpuSample(identities=sample.identities, gpus=MappingProxyType(gpus), lost=sample.lost,
-                         calls=sample.calls)
+                         calls=sample.calls, unavailable=sample.unavailable, dropped=sample.dropped)
 
     def _sample(self, path: Callable[[NvmlBackend], GpuSample]) -> GpuSample:
         try:
@@ -199,14 +200,15 @@ class GpuCollector(Collector):
             return ""
         return raw.decode("utf-8", errors="replace").strip()
 
-    def _sysfs_has_nvidia_gpu(self) -> bool:
-        """Whether /sys/bus/pci/devices lists an NVIDIA (0x10de) display or 3D controller; True when sysfs
-        cannot be read (then an init failure stays a failure rather than being explained away)."""
+    def _sysfs_has_nvidia_gpu(self) -> bool | None:
+        """Whether /sys/bus/pci/devices lists an NVIDIA (0x10de) display or 3D controller; None when sysfs
+        cannot be read (then neither an init failure is explained away as absence nor a missing library taken
+        for a failure)."""
         root = self.ctx.sys("bus", "pci", "devices")
         try:
             devices = list(root.iterdir())
         except OSError:
-            return True
+            return None
         for dev in devices:
             try:
                 vendor = read_text(dev / "vendor").strip().lower()
@@ -243,6 +245,8 @@ class GpuCollector(Collector):
         identities: Mapping[int, GpuIdentity] = max((s.identities for s in samples), key=len)
         lost = samples[0].lost
         yield from _identity_families(identities, lost, self._hostname)
+        yield from _unavailable_family(samples[0].unavailable)
+        yield from _dropped_family(max((s.dropped for s in samples), key=lambda d: sum(d.values())))
         if fast is not None:
             yield from _fast_families(fast)
         if buffered is not None:
@@ -302,6 +306,35 @@ def _identity_families(
         for m in ident.mig:
             mig_info.add_metric([str(idx), str(m.gi), str(m.ci), m.uuid, m.name], 1.0)
     yield from (info, lost_f, mig_mode, mig_info)
+
+
+def _unavailable_family(unavailable: Mapping[int, str]) -> Iterator[Metric]:
+    """``gpufeed_gpu_unavailable{gpu,reason}``: only while some GPU is (a family without samples would be one more
+    HELP/TYPE pair on every host whose GPUs all answer)."""
+    if not unavailable:
+        return
+    fam = GaugeMetricFamily(
+        "gpufeed_gpu_unavailable", "1 while NVML counts the GPU but refuses its handle; reason is the NVML error "
+        "(no_permission: this process may not open it, e.g. a cgroup or Slurm hiding it; insufficient_power; "
+        "irq_issue). Not sampled, retried with backoff; the other GPUs are sampled. Absent once it answers.",
+        labels=["gpu", "reason"])
+    for idx, why in sorted(unavailable.items()):
+        fam.add_metric([str(idx), why], 1.0)
+    yield fam
+
+
+def _dropped_family(dropped: Mapping[str, int]) -> Iterator[Metric]:
+    """``gpufeed_nvml_values_dropped_total{reason}``: from the first value dropped (none on a sane driver)."""
+    if not dropped:
+        return
+    fam = CounterMetricFamily(
+        "gpufeed_nvml_values_dropped", "Values NVML returned that cannot be true, dropped rather than exported: "
+        "reason gpm_not_finite (a GPM metric NaN or infinite with SUCCESS), invalid_pid (a process id outside "
+        "1..pid_max: driver and nvidia-ml-py struct sizes disagree). The log's nvml_value_dropped names the GPU.",
+        labels=["reason"])
+    for why, n in sorted(dropped.items()):
+        fam.add_metric([why], float(n))
+    yield fam
 
 
 def _fast_families(sample: GpuSample) -> Iterator[Metric]:

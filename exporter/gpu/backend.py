@@ -53,7 +53,7 @@ class NvmlBackend(FastPath, BufferedPath, SlowPath):
         sleep: Callable[[float], None] = time.sleep,
         pid_max: int = PID_MAX_LIMIT,
         numa_of: Callable[[str], int | None] | None = None,
-        gpu_hardware: Callable[[], bool] | None = None,
+        gpu_hardware: Callable[[], bool | None] | None = None,
         retry_unavailable_s: float = 60.0,
         lost_backoff_s: tuple[float, float] = (5.0, 300.0),
         profile: bool = False,
@@ -108,7 +108,8 @@ class NvmlBackend(FastPath, BufferedPath, SlowPath):
         if self._steady_s is None:
             return False
         now = self._clock()
-        return all(g.pace.steady_now and g.pace.steady(now) for g in list(self._gpus.values()) if not g.lost)
+        return all(g.pace.steady_now and g.pace.steady(now) for g in list(self._gpus.values())
+                   if not g.lost and g.unavailable is None)
 
     def _run(self, one: Callable[[GpuState, float], object], before: Callable[[], None] | None = None) -> GpuSample:
         with self._lock:
@@ -121,7 +122,7 @@ class NvmlBackend(FastPath, BufferedPath, SlowPath):
                 before()
             out: dict[int, object] = {}
             for idx, g in sorted(self._gpus.items()):
-                if g.lost:
+                if g.lost or g.unavailable is not None:
                     continue
                 try:
                     out[idx] = one(g, self._clock())
@@ -134,6 +135,8 @@ class NvmlBackend(FastPath, BufferedPath, SlowPath):
                 calls=self.calls.snapshot(),
                 steady=self._kept("steady", frozenset(
                     i for i, g in self._gpus.items() if not g.lost and g.pace.steady_now)),
+                unavailable=self._unavailable_now(),
+                dropped=self._dropped_now(),
             )
 
     def _kept(self, name: str, value: frozenset[int]) -> frozenset[int]:  # under self._lock

@@ -18,14 +18,22 @@ ERR_INVALID_ARGUMENT = 2
 ERR_NOT_SUPPORTED = 3
 ERR_NO_PERMISSION = 4
 ERR_NOT_FOUND = 6
+ERR_INSUFFICIENT_POWER = 8
 ERR_DRIVER_NOT_LOADED = 9
 ERR_TIMEOUT = 10
+ERR_IRQ_ISSUE = 11
 ERR_LIBRARY_NOT_FOUND = 12
 ERR_FUNCTION_NOT_FOUND = 13
 ERR_GPU_IS_LOST = 15
 ERR_UNKNOWN = 999
 DISABLING = {ERR_NOT_SUPPORTED: "not_supported", ERR_FUNCTION_NOT_FOUND: "function_not_found",
               ERR_NO_PERMISSION: "no_permission"}
+# Names of return codes for labels and logs (nvml.h nvmlReturn_t, NVML_ERROR_ without the prefix, lower case).
+ERROR_NAMES = {ERR_INVALID_ARGUMENT: "invalid_argument", ERR_NOT_SUPPORTED: "not_supported",
+               ERR_NO_PERMISSION: "no_permission", ERR_NOT_FOUND: "not_found",
+               ERR_INSUFFICIENT_POWER: "insufficient_power", ERR_DRIVER_NOT_LOADED: "driver_not_loaded",
+               ERR_TIMEOUT: "timeout", ERR_IRQ_ISSUE: "irq_issue", ERR_LIBRARY_NOT_FOUND: "library_not_found",
+               ERR_FUNCTION_NOT_FOUND: "function_not_found", ERR_GPU_IS_LOST: "gpu_is_lost", ERR_UNKNOWN: "unknown"}
 UNAVAILABLE = {ERR_LIBRARY_NOT_FOUND: "NVML library not found (no NVIDIA driver installed)"}
 # NVML value types of nvmlFieldValue_t (pynvml NVML_VALUE_TYPE_*).
 VT_DOUBLE, VT_UINT, VT_ULONG, VT_ULL, VT_SLL, VT_SINT, VT_USHORT = range(7)
@@ -82,6 +90,12 @@ def code(e: BaseException) -> int:
     return int(v) if isinstance(v, int) else -1
 
 
+def reason(e: BaseException) -> str:
+    """The return code of an NVML error as a label value: ``no_permission``, ``irq_issue``, ``error_42``."""
+    rc = code(e)
+    return ERROR_NAMES.get(rc, f"error_{rc}")
+
+
 def errname(e: BaseException) -> str:
     return f"{type(e).__name__}({code(e)})" if hasattr(e, "value") else repr(e)
 
@@ -108,16 +122,18 @@ FIELD_VALUE = struct.Struct("<IIqqiIQ")
 GPM_METRIC = struct.Struct("<IId24x")
 
 
-def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None]]:
-    """``(fieldId, nvmlReturn, valueType, integer value)`` for each entry of an nvmlFieldValue_t array."""
+def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None, int]]:
+    """``(fieldId, nvmlReturn, valueType, integer value, timestamp)`` for each entry of an nvmlFieldValue_t
+    array; the timestamp is the driver's, in microseconds (when the value was taken: exporter/gpu/counters.py
+    judges a counter's step by it)."""
     try:
         buf = memoryview(arr).cast("B")
     except TypeError:
         buf = None
     if buf is not None and len(buf) == FIELD_VALUE.size * len(arr):
-        return [(fid, ret, vt, _field_int(vt, raw))
-                for fid, _scope, _ts, _lat, vt, ret, raw in FIELD_VALUE.iter_unpack(buf)]
-    out: list[tuple[int, int, int, int | None]] = []
+        return [(fid, ret, vt, _field_int(vt, raw), ts)
+                for fid, _scope, ts, _lat, vt, ret, raw in FIELD_VALUE.iter_unpack(buf)]
+    out: list[tuple[int, int, int, int | None, int]] = []
     for fv in arr:  # not a ctypes array: read the attributes
         vt = int(fv.valueType)
         v = fv.value
@@ -125,7 +141,7 @@ def read_field_values(arr: Any) -> list[tuple[int, int, int, int | None]]:
                VT_SLL: v.sllVal, VT_SINT: v.siVal, VT_USHORT: v.usVal}.get(vt)
         if vt == VT_DOUBLE:
             raw = int(v.dVal)
-        out.append((int(fv.fieldId), int(fv.nvmlReturn), vt, None if raw is None else int(raw)))
+        out.append((int(fv.fieldId), int(fv.nvmlReturn), vt, None if raw is None else int(raw), int(fv.timestamp)))
     return out
 
 

@@ -11,7 +11,8 @@ count) = 15 host-level series):
   the driver's buffered utilisation samples (``nvmlDeviceGetSamples``, or ``nvmlDeviceGetUtilizationRates``
   where there are none); tens of microseconds each, one kind so that the budget pays for the calls that differ;
 - ``processes``: process enumeration (``nvmlDeviceGetComputeRunningProcesses_v3``/``_v2``,
-  ``nvmlDeviceGetProcessUtilization``), the calls that take the driver's lock longest (~4.5 ms measured);
+  ``nvmlDeviceGetProcessUtilization``, ``nvmlDeviceGetProcessesUtilizationInfo``), the calls that take the
+  driver's lock longest (~4.5 ms measured);
 - ``device``: everything else -- the slow path's getters, the SM clock, MIG and identity queries, handles,
   ``nvmlInit``/``nvmlShutdown``, GPM sample allocation, event-set set-up.
 
@@ -49,6 +50,7 @@ _KIND_OF: Mapping[str, str] = MappingProxyType({
     "nvmlDeviceGetComputeRunningProcesses_v3": PROCESSES,
     "nvmlDeviceGetComputeRunningProcesses_v2": PROCESSES,
     "nvmlDeviceGetProcessUtilization": PROCESSES,
+    "nvmlDeviceGetProcessesUtilizationInfo": PROCESSES,
 })
 
 

@@ -5,15 +5,29 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+M32 = 1 << 32
+
 
 @dataclass
 class WrappingCounter:
     """Turns successive raw readings of a wrapping device counter into a monotonic total.
 
-    ``update(raw, modulus, t)`` takes the raw value, the width it wraps at (``2**32`` for an NVML
-    ``UNSIGNED_INT`` field, ``2**64`` for ``UNSIGNED_LONG_LONG``) and the reading time. A reading below the
-    previous one is a wrap (``raw - prev + modulus``) unless that delta is beyond ``max_rate`` x elapsed
-    time: then the device counter was reset (driver reload, GPU reset) and counting restarts from ``raw``.
+    ``update(raw, modulus, t, ts)`` takes the raw value, the width it wraps at (``2**32`` for an NVML
+    ``UNSIGNED_INT`` field, ``2**64`` for ``UNSIGNED_LONG_LONG``), the reading time and the driver's own
+    timestamp of the value (``nvmlFieldValue_t.timestamp`` in seconds; None when unknown). A reading below the
+    previous one is a wrap (``raw - prev + modulus``) unless that delta is beyond ``max_rate`` x elapsed time:
+    then the device counter was reset (driver reload, GPU reset) and counting restarts from ``raw``.
+
+    Elapsed time is the longer of the reading times' and the value timestamps' difference: a driver that
+    refreshes a counter every second shows a 100 ms reader a second's increment in one step, which the
+    reader's 100 ms cannot explain but the value's own clock does (nvml.h documents neither cadence).
+
+    A counter typed 64-bit whose readings all stay below ``2**32`` and that goes down by an amount a 32-bit wrap
+    explains (a 32-bit hardware counter in a 64-bit slot: nvml.h says only "value can be wrapped" for the PCIe
+    byte counters) is taken as 32 bits wide from then on (``narrow``; :meth:`width` says so), until a reading
+    at or above ``2**32`` shows it is not. A true reset of such a counter below ``2**32`` then counts as a wrap
+    (an increment bounded by ``max_rate`` x elapsed time): rare, and bounded.
+
     The first reading starts the total at ``raw`` (the device's own count), so a restart of gpufeed is a
     plain counter reset to Prometheus.
     """
@@ -22,22 +36,38 @@ class WrappingCounter:
     total: int | None = None
     prev: int | None = None
     prev_t: float | None = None
+    prev_ts: float | None = None
     wraps: int = 0
     resets: int = 0
+    narrow: bool = False
 
-    def update(self, raw: int, modulus: int, t: float) -> int:
+    def width(self, modulus: int) -> int:
+        """The modulus the counter wraps at as far as its readings show (``modulus``, or 2**32 when narrow)."""
+        return M32 if self.narrow and modulus > M32 else modulus
+
+    def update(self, raw: int, modulus: int, t: float, ts: float | None = None) -> int:
         """Feed one raw reading; return the unwrapped total."""
         raw = int(raw) % modulus
+        if raw >= M32:
+            self.narrow = False
         if self.total is None:
             self.total = raw
-        if self.prev is None or self.prev_t is None:
-            self.prev, self.prev_t = raw, t
+        prev, prev_t, prev_ts = self.prev, self.prev_t, self.prev_ts
+        self.prev, self.prev_t, self.prev_ts = raw, t, ts
+        if prev is None or prev_t is None:
             return self.total
-        delta = raw - self.prev
+        span = max(t - prev_t, 0.0)
+        if ts is not None and prev_ts is not None:
+            span = max(span, ts - prev_ts)
+        limit = self.max_rate * span * 1.5 + 1
+        delta = raw - prev
         wrapped = delta < 0
         if wrapped:
-            delta += modulus
-        limit = self.max_rate * max(t - self.prev_t, 0.0) * 1.5 + 1
+            width = self.width(modulus)
+            if width > M32 and prev < M32 and raw - prev + M32 <= limit:
+                width = M32
+                self.narrow = True
+            delta += width
         if delta > limit:
             # Implausibly large: the device counter restarted. Count what it has seen since, if plausible.
             self.resets += 1
@@ -45,13 +75,13 @@ class WrappingCounter:
         elif wrapped:
             self.wraps += 1
         self.total += delta
-        self.prev, self.prev_t = raw, t
         return self.total
 
     def rebase(self) -> None:
         """Forget the previous raw reading (the GPU was lost or reset): the next one only sets a baseline."""
         self.prev = None
         self.prev_t = None
+        self.prev_ts = None
 
 
 # Spacings below 10 ms are not a sample period (duplicate or jittered timestamps); ignore them for the cap.

@@ -17,7 +17,7 @@ from exporter.gpu import fields as F  # noqa: N812
 from exporter.gpu.binding import M64, SUCCESS, read_gpm_metrics
 from exporter.gpu.fieldvalues import FieldValues
 from exporter.gpu.pace import classify
-from exporter.gpu.state import GPM_METRICS, NO_FIELDS, GpmStream, GpuState
+from exporter.gpu.state import DROPPED_GPM, GPM_METRICS, NO_FIELDS, GpmStream, GpuState
 from exporter.samples.gpu import GpuFast, HeldFast
 
 # Longest a fast tick waits so its GPM sample is >= 100 ms after the previous one (scheduling jitter).
@@ -53,13 +53,12 @@ class FastPath(FieldValues):
         nvml, h = self._nvml, g.handle
         mig: dict[int, GpuFast] = {}
         if g.identity.mig_mode:
-            now = self._wait_for_pair([m.gpm for m in g.mig.values()], now)
+            now = self._wait_for_pair([g.gpm, *(m.gpm for m in g.mig.values())], now)
             for gi, m in sorted(g.mig.items()):
                 self._gpm_pair(g, m.gpm, now, functools.partial(nvml.nvmlGpmMigSampleGet, h, gi),
                                "nvmlGpmMigSampleGet", source=f"gpm:{gi}")
                 mig[gi] = self._gpm_values(g, m.gpm)
-        else:
-            self._gpm(g, now)
+        self._gpm(g, now)
         values = self._fields(g, now, F.FAST)
         clock = self._opt(g, "nvmlDeviceGetClockInfo", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
         power = F.BY_KEY["power"]
@@ -69,7 +68,9 @@ class FastPath(FieldValues):
             if power_mw is not None:
                 values["power"] = float(power_mw) * power.scale
         # The dict itself, not a proxy over it: see GpuFast.fields.
-        return self._gpm_values(g, None if g.identity.mig_mode else g.gpm, fields=values,
+        # In MIG mode the whole GPU's own GPM too, where the driver answers it (nvml.h allows it; unverified on
+        # hardware): a driver that refuses it there leaves the GPU-level series absent, the instances' stay.
+        return self._gpm_values(g, g.gpm if g.gpm.samples else None, fields=values,
                                 sm_clock_hz=float(clock) * 1e6 if clock is not None else None,
                                 mig=MappingProxyType(mig) if mig else NO_FIELDS)
 
@@ -99,7 +100,7 @@ class FastPath(FieldValues):
 
     def _gpm(self, g: GpuState, now: float) -> None:
         """The whole GPU's GPM stream: one sample, and the metrics of the pair when it is old enough."""
-        if not g.gpm_ok:
+        if not g.gpm_ok or not g.gpm.samples:
             return
         now = self._wait_for_pair([g.gpm], now)
         self._gpm_pair(g, g.gpm, now, functools.partial(self._nvml.nvmlGpmSampleGet, g.handle), "nvmlGpmSampleGet")
@@ -133,7 +134,9 @@ class FastPath(FieldValues):
             gpm.prev = None
             return
         if got is None:
-            if name in g.disabled:
+            if name in g.disabled and g.identity.mig_mode and name == "nvmlGpmSampleGet":
+                self._free_samples(gpm, g.index)  # the whole GPU's GPM refused in MIG mode: its instances' stay
+            elif name in g.disabled:
                 g.gpm_ok = False
                 gpm.last = {}
                 g.identity = dataclasses.replace(g.identity, gpm=False)
@@ -155,10 +158,16 @@ class FastPath(FieldValues):
         dt = now - prev[1]
         vals: dict[int, float | None] = {}
         for mid, (got_id, ret, value) in zip(GPM_METRICS, read_gpm_metrics(mg, len(GPM_METRICS)), strict=True):
-            vals[mid] = value if ret == SUCCESS and got_id == mid else None
+            ok = ret == SUCCESS and got_id == mid
+            if ok and not math.isfinite(value):
+                # SUCCESS with NaN or Inf (nvml.h does not rule it out): one such value integrated would make
+                # the counters NaN for the rest of the process's life. Dropped, counted and logged.
+                self._drop(g, DROPPED_GPM, metric=mid, value=repr(value))
+                ok = False
+            vals[mid] = value if ok else None
         gpm.last = vals
         sm, gr = vals.get(C.GPM_SM_UTIL), vals.get(C.GPM_GRAPHICS_UTIL)
-        if gr is not None and not math.isnan(gr):
+        if gr is not None:
             # Kernels resident over the pair: the adaptive rate's GPM source (one per stream: GPU or instance).
             g.pace.observe(source, classify([min(max(gr, 0.0), 100.0) / 100.0]), now)
         if sm is not None and gpm.sm_active_seconds is not None:

@@ -54,18 +54,24 @@ class Field:
     fake_default: int = 0
     fake_scale: float = 1.0  # raw value = round(state value x fake_scale)
     path: str = FAST
+    # The first driver branch whose nvml.h declares the field (0: every branch gpufeed supports), and what stands
+    # in for it on older drivers: both go into the log line that says the field is not available there.
+    driver_branch: int = 0
+    instead: str = "nothing"
 
     @property
     def state_key(self) -> str:
         return self.fake_key or self.key
 
 
-def _throttle(reason: str, field_id: int, nvml_name: str) -> Field:
+def _throttle(reason: str, field_id: int, nvml_name: str, driver_branch: int = 0) -> Field:
     return Field(
         key=R.throttle_key(reason), field_id=field_id, nvml_name=nvml_name, kind=COUNTER,
         metric="gpufeed_gpu_throttle_seconds", scale=1e-9, value_type=ULL, max_rate=1e9,
         labels=MappingProxyType({"reason": reason}), fake_key=f"throttle_ns.{reason}",
         help="Time the clocks were held down for the reason, from NVML's cumulative clock-event counters.",
+        driver_branch=driver_branch,
+        instead="the clock-event reason bits of each slow cycle (gpufeed_gpu_clock_event_reason)",
     )
 
 
@@ -90,15 +96,20 @@ def _remapped(cause: str, field_id: int, nvml_name: str) -> Field:
     )
 
 
+# Fields 197/198 first appear in the NVML 12.5 header (R555): on R535/R550 the driver answers an error per field.
+_PCIE_INSTEAD = ("GPM's PCIe rates in the transfer verdicts (Hopper and newer); no PCIe byte counts on older GPUs "
+                 "(nvmlDeviceGetPcieThroughput blocks ~20 ms and is never called)")
+# Fields 269-271 first appear in the NVML 12.9 header (R575). Branches from go-nvml's header history
+# (../shared/reference/reviews/gpu_readiness.md section 3).
 # Plausibility bounds: above any PCIe link (Gen6 x16 ~ 121 GB/s per direction), a replay storm, real time
 # for nanosecond counters, and 100 kW for an energy counter in millijoules.
 FIELDS: tuple[Field, ...] = (
     Field("pcie_tx_bytes", 197, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", COUNTER, "gpufeed_gpu_pcie_tx_bytes",
           "Bytes the GPU sent over PCIe (device to host), NVML field 197 unwrapped.", value_type=PCIE,
-          max_rate=256e9),
+          max_rate=256e9, driver_branch=555, instead=_PCIE_INSTEAD),
     Field("pcie_rx_bytes", 198, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", COUNTER, "gpufeed_gpu_pcie_rx_bytes",
           "Bytes the GPU received over PCIe (host to device), NVML field 198 unwrapped.", value_type=PCIE,
-          max_rate=256e9),
+          max_rate=256e9, driver_branch=555, instead=_PCIE_INSTEAD),
     Field("pcie_replays", 94, "NVML_FI_DEV_PCIE_REPLAY_COUNTER", COUNTER, "gpufeed_gpu_pcie_replays",
           "PCIe replays (link-level retransmissions) seen by the GPU, NVML field 94.", max_rate=1e7),
     Field("power", 186, "NVML_FI_DEV_POWER_INSTANT", GAUGE, "gpufeed_gpu_power_watts",
@@ -110,9 +121,9 @@ FIELDS: tuple[Field, ...] = (
     # counters), nanoseconds; the DCGM equivalents are documented "in ns" since dcgm-exporter PR #589.
     _throttle(R.SW_POWER_CAP, 74, "NVML_FI_DEV_PERF_POLICY_POWER"),
     _throttle(R.SYNC_BOOST, 76, "NVML_FI_DEV_PERF_POLICY_SYNC_BOOST"),
-    _throttle(R.SW_THERMAL, 269, "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
-    _throttle(R.HW_THERMAL, 270, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
-    _throttle(R.HW_POWER_BRAKE, 271, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN"),
+    _throttle(R.SW_THERMAL, 269, "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN", 575),
+    _throttle(R.HW_THERMAL, 270, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN", 575),
+    _throttle(R.HW_POWER_BRAKE, 271, "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN", 575),
     # Memory errors, slow path. ECC totals over every memory of the device (nvml.h: "Total single/double bit
     # volatile/aggregate ECC errors"); NVML calls single-bit errors corrected and double-bit ones uncorrected
     # (nvmlMemoryErrorType_t). Volatile counts reset when the driver reloads, aggregate ones persist in the

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from exporter import log
 from exporter.gpu import fields as F  # noqa: N812
-from exporter.gpu.binding import DISABLING, ERR_GPU_IS_LOST, ERR_NOT_FOUND, M64, MODULUS, SUCCESS, read_field_values
+from exporter.gpu.binding import (
+    DISABLING,
+    ERR_GPU_IS_LOST,
+    ERR_INVALID_ARGUMENT,
+    ERR_NOT_FOUND,
+    ERROR_NAMES,
+    M64,
+    MODULUS,
+    SUCCESS,
+    read_field_values,
+)
 from exporter.gpu.session import NvmlSession
 from exporter.gpu.state import GpuLostError, GpuState
 
@@ -36,27 +46,33 @@ class FieldValues(NvmlSession):
         prev_t = g.fields_prev_t.get(path)
         spacing = None if prev_t is None else now - prev_t
         g.fields_prev_t[path] = now
-        for fid, ret, vt, raw in read_field_values(arr):
+        for fid, ret, vt, raw, ts_us in read_field_values(arr):
             f = F.BY_ID.get(fid)
             if f is None:
                 continue
             if ret != SUCCESS:
                 if f.kind == F.GAUGE:
                     out.pop(f.key, None)  # an instantaneous value not read now is unknown, not the last one
-                if ret in DISABLING or ret == ERR_NOT_FOUND:
+                if ret in DISABLING or ret in (ERR_NOT_FOUND, ERR_INVALID_ARGUMENT):
+                    # INVALID_ARGUMENT: a field id this driver does not know (older than the field's branch),
+                    # for good like NOT_SUPPORTED -- and said so, never a series silently missing.
                     g.disabled_fields.add(fid)
                     out.pop(f.key, None)
                     if log.once(("gpu_field_disabled", self._tag, str(g.index), str(fid))):
                         self._log.info("gpu_field_disabled", gpu=g.index, field=fid, key=f.key,
-                                       reason=DISABLING.get(ret, ret))
+                                       reason=ERROR_NAMES.get(ret, ret), driver=self.driver_version,
+                                       needs_driver=f"R{f.driver_branch}+" if f.driver_branch else "any",
+                                       instead=f.instead)
                 elif ret == ERR_GPU_IS_LOST:
                     raise GpuLostError()
                 continue
             if raw is None:
                 continue
             if f.kind == F.COUNTER:
-                modulus = MODULUS.get(vt, M64)
-                total = g.counters[fid].update(raw, modulus, now)
+                counter = g.counters[fid]
+                # The driver's timestamp of the value (0: none given) tells a refresh step from a reset.
+                total = counter.update(raw, MODULUS.get(vt, M64), now, ts_us / 1e6 if ts_us > 0 else None)
+                modulus = counter.width(MODULUS.get(vt, M64))
                 out[f.key] = total * f.scale
                 if f.value_type == F.PCIE:
                     self._pcie_rate(g, fid, total, modulus, now)

@@ -1,23 +1,30 @@
-"""The NVML session: init and shutdown, enumeration and handles, MIG discovery, lost GPUs, and the calling
-conventions every NVML call of the sampling paths goes through (:meth:`NvmlSession._timed`, ``_opt``,
-``_failed``). The sampling paths (exporter/gpu/fast.py, buffered.py, slow.py) build on it, and
+"""The NVML session: init and shutdown, enumeration and handles, MIG discovery, lost and unavailable GPUs, on
+the calling conventions every NVML call goes through (exporter/gpu/calling.py: ``_timed``, ``_opt``,
+``_failed``, ``_drop``). The sampling paths (exporter/gpu/fast.py, buffered.py, slow.py) build on it, and
 :class:`~exporter.gpu.backend.NvmlBackend` puts them together.
 
 Enumeration acquires each index on its own (:meth:`NvmlSession._acquire`: handle, UUID, setup); a GPU that
-answers GPU_IS_LOST or UNKNOWN there is marked lost while the others are sampled.
+answers GPU_IS_LOST or UNKNOWN there is marked lost, and one that answers any other error (NO_PERMISSION for a
+GPU this process may not open, INSUFFICIENT_POWER, IRQ_ISSUE) unavailable with that error as its reason, while
+the others are sampled; both are retried with the same backoff.
 
 MIG: a GPU whose ``nvmlDeviceGetMigMode`` is enabled is enumerated with its MIG devices
 (``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``, their GPU and compute instance
-ids, UUIDs and names). Its whole-GPU utilisation, samples and per-process utilisation are unsupported by the
-driver, so each instance gets GPM pairs of its own (``nvmlGpmMigSampleGet``), its memory and its compute
-processes (through its MIG handle, which needs no privileges). A change of MIG mode, or an instance that
-answers NOT_FOUND / INVALID_ARGUMENT (destroyed), re-enumerates that GPU's instances on the next slow cycle.
+ids, UUIDs and names), grouped by GPU instance: several compute instances of one GPU instance are several MIG
+devices, each with its own processes. Its whole-GPU utilisation, samples and per-process utilisation are
+unsupported by the driver, so each GPU instance gets GPM pairs of its own (``nvmlGpmMigSampleGet``), its memory
+and the compute processes of each of its compute instances (through their MIG handles, which need no
+privileges). A change of MIG mode, an instance that answers NOT_FOUND / INVALID_ARGUMENT (destroyed), or MIG
+device UUIDs that differ from the enumeration's (compared each slow cycle: nvml.h says MIG handles may be
+reused after a reconfiguration) re-enumerate that GPU's instances on the next slow cycle.
 
 Errors (nvml.h return codes): ``NOT_SUPPORTED`` / ``FUNCTION_NOT_FOUND`` / ``NO_PERMISSION`` disable that
 call (or field) for that GPU, logged once. ``GPU_IS_LOST`` marks the GPU lost (so do three ``UNKNOWN`` in a
 row: drivers answer that for a GPU that fell off the bus); the others keep sampling, and NVML is
 re-initialised with exponential backoff until the GPU answers again. No NVML library (or bindings) or no GPU
-raise :class:`GpuUnavailableError` (absence by design) and are retried every ``retry_unavailable_s``. Any other
+raise :class:`GpuUnavailableError` (absence by design) and are retried every ``retry_unavailable_s`` -- except
+where ``gpu_hardware`` sees NVIDIA GPUs on the PCI bus: then no library (LIBRARY_NOT_FOUND: a container the
+toolkit gave no driver libraries) or no bindings is a :class:`GpuInitError` with a hint. Any other
 ``nvmlInit`` error (``NO_PERMISSION``: the daemon's user cannot open ``/dev/nvidiactl``; ``DRIVER_NOT_LOADED``:
 the library is there but the kernel module is not; anything else) raises :class:`GpuInitError` naming the
 NVML error and a hint, logged once, retried with exponential backoff up to ``retry_unavailable_s``. Any
@@ -28,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -36,10 +42,10 @@ from typing import Any
 from exporter import log
 from exporter import pci as pcimod
 from exporter.gpu.binding import (
-    DISABLING,
     ERR_DRIVER_NOT_LOADED,
     ERR_GPU_IS_LOST,
     ERR_INVALID_ARGUMENT,
+    ERR_LIBRARY_NOT_FOUND,
     ERR_NO_PERMISSION,
     ERR_NOT_FOUND,
     ERR_UNKNOWN,
@@ -47,9 +53,10 @@ from exporter.gpu.binding import (
     ArrayTypes,
     CallStats,
     code,
-    describe,
     errname,
+    reason,
 )
+from exporter.gpu.calling import NvmlCalls
 from exporter.gpu.calls import CallTimes
 from exporter.gpu.events import XidWatcher
 from exporter.gpu.state import GPM_METRICS, NO_FIELDS, GpmStream, GpuLostError, GpuState, MigDevice
@@ -65,13 +72,27 @@ _INIT_HINTS = {
                            "'lsmod | grep nvidia', dmesg and nvidia-smi",
 }
 _INIT_HINT_OTHER = "check nvidia-smi and dmesg on this host"
+_MIG_PRIVILEGE_HINT = ("seeing MIG devices from a container needs the MIG monitor capability: run it privileged "
+                       "with NVIDIA_MIG_MONITOR_DEVICES=all (docs/deployment.md, MIG and privileges)")
+_NO_LIBRARY_HINT = (
+    "NVIDIA GPUs are on the PCI bus but libnvidia-ml.so.1 is not visible to gpufeed. In a container the NVIDIA "
+    "container toolkit did not inject the driver libraries: an unprivileged pod's NVIDIA_VISIBLE_DEVICES is "
+    "ignored where accept-nvidia-visible-devices-envvar-when-unprivileged=false (Bottlerocket's default, a "
+    "common GPU-operator hardening). Request the GPUs through CDI or the device plugin, or run the pod "
+    "privileged (docs/deployment.md). On a host: install the driver's NVML library or set LD_LIBRARY_PATH")
+# Per-GPU handle errors (nvmlDeviceGetHandleByIndex / GetUUID): what each one usually means.
+_UNAVAILABLE_HINTS = {
+    "no_permission": "this process may not open the GPU's /dev/nvidiaN (a cgroup device rule, Slurm "
+                     "ConstrainDevices, or a container given a subset of the GPUs); expected if so",
+    "insufficient_power": "the GPU's auxiliary power cables are not connected or not enough: check the board",
+    "irq_issue": "the GPU's interrupts do not work (NVRM in dmesg): check the slot and the kernel's IOMMU/MSI setup",
+}
 
 # nvmlDeviceGetCpuAffinity / GetMemoryAffinity bitmask sizes in 64-bit words: 1024 CPUs, 256 nodes.
 CPU_SET_WORDS = 16
 NODE_SET_WORDS = 4
 AFFINITY_SCOPE_NODE = 0
 
-UNKNOWN_STREAK_LOST = 3
 
 MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 
@@ -97,7 +118,7 @@ def _bits(words: Iterable[int]) -> frozenset[int]:
     return frozenset(out)
 
 
-class NvmlSession:
+class NvmlSession(NvmlCalls):
     """One NVML session for every GPU of the host: the GPUs, their handles and state, under one lock."""
 
     def __init__(
@@ -106,12 +127,13 @@ class NvmlSession:
         *,
         clock: Callable[[], float],
         numa_of: Callable[[str], int | None] | None,
-        gpu_hardware: Callable[[], bool] | None,
+        gpu_hardware: Callable[[], bool | None] | None,
         retry_unavailable_s: float,
         lost_backoff_s: tuple[float, float],
         profile: bool,
         event_thread: bool,
     ) -> None:
+        super().__init__()
         self._provider = provider
         self._clock = clock
         self._numa_of = numa_of
@@ -123,6 +145,7 @@ class NvmlSession:
         self._initialised = False
         self._gpus: dict[int, GpuState] = {}
         self._identity_map: Mapping[int, GpuIdentity] = NO_FIELDS
+        self._unavailable_map: Mapping[int, str] = NO_FIELDS
         self._unavailable: str | None = None
         self._init_failed: str | None = None
         self._init_backoff = min(self._backoff_min, retry_unavailable_s)
@@ -149,9 +172,17 @@ class NvmlSession:
         """Every GPU's identity: the previous mapping while no identity changed, as every sample holds one (a
         new one per sample would be two more objects per sample for the cycle collector to traverse)."""
         known = self._identity_map
-        if len(known) != len(self._gpus) or any(known.get(i) is not g.identity for i, g in self._gpus.items()):
-            known = self._identity_map = MappingProxyType({i: g.identity for i, g in self._gpus.items()})
+        gpus = {i: g for i, g in self._gpus.items() if g.unavailable is None}
+        if len(known) != len(gpus) or any(known.get(i) is not g.identity for i, g in gpus.items()):
+            known = self._identity_map = MappingProxyType({i: g.identity for i, g in gpus.items()})
         return known
+
+    def _unavailable_now(self) -> Mapping[int, str]:  # under self._lock
+        """The GPUs NVML will not hand over, with the reason (the previous mapping while it is the same)."""
+        now = {i: g.unavailable for i, g in self._gpus.items() if g.unavailable is not None}
+        if now != self._unavailable_map:
+            self._unavailable_map = MappingProxyType(now) if now else NO_FIELDS
+        return self._unavailable_map
 
     def close(self) -> None:
         """Stop the Xid watcher, free GPM samples and shut NVML down."""
@@ -191,18 +222,26 @@ class NvmlSession:
 
     def _init(self) -> None:
         """Load NVML, initialise, enumerate; GpuUnavailableError when there is nothing to sample."""
+        hardware = self._gpu_hardware() if self._gpu_hardware is not None else None
         try:
             nvml = self._provider()
         except ImportError as e:
+            if hardware:
+                raise GpuInitError(f"NVML Python bindings not importable ({e}) on a host with NVIDIA GPUs on "
+                                   "the PCI bus: install nvidia-ml-py (pip install gpufeed pulls it in)") from e
             raise GpuUnavailableError(f"NVML Python bindings not importable: {e}") from e
         self._nvml = nvml
         try:
             self._timed("nvmlInit", nvml.nvmlInit)
         except nvml.NVMLError as e:
             rc = code(e)
+            if rc == ERR_LIBRARY_NOT_FOUND and hardware:
+                # NVIDIA GPUs on the PCI bus but no libnvidia-ml.so.1 here: a container the toolkit gave no
+                # driver libraries (hardened clusters), not a host without GPUs.
+                raise GpuInitError(f"nvmlInit failed: {errname(e)}: {_NO_LIBRARY_HINT}") from e
             if rc in UNAVAILABLE:
                 raise GpuUnavailableError(UNAVAILABLE[rc]) from e
-            if rc == ERR_DRIVER_NOT_LOADED and self._gpu_hardware is not None and not self._gpu_hardware():
+            if rc == ERR_DRIVER_NOT_LOADED and hardware is False:
                 # Images that ship the driver's user-space libraries run on CPU-only hosts too: with no NVIDIA
                 # GPU on the PCI bus, an unloaded kernel module is absence, not a fault.
                 raise GpuUnavailableError(
@@ -248,7 +287,7 @@ class NvmlSession:
         fresh: dict[int, GpuState] = {}
         for idx in range(count):
             cur = self._gpus.get(idx)
-            if only_lost and cur is not None and not cur.lost:
+            if only_lost and cur is not None and not cur.lost and cur.unavailable is None:
                 fresh[idx] = cur
                 continue
             fresh[idx] = self._acquire(idx, by_uuid, now)
@@ -260,7 +299,8 @@ class NvmlSession:
                 fresh[old.index] = old
         self._gpus = fresh
         # The reachable GPUs changed (start, recovery, re-init): watch their Xid events from now on.
-        reachable = {i: g.handle for i, g in sorted(fresh.items()) if not g.lost and g.handle is not None}
+        reachable = {i: g.handle for i, g in sorted(fresh.items())
+                     if not g.lost and g.unavailable is None and g.handle is not None}
         self.events.arm(self._nvml, reachable)
 
     def _acquire(self, idx: int, by_uuid: Mapping[str, GpuState], now: float) -> GpuState:
@@ -271,17 +311,25 @@ class NvmlSession:
             handle = self._timed("nvmlDeviceGetHandleByIndex", nvml.nvmlDeviceGetHandleByIndex, idx)
             uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, handle))
         except nvml.NVMLError as e:
-            if code(e) not in (ERR_GPU_IS_LOST, ERR_UNKNOWN):
-                raise
             old = self._gpus.get(idx)
             g = old or GpuState(idx, None, GpuIdentity(idx, "", "", "", False))
             g.handle = None
-            if not g.lost:
+            if code(e) not in (ERR_GPU_IS_LOST, ERR_UNKNOWN):
+                # nvml.h (nvmlDeviceGetCount_v2): the count includes GPUs whose handle answers NO_PERMISSION (a
+                # cgroup or Slurm ConstrainDevices hiding it); INSUFFICIENT_POWER and IRQ_ISSUE are a GPU's own
+                # fault. Either way this GPU alone is unavailable: the others are sampled.
+                g.lost = False
+                self._mark_unavailable(g, reason(e), now)
+            elif not g.lost:
+                g.unavailable = None
                 self._mark_lost(g, now)
             return g
         g = by_uuid.get(uuid) or GpuState(idx, handle, GpuIdentity(idx, uuid, "", "", False))
         was_lost = g.lost
-        g.index, g.handle, g.lost, g.unknown_streak = idx, handle, False, 0
+        if g.unavailable is not None:
+            self._log.info("gpu_available", gpu=idx, uuid=uuid, was=g.unavailable)
+            log.forget(("gpu_unavailable", self._tag, str(idx), g.unavailable))
+        g.index, g.handle, g.lost, g.unavailable, g.unknown_streak = idx, handle, False, None, 0
         try:
             self._setup(g)
         except GpuLostError:
@@ -309,7 +357,7 @@ class NvmlSession:
         self._free_gpm(g)
         g.gpm_ok = gpm
         mig_mode = self._mig_mode(g)
-        if gpm and not mig_mode:
+        if gpm:  # in MIG mode too: nvml.h's nvmlGpmSampleGet "supports the device handle and MIG device handle"
             self._alloc_gpm(g.gpm)
         cpus = None
         words = self._opt(g, "nvmlDeviceGetCpuAffinity", nvml.nvmlDeviceGetCpuAffinity, h, CPU_SET_WORDS)
@@ -363,36 +411,27 @@ class NvmlSession:
         return mode is not None and int(mode[0]) == MIG_ENABLED
 
     def _enumerate_mig(self, g: GpuState) -> None:
-        """(Re)acquire the GPU's MIG devices; instances that stay (same GPU instance id and UUID) keep their GPM
-        integrals, so a re-enumeration never makes a counter jump."""
-        nvml, h = self._nvml, g.handle
+        """(Re)acquire the GPU's MIG devices, grouped by GPU instance (several compute instances of one GPU
+        instance are one MigDevice with a handle per compute instance: GPM and memory are the GPU instance's,
+        processes each compute instance's). Instances that stay (same GPU instance id and first UUID) keep
+        their GPM integrals, so a re-enumeration never makes a counter jump."""
         g.mig_stale = False
         g.processes_t = None  # the instances changed: enumerate their processes on this slow cycle
-        n = self._opt(g, "nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        slots = self._mig_devices(g)
         found: dict[int, MigDevice] = {}
-        for i in range(int(n)):
-            try:
-                mh = self._timed("nvmlDeviceGetMigDeviceHandleByIndex", nvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
-                gi = int(self._timed("nvmlDeviceGetGpuInstanceId", nvml.nvmlDeviceGetGpuInstanceId, mh))
-                ci = int(self._timed("nvmlDeviceGetComputeInstanceId", nvml.nvmlDeviceGetComputeInstanceId, mh))
-                uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, mh))
-                name = str(self._timed("nvmlDeviceGetName", nvml.nvmlDeviceGetName, mh))
-            except nvml.NVMLError as e:
-                if code(e) == ERR_NOT_FOUND:  # an unpopulated slot: fewer instances than the maximum
-                    continue
-                self._failed(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)
-                if "nvmlDeviceGetMigDeviceHandleByIndex" in g.disabled:
-                    break
+        for gi, ci, uuid, name, mh in sorted(slots, key=lambda d: (d[0], d[1])):
+            if gi in found:
+                found[gi].compute[ci] = mh
                 continue
             ident = MigIdentity(gi=gi, ci=ci, uuid=uuid, name=name)
             old = g.mig.get(gi)
             if old is not None and old.identity.uuid == uuid:
-                old.identity, old.handle = ident, mh
+                old.identity, old.handle, old.compute = ident, mh, {ci: mh}
                 found[gi] = old
             else:
                 if old is not None:
                     self._free_samples(old.gpm, g.index)
-                found[gi] = MigDevice(ident, mh)
+                found[gi] = MigDevice(ident, mh, {ci: mh})
         for gi, old in g.mig.items():
             if gi not in found:
                 self._free_samples(old.gpm, g.index)
@@ -400,15 +439,46 @@ class NvmlSession:
             if g.gpm_ok and not m.gpm.samples:
                 self._alloc_gpm(m.gpm)
         g.mig = found
+        g.mig_slots = tuple(d[2] for d in slots)
         g.identity = dataclasses.replace(
             g.identity, mig_mode=True, mig=tuple(m.identity for _, m in sorted(found.items())))
-        self._log.info("gpu_mig_enumerated", gpu=g.index, instances=",".join(map(str, sorted(found))) or "none")
+        self._log.info("gpu_mig_enumerated", gpu=g.index, instances=",".join(map(str, sorted(found))) or "none",
+                       compute_instances=",".join(f"{gi}.{ci}" for gi, m in sorted(found.items())
+                                                  for ci in sorted(m.compute)) or "none")
+
+    def _mig_devices(self, g: GpuState, *, full: bool = True) -> list[tuple[int, int, str, str, Any]]:
+        """The GPU's MIG devices by slot: (GPU instance id, compute instance id, UUID, name, handle); with
+        ``full`` False only the UUIDs are asked for (ids -1, name "")."""
+        nvml, h = self._nvml, g.handle
+        n = self._opt(g, "nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
+        out: list[tuple[int, int, str, str, Any]] = []
+        for i in range(int(n)):
+            try:
+                mh = self._timed("nvmlDeviceGetMigDeviceHandleByIndex", nvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+                uuid = str(self._timed("nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID, mh))
+                if not full:
+                    out.append((-1, -1, uuid, "", mh))
+                    continue
+                gi = int(self._timed("nvmlDeviceGetGpuInstanceId", nvml.nvmlDeviceGetGpuInstanceId, mh))
+                ci = int(self._timed("nvmlDeviceGetComputeInstanceId", nvml.nvmlDeviceGetComputeInstanceId, mh))
+                name = str(self._timed("nvmlDeviceGetName", nvml.nvmlDeviceGetName, mh))
+            except nvml.NVMLError as e:
+                if code(e) == ERR_NOT_FOUND:  # an unpopulated slot: fewer instances than the maximum
+                    continue
+                if code(e) == ERR_NO_PERMISSION and log.once(("gpu_mig_no_permission", self._tag, str(g.index))):
+                    self._log.warning("gpu_mig_no_permission", gpu=g.index, hint=_MIG_PRIVILEGE_HINT)
+                self._failed(g, "nvmlDeviceGetMigDeviceHandleByIndex", e)
+                if "nvmlDeviceGetMigDeviceHandleByIndex" in g.disabled:
+                    break
+                continue
+            out.append((gi, ci, uuid, name, mh))
+        return out
 
     def _leave_mig(self, g: GpuState) -> None:
         """MIG mode was turned off: back to whole-GPU GPM."""
         for m in g.mig.values():
             self._free_samples(m.gpm, g.index)
-        g.mig, g.mig_stale = {}, False
+        g.mig, g.mig_stale, g.mig_slots = {}, False, ()
         g.processes_t = None
         g.identity = dataclasses.replace(g.identity, mig_mode=False, mig=())
         if g.gpm_ok and not g.gpm.samples:
@@ -427,9 +497,11 @@ class NvmlSession:
         if "nvmlDeviceGetMigMode" in g.disabled and not g.identity.mig_mode:
             return
         mode = self._mig_mode(g)
+        if mode and g.identity.mig_mode and not g.mig_stale and "nvmlDeviceGetMigDeviceHandleByIndex" not in g.disabled:
+            # Destroyed and created again, a MIG device may answer through a handle the old one had: only its
+            # UUID tells (a slot's handle and UUID per MIG device, each slow cycle; microseconds).
+            g.mig_stale = tuple(d[2] for d in self._mig_devices(g, full=False)) != g.mig_slots
         if mode and (not g.identity.mig_mode or g.mig_stale):
-            if not g.identity.mig_mode:
-                self._free_samples(g.gpm, g.index)  # whole-GPU GPM is unsupported in MIG mode
             self._enumerate_mig(g)
         elif not mode and g.identity.mig_mode and "nvmlDeviceGetMigMode" not in g.disabled:
             self._leave_mig(g)
@@ -449,6 +521,15 @@ class NvmlSession:
         if self._next_reinit is None:
             self._next_reinit = now + self._backoff
 
+    def _mark_unavailable(self, g: GpuState, why: str, now: float) -> None:
+        """NVML counts GPU ``g`` but refuses its handle (``why``): skip it, retry with the lost GPUs' backoff."""
+        g.unavailable = why
+        if log.once(("gpu_unavailable", self._tag, str(g.index), why)):
+            self._log.warning("gpu_unavailable", gpu=g.index, reason=why, retry_in=self._backoff,
+                              hint=_UNAVAILABLE_HINTS.get(why, _INIT_HINT_OTHER))
+        if self._next_reinit is None:
+            self._next_reinit = now + self._backoff
+
     def _reinit(self, now: float) -> None:
         """Try to get lost GPUs back; back off exponentially while any stays lost.
 
@@ -457,7 +538,7 @@ class NvmlSession:
         and initialised again.
         """
         nvml = self._nvml
-        healthy = any(not g.lost for g in self._gpus.values())
+        healthy = any(not g.lost and g.unavailable is None for g in self._gpus.values())
         try:
             if not healthy or not self._initialised:
                 self._teardown()
@@ -471,68 +552,9 @@ class NvmlSession:
                 # Keep the last enumeration; every GPU is unreachable until the next attempt.
                 for g in self._gpus.values():
                     g.lost, g.handle = True, None
-        if any(g.lost for g in self._gpus.values()):
+        if any(g.lost or g.unavailable is not None for g in self._gpus.values()):
             self._backoff = min(self._backoff * 2, self._backoff_max)
             self._next_reinit = now + self._backoff
         else:
             self._backoff = self._backoff_min
             self._next_reinit = None
-
-    # ---- calling NVML ---------------------------------------------------------------------------------------
-
-    def _timed(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call NVML, timing the call for gpufeed_nvml_call_duration_seconds (and, profiling, CallStats)."""
-        t0 = time.perf_counter()
-        if not self._profile:
-            try:
-                return fn(*args)
-            finally:
-                self.calls.observe(name, time.perf_counter() - t0)
-        st = self.stats.setdefault(name, CallStats())
-        try:
-            out = fn(*args)
-        except Exception as e:
-            st.errors[errname(e)] = st.errors.get(errname(e), 0) + 1
-            raise
-        finally:
-            took = time.perf_counter() - t0
-            self.calls.observe(name, took)
-            st.calls += 1
-            st.total_us += took * 1e6
-            st.max_us = max(st.max_us, took * 1e6)
-        st.last = describe(out)
-        return out
-
-    def _opt(self, g: GpuState, name: str, fn: Callable[..., Any], *args: Any, raising: bool = False) -> Any:
-        """Call an NVML function for GPU ``g``: None when unsupported (disabled from now on) or failing.
-
-        ``raising`` (MIG instance calls): NOT_FOUND and INVALID_ARGUMENT -- the instance is gone -- are raised
-        to the caller instead, which re-enumerates the GPU's instances.
-        """
-        if name in g.disabled:
-            return None
-        try:
-            out = self._timed(name, fn, *args)
-        except self._nvml.NVMLError as e:
-            if raising and code(e) in (ERR_NOT_FOUND, ERR_INVALID_ARGUMENT):
-                raise
-            return self._failed(g, name, e)
-        g.unknown_streak = 0
-        return out
-
-    def _failed(self, g: GpuState, name: str, e: BaseException) -> None:
-        rc = code(e)
-        if rc == ERR_GPU_IS_LOST:
-            raise GpuLostError() from e
-        if rc == ERR_UNKNOWN:
-            g.unknown_streak += 1
-            if g.unknown_streak >= UNKNOWN_STREAK_LOST:
-                raise GpuLostError() from e
-        if rc in DISABLING:
-            g.disabled.add(name)
-            if log.once(("gpu_call_disabled", self._tag, str(g.index), name)):
-                self._log.info("gpu_call_disabled", gpu=g.index, call=name, reason=DISABLING[rc])
-            return None
-        if rc != ERR_NOT_FOUND and log.once(("gpu_call_failed", self._tag, str(g.index), name, str(rc))):
-            self._log.warning("gpu_call_failed", gpu=g.index, call=name, error=errname(e))
-        return None

@@ -10,6 +10,7 @@ falls back to ``_v2`` on drivers without it.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from types import MappingProxyType
 from typing import Any
@@ -19,12 +20,17 @@ from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
 from exporter.gpu import fields as F  # noqa: N812
 from exporter.gpu.binding import ERR_NOT_FOUND, SUCCESS, code
 from exporter.gpu.fieldvalues import FieldValues
-from exporter.gpu.state import NO_FIELDS, GpuState
+from exporter.gpu.state import DROPPED_PID, NO_FIELDS, GpuState
 from exporter.samples.gpu import GpuProcess, GpuSlow, MigSlow
 
 # Compute-process calls, newest struct first (pynvml's unversioned name raises outside NVMLError when the
 # driver lacks the newest one: see the module docstring).
 PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2")
+# nvml.h nvmlProcessInfo_v2_t (= _v3): pid u32, usedGpuMemory u64 (aligned), gpuInstanceId u32,
+# computeInstanceId u32.
+PROCESS_INFO_BYTES = 24
+# Per-process utilisation, the older call first (every driver since Maxwell), its R550+ successor second.
+PROCESS_UTIL_CALLS = ("nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo")
 # Process enumeration (the compute-process list and per-process utilisation) holds the driver's global lock for
 # milliseconds and can stall the workload's own submission threads (MangoHud #2104): at most once per this many
 # seconds per GPU whatever the slow path's interval, except on the first slow cycle after the GPU's activity
@@ -61,7 +67,12 @@ class SlowPath(FieldValues):
             mask = get("nvmlDeviceGetCurrentClocksThrottleReasons")  # drivers before R535
         if mask is not None:
             supported = True
-        temp = get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
+        temp = None
+        if "nvmlDeviceGetTemperatureV" not in g.disabled:
+            temp = get("nvmlDeviceGetTemperatureV", nvml.NVML_TEMPERATURE_GPU)
+        if temp is None and "nvmlDeviceGetTemperatureV" in g.disabled:
+            # nvmlDeviceGetTemperature is DEPRECATED(13.0) (nvml.h) for the V call; drivers before it have only it.
+            temp = get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
         mem = get("nvmlDeviceGetMemoryInfo")
         limit_mw = get("nvmlDeviceGetEnforcedPowerLimit")
         max_clock = get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
@@ -104,7 +115,9 @@ class SlowPath(FieldValues):
             try:
                 mem = self._opt(g, "nvmlDeviceGetMemoryInfo:mig", nvml.nvmlDeviceGetMemoryInfo, m.handle, raising=True)
                 if enumerate_now or not m.processes_seen:
-                    m.processes = self._processes(g, m.handle, raising=True)
+                    # Each compute instance lists its own processes (a process runs in one).
+                    m.processes = _merged([p for _, h in sorted(m.compute.items())
+                                           for p in self._processes(g, h, raising=True)])
                     m.processes_seen = True
                 found = m.processes
             except nvml.NVMLError as e:
@@ -121,6 +134,8 @@ class SlowPath(FieldValues):
         garbage) and their SM share."""
         nvml = self._nvml
         h = g.handle if handle is None else handle
+        if not self._process_struct_fits(g):
+            return ()
         procs = None
         for name in PROCESS_CALLS:
             if name not in g.disabled:
@@ -142,6 +157,8 @@ class SlowPath(FieldValues):
                 mem[pid] = int(mem[pid] or 0) + used_i  # the same process listed twice (several contexts)
             elif pid not in mem:
                 mem[pid] = used_i
+        if bad:
+            self._count_dropped(DROPPED_PID, bad)
         if bad and log.once(("gpu_bad_pids", self._tag, str(g.index))):
             self._log.warning("gpu_process_pids_invalid", gpu=g.index, dropped=bad, pid_max=self._pid_max,
                               hint="nvidia-ml-py and driver versions may not match")
@@ -150,14 +167,46 @@ class SlowPath(FieldValues):
                                 sm_ratio=None if sm is None else sm.get(pid, 0.0))
                      for pid in sorted(mem))
 
+    def _process_struct_fits(self, g: GpuState) -> bool:
+        """Whether the binding's process struct is the driver's (nvml.h nvmlProcessInfo_v2_t/_v3: 24 bytes).
+        nvidia-ml-py 12.535.77's is 32 bytes: the driver writes 24-byte entries that the binding reads at a
+        32-byte stride, so every pid after the first is garbage that can name an unrelated process. Then no
+        process list is read at all (logged once as an error), rather than attribute work to strangers."""
+        struct = getattr(self._nvml, "c_nvmlProcessInfo_v3_t", None) or self._nvml.c_nvmlProcessInfo_t
+        size = ctypes.sizeof(struct)
+        if size == PROCESS_INFO_BYTES:
+            return True
+        g.disabled.update(PROCESS_CALLS)
+        if log.once(("gpu_process_struct_mismatch", self._tag)):
+            self._log.error("gpu_process_struct_mismatch", binding_bytes=size, driver_bytes=PROCESS_INFO_BYTES,
+                            hint="this nvidia-ml-py lays out nvmlProcessInfo_t unlike the driver: upgrade it "
+                                 "(pip install -U nvidia-ml-py); GPU processes are not listed until then")
+        return False
+
     def _process_util(self, g: GpuState, pids: set[int]) -> dict[int, float] | None:
-        """Latest SM share per pid since the last call; None when unsupported (MIG). Absent pid = 0."""
+        """Latest SM share per pid since the last call (a pid without a sample: 0, as nvml.h returns only
+        processes with non-zero utilisation); None when unknown -- unsupported (MIG), or no sample at all while
+        the GPU's own samples show it busy.
+
+        ``nvmlDeviceGetProcessUtilization`` is reported to answer nothing useful on Blackwell (HAMi #2015): an
+        empty answer on a busy GPU, or the call unsupported, tries ``nvmlDeviceGetProcessesUtilizationInfo``
+        (R550+), the same samples in the newer struct."""
+        for name in PROCESS_UTIL_CALLS:
+            if name in g.disabled:
+                continue
+            got = self._util_samples(g, name, pids)
+            if got:
+                return got
+            if got is not None and not g.active:
+                return got  # an idle GPU: no process had non-zero utilisation, each one's share is 0
+        return None
+
+    def _util_samples(self, g: GpuState, name: str, pids: set[int]) -> dict[int, float] | None:
+        """One per-process utilisation call: the newest SM share of each pid in ``pids`` that has a sample;
+        None when the call failed."""
         nvml = self._nvml
-        name = "nvmlDeviceGetProcessUtilization"
-        if name in g.disabled:
-            return None
         try:
-            samples = self._timed(name, nvml.nvmlDeviceGetProcessUtilization, g.handle, g.proc_last_seen)
+            samples = self._timed(name, getattr(nvml, name), g.handle, g.proc_last_seen)
         except nvml.NVMLError as e:
             # NOT_FOUND: no process had non-zero utilisation since lastSeen. SUCCESS: the binding raises
             # NVMLError(NVML_SUCCESS) when the sizing call finds nothing to return (it expects
@@ -170,11 +219,29 @@ class SlowPath(FieldValues):
         for s in samples:
             pid, ts = _valid_pid(s.pid, self._pid_max), int(s.timeStamp)
             g.proc_last_seen = max(g.proc_last_seen, ts)
-            if pid is None or pid not in pids:
+            if pid is None:
+                self._count_dropped(DROPPED_PID)
+                continue
+            if pid not in pids:
                 continue
             if pid not in latest or ts >= latest[pid][0]:
                 latest[pid] = (ts, min(max(float(s.smUtil), 0.0), 100.0) / 100.0)
         return {pid: v for pid, (_, v) in latest.items()}
+
+
+def _merged(procs: list[GpuProcess]) -> tuple[GpuProcess, ...]:
+    """One entry per pid (a process with contexts in two compute instances of one GPU instance is listed by
+    both): memory added up, unknown if either is."""
+    by_pid: dict[int, GpuProcess] = {}
+    for p in procs:
+        q = by_pid.get(p.pid)
+        if q is None:
+            by_pid[p.pid] = p
+            continue
+        used = None if p.used_memory_bytes is None or q.used_memory_bytes is None else (
+            p.used_memory_bytes + q.used_memory_bytes)
+        by_pid[p.pid] = dataclasses.replace(q, used_memory_bytes=used)
+    return tuple(by_pid[pid] for pid in sorted(by_pid))
 
 
 def _int(v: Any) -> int | None:

@@ -18,6 +18,9 @@ from exporter.samples.gpu import GpuIdentity, GpuProcess, HeldFast, MigIdentity
 GPM_METRICS = (C.GPM_GRAPHICS_UTIL, C.GPM_SM_UTIL, C.GPM_SM_OCCUPANCY, C.GPM_ANY_TENSOR_UTIL,
                C.GPM_DRAM_BW_UTIL, C.GPM_PCIE_TX_PER_SEC, C.GPM_PCIE_RX_PER_SEC)
 NO_FIELDS: Mapping[Any, Any] = MappingProxyType({})  # the one shared empty mapping
+# Why a value NVML returned was dropped (gpufeed_nvml_values_dropped_total{reason}): a non-finite GPM metric
+# with SUCCESS, a process id no process on this host can have.
+DROPPED_GPM, DROPPED_PID = "gpm_not_finite", "invalid_pid"
 
 
 class GpuLostError(Exception):
@@ -41,10 +44,12 @@ class GpmStream:
 
 @dataclass
 class MigDevice:
-    """One MIG device of a GPU in MIG mode."""
+    """One GPU instance of a GPU in MIG mode (GPM pairs, memory) with its compute instances (processes)."""
 
-    identity: MigIdentity
-    handle: Any
+    identity: MigIdentity  # its first compute instance's (the lowest ci)
+    handle: Any  # the first compute instance's MIG device handle: what the GPU instance shares (memory)
+    # Every compute instance of the GPU instance -- each a MIG device with processes of its own -- ci -> handle.
+    compute: dict[int, Any] = field(default_factory=dict)
     gpm: GpmStream = field(default_factory=GpmStream)
     processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration
     processes_seen: bool = False  # enumerated at least once (a new instance is enumerated on its first cycle)
@@ -58,6 +63,9 @@ class GpuState:
     handle: Any
     identity: GpuIdentity
     lost: bool = False
+    # Why NVML will not hand over this GPU's handle (exporter.gpu.binding.reason of a per-index error other than
+    # GPU_IS_LOST / UNKNOWN), None once it does: not sampled, retried with the lost GPUs' backoff.
+    unavailable: str | None = None
     unknown_streak: int = 0
     disabled: set[str] = field(default_factory=set)
     disabled_fields: set[int] = field(default_factory=set)
@@ -74,6 +82,9 @@ class GpuState:
     # MIG: the instances by GPU instance id, and whether the next slow cycle must enumerate them again
     mig: dict[int, MigDevice] = field(default_factory=dict)
     mig_stale: bool = False
+    # The MIG device UUIDs by slot as of the newest enumeration: a slow cycle that finds others re-enumerates
+    # (nvml.h: MIG handles may be reused after a reconfiguration, answering for another instance).
+    mig_slots: tuple[str, ...] = ()
     # buffered path
     util: SampleIntegrator = field(default_factory=SampleIntegrator)
     mem: SampleIntegrator = field(default_factory=SampleIntegrator)

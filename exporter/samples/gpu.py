@@ -228,8 +228,8 @@ class CallHistogram(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """One sampler's view of every GPU: ``gpus`` maps NVML index -> that sampler's per-GPU value
-    (GpuFast or HeldFast, GpuSlow or GpuBuffered); ``identities`` and ``lost`` are shared by all three
-    samplers; ``steady`` (fast path only) names the GPUs read at the steady rate.
+    (GpuFast or HeldFast, GpuSlow or GpuBuffered); ``identities``, ``lost`` and ``unavailable`` are shared by
+    all three samplers; ``steady`` (fast path only) names the GPUs read at the steady rate.
     ``calls`` is the NVML call-duration histogram per call kind (exporter/gpu/calls.py) when the sample was
     taken: one accumulator behind every sampler's sample, so the newest sample has the most calls (a RowMap of
     CallHistogram from the backend). ``identities`` is the same mapping from sample to sample while no GPU's
@@ -240,3 +240,8 @@ class GpuSample:
     lost: frozenset[int]
     calls: Mapping[str, CallHistogram] = field(default_factory=_empty)
     steady: frozenset[int] = frozenset()
+    # GPUs NVML counts but will not hand over (a per-index NO_PERMISSION, INSUFFICIENT_POWER, IRQ_ISSUE ...):
+    # index -> the NVML error's name. Not lost (they are retried with the same backoff), not sampled.
+    unavailable: Mapping[int, str] = field(default_factory=_empty)
+    # Values NVML returned that cannot be true and were dropped, so far, by reason (exporter/gpu/state.py).
+    dropped: Mapping[str, int] = field(default_factory=_empty)

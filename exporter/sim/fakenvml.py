@@ -37,6 +37,10 @@ Top level::
      "driver_version": "550.54.15",
      "init_error": null,        # NVML error name (see "Error names"): nvmlInit raises it, e.g.
                                 #   "library_not_found" (no driver), "driver_not_loaded", "no_permission"
+     "driver_fields": null,     # null: every field of exporter/gpu/fields.py is answered. An error name
+                                #   ("not_supported", "invalid_argument"): a field whose driver_branch is
+                                #   newer than driver_version's branch answers that per-field nvmlReturn, as a
+                                #   driver without the field does (197/198 before R555, 269-271 before R575)
      "devices": [ {...}, ... ]} # the GPUs, in NVML index order
 
 Per device (the NVML index is the position in ``devices``; ``index``, if given, must equal it)::
@@ -46,6 +50,15 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
     capability    "gpm": true                    GPM supported (Hopper+); false -> isSupportedDevice=0
                   "pcie_counter_bits": 32        width at which fields 197/198 wrap (32 -> reported as
                                                  NVML_VALUE_TYPE_UNSIGNED_INT, 64 -> UNSIGNED_LONG_LONG)
+                  "pcie_counter_value_type": null   "uint" / "ull": the value type reported for 197/198
+                                                 whatever the width ("ull" with 32 bits: a 32-bit hardware
+                                                 counter in a 64-bit slot, which nvml.h does not rule out)
+                  "gpm_nan": []                  GPM metric ids answered NaN with SUCCESS (nvml.h does not rule
+                                                 it out; a pair inside one internal refresh is the likely cause)
+                  "field_refresh_s": {}          field id -> seconds, or a list of seconds (cycled: irregular):
+                                                 the driver refreshes that field's value only so often; a read
+                                                 in between answers the value and timestamp of the newest
+                                                 refresh (the first read at least a period after the previous)
     faults        "lost": false                  every call for this GPU (handle lookup included) raises
                                                  GPU_IS_LOST; clear it to model recovery after a reset
                   "lost_error": "gpu_is_lost"    error of the calls *after* the first lost one (real drivers
@@ -53,6 +66,8 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
                   "unsupported": [names]         function names that raise NOT_SUPPORTED for this GPU, and
                                                  "field:<id>" entries whose per-field nvmlReturn is NOT_SUPPORTED
                   "errors": {name: error}        any function name -> error name, raised on every call
+                                                 ("nvmlDeviceGetHandleByIndex": "no_permission": this index
+                                                 refuses its handle, as a GPU hidden by a cgroup does)
     counters (ABSOLUTE values at time t; the fake never advances them itself -- see advance_state)
                   "pcie_tx_bytes": 0, "pcie_rx_bytes": 0   unwrapped byte totals; fields 197/198 report them
                                                  modulo 2**pcie_counter_bits, GPM PCIe rates use the deltas.
@@ -104,17 +119,24 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
     MIG           "mig": null | [instance, ...]  null: MIG mode off. A list (possibly empty): MIG mode on, with
                                                  these GPU instances, one MIG device each, in
                                                  nvmlDeviceGetMigDeviceHandleByIndex order. In MIG mode the
-                                                 whole GPU answers NOT_SUPPORTED to utilisation samples and rates,
-                                                 per-process utilisation and GPM (nvml.h: not supported on MIG),
-                                                 its compute processes are its instances' (``processes`` must
-                                                 be empty), and per-instance GPM is nvmlGpmMigSampleGet
+                                                 whole GPU answers NOT_SUPPORTED to utilisation samples and rates
+                                                 and per-process utilisation (nvml.h: not supported on MIG), its
+                                                 compute processes are its instances' (``processes`` must be
+                                                 empty), per-instance GPM is nvmlGpmMigSampleGet, and the whole
+                                                 GPU's own GPM (nvmlGpmSampleGet) answers the device's integrals
                   "max_mig_devices": 7           nvmlDeviceGetMaxMigDeviceCount
 
 A MIG instance (an entry of ``mig``)::
 
-                  "gi": int (required, unique)   GPU instance id (nvmlDeviceGetGpuInstanceId)
-                  "ci": 0                        compute instance id
-                  "uuid": "MIG-<gpu uuid>-<gi>", "name": "<gpu name> MIG <gi>"
+                  "gi": int (required)           GPU instance id (nvmlDeviceGetGpuInstanceId)
+                  "ci": 0                        compute instance id; (gi, ci) unique. Several entries with one
+                                                 gi are the compute instances of one GPU instance, each a MIG
+                                                 device of its own (UUID, name, processes); what the GPU
+                                                 instance shares -- GPM, memory, PCIe bytes -- is its first
+                                                 entry's. A MIG device destroyed and created again at the same
+                                                 (gi, ci) answers through the same handle (nvml.h: MIG handles
+                                                 may be reused)
+                  "uuid": "MIG-<gpu uuid>-<gi>[-<ci>]", "name": "<gpu name> MIG <gi>[ CI <ci>]"   ([...]: ci > 0)
                   "memory_used_bytes": 0, "memory_total_bytes": 10737418240   nvmlDeviceGetMemoryInfo(MIG)
                   the five GPM integrals and "pcie_tx_bytes" / "pcie_rx_bytes", as on a device (per instance)
                   "processes": [{"pid", "used_memory_bytes"}]   the instance's compute processes
@@ -164,7 +186,7 @@ from exporter.gpu.binding import (
 )
 from exporter.sim.exchange import Reader
 
-TOP_KEYS = frozenset({"t", "driver_version", "init_error", "devices"})
+TOP_KEYS = frozenset({"t", "driver_version", "init_error", "driver_fields", "devices"})
 
 DEVICE_DEFAULTS: Mapping[str, Any] = {
     "index": None,
@@ -173,6 +195,9 @@ DEVICE_DEFAULTS: Mapping[str, Any] = {
     "pci_bus_id": None,
     "gpm": True,
     "pcie_counter_bits": 32,
+    "pcie_counter_value_type": None,
+    "field_refresh_s": {},
+    "gpm_nan": [],
     "lost": False,
     "lost_error": "gpu_is_lost",
     "unsupported": [],
@@ -224,9 +249,10 @@ MIG_DEFAULTS: Mapping[str, Any] = {
     **dict.fromkeys(GPM_INTEGRALS, 0.0), "pcie_tx_bytes": 0, "pcie_rx_bytes": 0, "processes": [],
 }
 # A MIG-mode GPU answers NOT_SUPPORTED to these on its whole-GPU handle (nvml.h: utilisation samples, rates
-# and per-process utilisation "not currently supported" on MIG-enabled GPUs; GPM per instance instead).
+# and per-process utilisation "not currently supported" on MIG-enabled GPUs). Whole-GPU GPM it answers:
+# nvmlGpmSampleGet "supports the device handle and MIG device handle" (to refuse it, list it in unsupported).
 MIG_UNSUPPORTED = frozenset({"nvmlDeviceGetSamples", "nvmlDeviceGetUtilizationRates",
-                             "nvmlDeviceGetProcessUtilization", "nvmlGpmSampleGet"})
+                             "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo"})
 # The functions the fake answers for a MIG device handle; any other one given a MIG handle is not modelled.
 MIG_HANDLE_CALLS = frozenset({"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
                               "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
@@ -314,7 +340,7 @@ def _normalize_mig(dev: dict[str, Any], where: str) -> None:
                          "(mig[].processes), not to processes")
     if not isinstance(dev["max_mig_devices"], int) or len(dev["mig"]) > dev["max_mig_devices"]:
         raise StateError(f"{where}: more MIG instances than max_mig_devices ({dev['max_mig_devices']})")
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     out = []
     for i, raw in enumerate(dev["mig"]):
         w = f"{where}.mig[{i}]"
@@ -324,17 +350,43 @@ def _normalize_mig(dev: dict[str, Any], where: str) -> None:
         if bad:
             raise StateError(f"{w}: unknown key(s) {sorted(bad)}")
         inst = {k: copy.deepcopy(raw.get(k, v)) for k, v in MIG_DEFAULTS.items()}
-        gi = inst["gi"]
-        if not isinstance(gi, int) or isinstance(gi, bool) or gi < 0 or gi in seen:
-            raise StateError(f"{w}.gi must be a unique non-negative integer, not {gi!r}")
-        seen.add(gi)
+        gi, ci = inst["gi"], inst["ci"]
+        for key, v in (("gi", gi), ("ci", ci)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise StateError(f"{w}.{key} must be a non-negative integer, not {v!r}")
+        if (gi, ci) in seen:
+            raise StateError(f"{w}: (gi, ci) ({gi}, {ci}) is not unique")
+        seen.add((gi, ci))
         if inst["uuid"] is None:
-            inst["uuid"] = f"MIG-{dev['uuid'].removeprefix('GPU-')}-{gi}"
+            inst["uuid"] = f"MIG-{dev['uuid'].removeprefix('GPU-')}-{gi}" + (f"-{ci}" if ci else "")
         if inst["name"] is None:
-            inst["name"] = f"{dev['name']} MIG {gi}"
+            inst["name"] = f"{dev['name']} MIG {gi}" + (f" CI {ci}" if ci else "")
         _check_processes(inst["processes"], f"{w}.processes")
         out.append(inst)
     dev["mig"] = out
+
+
+def _branch(version: str) -> int:
+    """The driver branch of a version string ("550.54.15" -> 550)."""
+    try:
+        return int(version.split(".", maxsplit=1)[0])
+    except ValueError:
+        raise StateError(f"driver_version {version!r} does not start with a branch number") from None
+
+
+def _refresh_periods(raw: object, where: str) -> dict[str, list[float]]:
+    """``field_refresh_s`` as field id (a string, as JSON keys are) -> the refresh periods, cycled."""
+    if not isinstance(raw, Mapping):
+        raise StateError(f"{where}.field_refresh_s must be a mapping of field id to seconds")
+    out: dict[str, list[float]] = {}
+    for fid, periods in raw.items():
+        if str(fid) not in {str(f.field_id) for f in fields.FIELDS}:
+            raise StateError(f"{where}.field_refresh_s: {fid!r} is not a field of exporter/gpu/fields.py")
+        seq = periods if isinstance(periods, list) else [periods]
+        if not seq or not all(isinstance(p, int | float) and not isinstance(p, bool) and p > 0 for p in seq):
+            raise StateError(f"{where}.field_refresh_s[{fid!r}] must be seconds > 0 or a list of them")
+        out[str(fid)] = [float(p) for p in seq]
+    return out
 
 
 def _check_xid_events(events: object, dev: Mapping[str, Any], where: str) -> None:
@@ -366,10 +418,14 @@ def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
         "t": float(state.get("t", 0.0)),
         "driver_version": str(state.get("driver_version", "550.54.15")),
         "init_error": state.get("init_error"),
+        "driver_fields": state.get("driver_fields"),
         "devices": [],
     }
     if out["init_error"] is not None:
         _check_error_name(out["init_error"], "init_error")
+    if out["driver_fields"] is not None:
+        _check_error_name(out["driver_fields"], "driver_fields")
+        _branch(out["driver_version"])
     devices = state.get("devices", [])
     if not isinstance(devices, list):
         raise StateError("devices must be a list")
@@ -395,6 +451,11 @@ def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
             raise StateError(f"{where}: pci_bus_id is required (e.g. '0000:82:00.0')")
         if dev["pcie_counter_bits"] not in (32, 64):
             raise StateError(f"{where}: pcie_counter_bits must be 32 or 64")
+        if dev["pcie_counter_value_type"] not in (None, "uint", "ull"):
+            raise StateError(f"{where}: pcie_counter_value_type must be null, 'uint' or 'ull'")
+        dev["field_refresh_s"] = _refresh_periods(dev["field_refresh_s"], where)
+        if not isinstance(dev["gpm_nan"], list) or set(dev["gpm_nan"]) - set(_GPM_RATIO) - set(_GPM_BYTES):
+            raise StateError(f"{where}.gpm_nan must be a list of modelled GPM metric ids")
         link = dict(LINK_DEFAULTS)
         if not isinstance(dev["link"], Mapping) or set(dev["link"]) - set(LINK_KEYS):
             raise StateError(f"{where}: link must be a mapping with keys from {LINK_KEYS}")
@@ -564,21 +625,24 @@ _M64 = (1 << 64) - 1
 @dataclass(frozen=True)
 class _FieldPlan:
     """How to answer one nvmlDeviceGetFieldValues request of one device: per requested field, ``(fieldId,
-    scopeId, state key head, subkey or None, fake_scale, width)`` -- width 32/64 bits, 0 for the device's
-    pcie_counter_bits (a number: read at every call), head None for a field the device answers NOT_SUPPORTED --
-    and the struct that packs the whole array in one call."""
+    scopeId, state key head, subkey or None, fake_scale, width, error)`` -- width 32/64 bits, 0 for the device's
+    pcie_counter_bits (a number: read at every call), head None for a field the device answers ``error`` for
+    (NOT_SUPPORTED, or the state's driver_fields code for a field newer than its driver branch) -- and the
+    struct that packs the whole array in one call."""
 
-    items: tuple[tuple[int, int, str | None, str | None, float, int], ...]
+    items: tuple[tuple[int, int, str | None, str | None, float, int, int], ...]
     packer: struct.Struct
 
 
 @dataclass(frozen=True)
 class _HandleKey:
     """What a device handle stands for: a GPU (by UUID: NVML handles stay valid across re-init) or one of its
-    MIG devices (by GPU instance id)."""
+    MIG devices (by GPU and compute instance id: an instance destroyed and created again in the same place gets
+    the same handle back, as nvml.h warns MIG handles may be reused)."""
 
     uuid: str
     gi: int | None = None
+    ci: int = 0
 
 
 @dataclass
@@ -705,6 +769,8 @@ class _FakeCore:
         self._by_uuid: dict[str, dict[str, Any]] = {}
         self._has_events = False
         self._field_plans: dict[tuple[str, tuple[Any, ...]], _FieldPlan] = {}
+        # Per (device UUID, field id) with a refresh period: (timestamp µs, value, refreshes so far).
+        self._field_refresh: dict[tuple[str, int], tuple[int, int, int]] = {}
         self.calls: Counter[str] = Counter()
         self.gpm_short_pairs = 0
         self.reload_errors = 0
@@ -863,10 +929,11 @@ class _FakeCore:
         """The whole-GPU device behind ``handle``."""
         return self._resolve(handle, fn)[1]
 
-    def _instance(self, dev: Mapping[str, Any], gi: int) -> dict[str, Any]:
-        """MIG instance ``gi`` of ``dev``; NOT_FOUND when the instance is gone (destroyed since enumeration)."""
+    def _instance(self, dev: Mapping[str, Any], gi: int, ci: int | None = None) -> dict[str, Any]:
+        """MIG device (``gi``, ``ci``) of ``dev`` -- ``ci`` None: the GPU instance's first, which holds what the
+        GPU instance shares (GPM, memory) --; NOT_FOUND when it is gone (destroyed since enumeration)."""
         for m in dev["mig"] or ():
-            if m["gi"] == gi:
+            if m["gi"] == gi and (ci is None or m["ci"] == ci):
                 return dict(m)
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
 
@@ -897,18 +964,23 @@ class _FakeFastPath(_FakeCore):
 
     def _field_plan(self, dev: Mapping[str, Any], fieldIds: list[Any]) -> _FieldPlan:  # noqa: N803
         """The plan of a request (AssertionError for a field the fake does not model, every call: not cached)."""
-        items: list[tuple[int, int, str | None, str | None, float, int]] = []
+        items: list[tuple[int, int, str | None, str | None, float, int, int]] = []
+        missing = self._state["driver_fields"]
+        branch = _branch(self._state["driver_version"]) if missing is not None else 0
         for requested in fieldIds:
             fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
             if f"field:{fid}" in dev["unsupported"]:
-                items.append((fid, scope, None, None, 1.0, 0))
+                items.append((fid, scope, None, None, 1.0, 0, ERR_NOT_SUPPORTED))
                 continue
             f = fields.BY_ID.get(fid)
             if f is None:
                 raise AssertionError(f"FakeNvml: nvmlDeviceGetFieldValues asked for unmodelled field id {fid}")
+            if missing is not None and branch < f.driver_branch:
+                items.append((fid, scope, None, None, 1.0, 0, int(nvml_error(missing).value)))
+                continue
             head, _, rest = f.state_key.partition(".")
             width = {fields.PCIE: 0, fields.UINT: 32}.get(f.value_type, 64)
-            items.append((fid, scope, head, rest or None, f.fake_scale, width))
+            items.append((fid, scope, head, rest or None, f.fake_scale, width, SUCCESS))
         return _FieldPlan(tuple(items), struct.Struct("<" + FIELD_VALUE.format.lstrip("<") * len(items)))
 
     @_api
@@ -929,16 +1001,33 @@ class _FakeFastPath(_FakeCore):
         # Filled as the driver does, through the struct's memory, in one call (the layout test ties FIELD_VALUE
         # to the binding's c_nvmlFieldValue_t); per-attribute writes through pynvml's hooks were most of the cost.
         out: list[int] = []
-        for fid, scope, head, rest, scale, width in plan.items:
+        refresh = dev["field_refresh_s"]
+        for fid, scope, head, rest, scale, width, error in plan.items:
             if head is None:
-                out += (fid, scope, now, 0, 0, ERR_NOT_SUPPORTED, 0)
+                out += (fid, scope, now, 0, 0, error, 0)
                 continue
             raw = dev[head] if rest is None else dev[head].get(rest, 0)
             value = round(float(raw) * scale) if scale != 1.0 else int(raw)
             bits = width or dev["pcie_counter_bits"]
-            out += (fid, scope, now, 0, VT_UINT if bits == 32 else VT_ULL, SUCCESS, value % (1 << bits))
+            vt = VT_UINT if bits == 32 else VT_ULL
+            if width == 0 and dev["pcie_counter_value_type"] is not None:
+                vt = VT_UINT if dev["pcie_counter_value_type"] == "uint" else VT_ULL
+            ts = now
+            if refresh and str(fid) in refresh:
+                ts, value = self._refreshed(dev["uuid"], fid, refresh[str(fid)], now, value)
+            out += (fid, scope, ts, 0, vt, SUCCESS, value % (1 << bits))
         plan.packer.pack_into(arr, 0, *out)
         return arr
+
+    def _refreshed(self, uuid: str, fid: int, periods: list[float], now_us: int, value: int) -> tuple[int, int]:
+        """``(timestamp, value)`` of a field the driver refreshes every ``periods`` seconds (cycled: irregular
+        refresh): the value taken at its newest refresh, the first read at least a period after the one before
+        (or the first read, or after time went back)."""
+        key = (uuid, fid)
+        got = self._field_refresh.get(key)
+        if got is None or now_us < got[0] or now_us - got[0] >= round(periods[got[2] % len(periods)] * 1e6):
+            got = self._field_refresh[key] = (now_us, value, 0 if got is None else got[2] + 1)
+        return got[0], got[1]
 
     @_api
     def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:  # noqa: N802
@@ -1005,6 +1094,7 @@ class _FakeFastPath(_FakeCore):
         if n > _GPM_MAX_METRICS:
             raise AssertionError(f"FakeNvml: nvmlGpmMetricsGet numMetrics {n} outside the request's metrics array")
         v1, v2 = s1.values, s2.values
+        nan = self._by_uuid[s1.source[0]]["gpm_nan"] if s1.source[0] in self._by_uuid else ()
         elems = _gpm_elements(n)
         got = elems.read.unpack_from(mg, GPM_METRICS_AT)  # (metricId, metricInfo's bytes) per metric
         plan = _gpm_plan(got[0::2])
@@ -1013,6 +1103,8 @@ class _FakeFastPath(_FakeCore):
             for (pos, is_ratio), mid, info in zip(plan, got[0::2], got[1::2], strict=True):
                 value = 0.0 if dt <= 0 else (100.0 * (v2[pos] - v1[pos]) / dt if is_ratio else
                                              (v2[pos] - v1[pos]) / dt / C.MIB)
+                if nan and mid in nan:
+                    value = math.nan
                 out += (mid, ERR_INVALID_ARGUMENT if dt <= 0 else SUCCESS, value, info)
             elems.write.pack_into(mg, GPM_METRICS_AT, *out)
             return mg
@@ -1025,6 +1117,8 @@ class _FakeFastPath(_FakeCore):
             key = _GPM_KEYS.index(ratio if ratio is not None else counter)
             if dt <= 0:
                 GPM_RESULT.pack_into(mg, at + 4, ERR_INVALID_ARGUMENT, 0.0)
+            elif mid in nan:
+                GPM_RESULT.pack_into(mg, at + 4, SUCCESS, math.nan)
             elif ratio is not None:
                 GPM_RESULT.pack_into(mg, at + 4, SUCCESS, 100.0 * (v2[key] - v1[key]) / dt)
             else:
@@ -1253,12 +1347,12 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
     @_api
     def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802
         key, dev = self._resolve(handle, "nvmlDeviceGetUUID")
-        return str(dev["uuid"] if key.gi is None else self._instance(dev, key.gi)["uuid"])
+        return str(dev["uuid"] if key.gi is None else self._instance(dev, key.gi, key.ci)["uuid"])
 
     @_api
     def nvmlDeviceGetName(self, handle: Any) -> str:  # noqa: N802
         key, dev = self._resolve(handle, "nvmlDeviceGetName")
-        return str(dev["name"] if key.gi is None else self._instance(dev, key.gi)["name"])
+        return str(dev["name"] if key.gi is None else self._instance(dev, key.gi, key.ci)["name"])
 
     @_api
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
@@ -1295,21 +1389,22 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if dev["mig"] is None or index >= len(dev["mig"]):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return self._handle(_HandleKey(dev["uuid"], int(dev["mig"][index]["gi"])))
+        inst = dev["mig"][index]
+        return self._handle(_HandleKey(dev["uuid"], int(inst["gi"]), int(inst["ci"])))
 
     @_api
     def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:  # noqa: N802
         key, dev = self._resolve(device, "nvmlDeviceGetGpuInstanceId")
         if key.gi is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not a MIG device handle
-        return int(self._instance(dev, key.gi)["gi"])
+        return int(self._instance(dev, key.gi, key.ci)["gi"])
 
     @_api
     def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:  # noqa: N802
         key, dev = self._resolve(device, "nvmlDeviceGetComputeInstanceId")
         if key.gi is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return int(self._instance(dev, key.gi)["ci"])
+        return int(self._instance(dev, key.gi, key.ci)["ci"])
 
     # ---- buffered samples -------------------------------------------------------------------------------------
 
@@ -1354,12 +1449,21 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
         return round(float(dev["temperature_c"]))
 
     @_api
+    def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int, version: int = pynvml.nvmlTemperature_v1) -> int:  # noqa: N802
+        """The current temperature call (nvml.h: nvmlDeviceGetTemperature is deprecated for it)."""
+        dev = self._device(handle, "nvmlDeviceGetTemperatureV")
+        if sensor != pynvml.NVML_TEMPERATURE_GPU or version != pynvml.nvmlTemperature_v1:
+            raise AssertionError(f"FakeNvml: nvmlDeviceGetTemperatureV sensor {sensor} version {version:#x} "
+                                 "not modelled")
+        return round(float(dev["temperature_c"]))
+
+    @_api
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:  # noqa: N802
         """``c_nvmlMemory_t`` of the GPU, or of one MIG instance for a MIG device handle."""
         if version:
             raise AssertionError("FakeNvml: nvmlDeviceGetMemoryInfo version 2 (c_nvmlMemory_v2_t) not modelled")
         key, dev = self._resolve(handle, "nvmlDeviceGetMemoryInfo")
-        src = dev if key.gi is None else self._instance(dev, key.gi)
+        src = dev if key.gi is None else self._instance(dev, key.gi)  # a GPU instance's memory: its first entry
         m = pynvml.c_nvmlMemory_t()
         m.total, m.used = int(src["memory_total_bytes"]), int(src["memory_used_bytes"])
         m.free = max(0, m.total - m.used)
@@ -1419,7 +1523,7 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
     def _compute_processes(self, handle: Any, fn: str) -> list[Any]:
         key, dev = self._resolve(handle, fn)
         if key.gi is not None:
-            inst = self._instance(dev, key.gi)
+            inst = self._instance(dev, key.gi, key.ci)
             return self._process_objects(inst["processes"], int(inst["gi"]), int(inst["ci"]))
         if dev["mig"] is None:
             return self._process_objects(dev["processes"], NO_ID, NO_ID)
@@ -1435,20 +1539,32 @@ class FakeNvml(_FakeFastPath, _FakeEvents):
         """Drivers before the v3 struct; the same list."""
         return self._compute_processes(handle, "nvmlDeviceGetComputeRunningProcesses_v2")
 
-    @_api
-    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:  # noqa: N802, N803
-        """``c_nvmlProcessUtilizationSample_t`` newer than ``timeStamp``; NOT_FOUND when none."""
-        dev = self._device(handle, "nvmlDeviceGetProcessUtilization")
+    def _process_samples(self, handle: Any, fn: str, struct: type[Any], timeStamp: int) -> list[Any]:  # noqa: N803
+        """The device's per-process samples newer than ``timeStamp`` as ``struct``s; NOT_FOUND when none."""
+        dev = self._device(handle, fn)
         out = []
         for p in self._buffer(dev, "process_util"):
             if int(p["ts_us"]) > int(timeStamp):
-                s = pynvml.c_nvmlProcessUtilizationSample_t()
+                s = struct()
                 s.pid, s.timeStamp = int(p["pid"]) % (1 << 32), int(p["ts_us"])
                 s.smUtil, s.memUtil, s.encUtil, s.decUtil = int(p["sm_pct"]), int(p["mem_pct"]), 0, 0
                 out.append(s)
         if not out:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return out
+
+    @_api
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:  # noqa: N802, N803
+        """``c_nvmlProcessUtilizationSample_t`` newer than ``timeStamp``; NOT_FOUND when none."""
+        return self._process_samples(handle, "nvmlDeviceGetProcessUtilization",
+                                     pynvml.c_nvmlProcessUtilizationSample_t, timeStamp)
+
+    @_api
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[Any]:  # noqa: N802, N803
+        """``c_nvmlProcessUtilizationInfo_v1_t`` (R550+), from the same samples as nvmlDeviceGetProcessUtilization
+        (the binding returns the array's slice as the older call does)."""
+        return self._process_samples(handle, "nvmlDeviceGetProcessesUtilizationInfo",
+                                     pynvml.c_nvmlProcessUtilizationInfo_v1_t, timeStamp)
 
     @staticmethod
     def _mask(items: frozenset[int], words: int) -> Any:

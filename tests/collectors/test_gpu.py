@@ -308,7 +308,8 @@ def test_garbage_pids_from_version_skew_are_dropped_and_real_ones_published(rig:
 
 def test_mig_gpu_without_process_utilisation_exports_memory_only(rig: MakeRig) -> None:
     r = rig([device(0, processes=[{"pid": 4242, "used_memory_bytes": 100}],
-                    unsupported=["nvmlDeviceGetProcessUtilization"])], procs={4242: "python"})
+                    unsupported=["nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo"])],
+            procs={4242: "python"})
     r.run_until(11.0)
     assert r.failures() == {}
     slow = [v.gpus[0] for _, v in r.history("gpu_slow")]

@@ -10,6 +10,7 @@ from exporter.gpu.counters import MIN_PERIOD_US, SampleIntegrator, WrappingCount
 from exporter.pci import from_nvml as bus_id_to_sysfs
 
 M32 = 1 << 32
+M64 = 1 << 64
 
 
 def test_32bit_pcie_counter_wrap_continues_the_total() -> None:
@@ -33,6 +34,24 @@ def test_rebase_after_lost_gpu_adds_nothing_for_the_gap() -> None:
     c.rebase()
     assert c.update(5, M32, 300.0) == 10_000  # GPU reset its counter while lost: baseline only
     assert c.update(105, M32, 300.1) == 10_100
+
+
+def test_a_step_the_values_own_timestamps_explain_is_counted_not_taken_for_a_reset() -> None:
+    c = WrappingCounter(max_rate=1e9)  # throttle nanoseconds
+    c.update(0, M64, 0.0, 0.0)
+    assert c.update(0, M64, 0.1, 0.0) == 0  # between refreshes: the same value and timestamp
+    # One second of throttling in one step, read 100 ms after the previous read: 6.7x what 100 ms allows.
+    assert c.update(1_000_000_000, M64, 0.2, 1.0) == 1_000_000_000
+    assert c.resets == 0
+
+
+def test_a_64_bit_typed_counter_wrapping_at_32_bits_is_unwrapped_and_then_known_as_32_bits() -> None:
+    c = WrappingCounter(max_rate=256e9)
+    c.update(M32 - 1000, M64, 0.0)
+    assert c.update(500, M64, 0.1) == M32 + 500
+    assert c.narrow and c.width(M64) == M32 and c.wraps == 1 and c.resets == 0
+    c.update(M32 + 7, M64, 0.2)  # a reading past 2**32: a true 64-bit counter after all
+    assert not c.narrow and c.width(M64) == M64
 
 
 def test_busy_integral_of_driver_samples_is_exact_and_starts_at_baseline() -> None:

@@ -134,8 +134,11 @@ def test_broken_source_file_fails_only_its_collector_logs_once_and_recovers(
 
 @pytest.mark.parametrize("error", ["library_not_found"])
 def test_nvml_absent_leaves_host_signals_and_marks_gpu_not_available_quietly(root: Path, error: str) -> None:
+    # No NVIDIA device on the PCI bus either (with one, a missing library is a failure: the next test).
     with capture_logs() as logs:
         h = Host(root, nvml=nvml_state(init_error=error))
+        for v in sorted((h.sys / "bus" / "pci" / "devices").glob("*/vendor")):
+            h.replace(str(v.relative_to(h.root)), "0x8086\n")
         h.run(3.0)
     assert h.available()["gpu"] == 0.0
     assert "gpu" not in h.success()
@@ -161,10 +164,12 @@ def test_driver_libraries_without_an_nvidia_gpu_on_the_bus_are_absence_not_failu
 
 @pytest.mark.parametrize(("error", "hint"), [("no_permission", "video group"),
                                            ("driver_not_loaded", "kernel module is not loaded"),
+                                           ("library_not_found", "CDI"),
                                            ("unknown", "nvidia-smi")])
 def test_nvml_init_failing_on_a_gpu_host_is_a_failure_not_absence(root: Path, error: str, hint: str) -> None:
     # The NVML library is there but nvmlInit fails (a non-root user without access to /dev/nvidiactl gives
-    # NO_PERMISSION): an operator must see gpufeed_collector_success{collector="gpu"} 0, not "no GPU here".
+    # NO_PERMISSION): an operator must see gpufeed_collector_success{collector="gpu"} 0, not "no GPU here". So
+    # must a pod on a GPU node that the container toolkit gave no libnvidia-ml.so.1 (LIBRARY_NOT_FOUND).
     with capture_logs() as logs:
         h = Host(root, nvml=nvml_state(init_error=error))
         h.run(3.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -122,3 +123,67 @@ def test_forwarded_constants_are_the_bindings_own_objects_every_time() -> None:
             _ = f.nvmlNoSuchFunction
         with pytest.raises(AssertionError, match="not modelled"):
             _ = f.nvmlDeviceGetFanSpeed
+
+
+def _fields(f: FakeNvml, ids: list[int]) -> list[tuple[int, int, int, int]]:
+    """(fieldId, nvmlReturn, valueType, timestamp) of one field read of GPU 0."""
+    arr = f.nvmlDeviceGetFieldValues(f.nvmlDeviceGetHandleByIndex(0), ids)
+    return [(int(v.fieldId), int(v.nvmlReturn), int(v.valueType), int(v.timestamp)) for v in arr]
+
+
+def test_fields_newer_than_the_driver_branch_answer_the_chosen_per_field_error() -> None:
+    f = FakeNvml({"driver_version": "535.183.01", "driver_fields": "invalid_argument", "devices": [DEV]})
+    f.nvmlInit()
+    got = {fid: ret for fid, ret, _, _ in _fields(f, [197, 94, 269])}
+    assert got == {197: pynvml.NVML_ERROR_INVALID_ARGUMENT, 94: pynvml.NVML_SUCCESS,
+                   269: pynvml.NVML_ERROR_INVALID_ARGUMENT}
+    f.set_state({"driver_version": "575.51.03", "driver_fields": "invalid_argument", "devices": [DEV]})
+    assert {ret for _, ret, _, _ in _fields(f, [197, 94, 269])} == {pynvml.NVML_SUCCESS}
+    with pytest.raises(StateError, match="driver_fields"):
+        FakeNvml({"driver_fields": "no_such_error"})
+
+
+def test_a_field_refreshed_every_second_holds_its_value_and_timestamp_in_between() -> None:
+    state: dict[str, Any] = {"devices": [dict(DEV, field_refresh_s={"74": 1.0}, throttle_ns={"sw_power_cap": 0})]}
+    f = FakeNvml(state)
+    f.nvmlInit()
+    h = f.nvmlDeviceGetHandleByIndex(0)
+
+    def read(t: float, ns: int) -> tuple[int, int]:
+        state["t"], state["devices"][0]["throttle_ns"] = t, {"sw_power_cap": ns}
+        f.set_state(state)
+        v = f.nvmlDeviceGetFieldValues(h, [74])[0]
+        return int(v.timestamp), int(v.value.ullVal)
+
+    assert read(0.0, 0) == (0, 0)
+    assert read(0.5, 500) == (0, 0), "between refreshes: the newest refresh's value and time"
+    assert read(1.0, 1000) == (1_000_000, 1000)
+    assert read(1.2, 1200)[1] == 1000
+
+
+def test_a_32_bit_pcie_counter_can_be_reported_in_a_64_bit_slot() -> None:
+    f = FakeNvml({"devices": [dict(DEV, pcie_counter_bits=32, pcie_counter_value_type="ull",
+                                   pcie_rx_bytes=(1 << 32) + 5)]})
+    f.nvmlInit()
+    v = f.nvmlDeviceGetFieldValues(f.nvmlDeviceGetHandleByIndex(0), [198])[0]
+    assert int(v.valueType) == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG and int(v.value.ullVal) == 5
+
+
+def test_a_gpu_refusing_its_handle_answers_only_that_index() -> None:
+    f = FakeNvml({"devices": [DEV, dict(DEV, pci_bus_id="0000:83:00.0",
+                                        errors={"nvmlDeviceGetHandleByIndex": "insufficient_power"})]})
+    f.nvmlInit()
+    f.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_InsufficientPower):
+        f.nvmlDeviceGetHandleByIndex(1)
+
+
+def test_two_compute_instances_of_one_gpu_instance_are_two_mig_devices() -> None:
+    f = FakeNvml({"devices": [dict(DEV, mig=[{"gi": 3, "ci": 0}, {"gi": 3, "ci": 1}])]})
+    f.nvmlInit()
+    h = f.nvmlDeviceGetHandleByIndex(0)
+    devs = [f.nvmlDeviceGetMigDeviceHandleByIndex(h, i) for i in range(2)]
+    assert [(f.nvmlDeviceGetGpuInstanceId(d), f.nvmlDeviceGetComputeInstanceId(d)) for d in devs] == [(3, 0), (3, 1)]
+    assert len({f.nvmlDeviceGetUUID(d) for d in devs}) == 2
+    with pytest.raises(StateError, match="not unique"):
+        FakeNvml({"devices": [dict(DEV, mig=[{"gi": 3}, {"gi": 3}])]})
