@@ -83,6 +83,29 @@ FIRST_READ = 4096
 KEPT_IDLE_S = 300.0
 
 
+def blind_reason(procfs: Path, sysfs: Path) -> str | None:
+    """Why this host cannot be seen through ``procfs`` and ``sysfs`` (None: it can be sampled).
+
+    A procfs always has ``stat`` (proc(5)); a path that does not exist, is empty or is a file is not one, and
+    sampling it would only produce a report with nothing in it that reads like a quiet host -- or, for ``serve``,
+    an exporter whose /healthz is 200 while it sees nothing (a container started without the host's /proc
+    mounted). ``diagnose`` exits 3 on it, ``serve`` and ``check-config`` refuse to start with exit 3.
+    """
+    for flag, root in (("--path.procfs", procfs), ("--path.sysfs", sysfs)):
+        try:
+            if not root.exists():
+                return f"{flag} {root}: no such directory"
+            if not root.is_dir():
+                return f"{flag} {root}: not a directory"
+        except OSError as e:  # a name too long, a loop of links
+            return f"{flag} {str(root)[:80]}: {e.strerror or e}"
+    try:
+        read_bytes(procfs / "stat", limit=CHUNK)
+    except OSError as e:
+        return f"--path.procfs {procfs}: not a procfs ({procfs / 'stat'}: {e.strerror or e})"
+    return None
+
+
 def kept_capacity() -> int:
     """How many descriptors all :class:`KeptFiles` together may keep: a ``KEPT_SHARE``-th of the soft
     RLIMIT_NOFILE, at most ``KEPT_MAX``. Read when the first file is kept, after the daemon raised the soft

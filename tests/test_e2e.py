@@ -169,16 +169,28 @@ def test_sigterm_stops_the_daemon_cleanly(daemon: tuple[subprocess.Popen[str], s
     assert time.monotonic() - t0 < 3.0
 
 
-def test_missing_fixture_root_still_serves_and_reports_failures(tmp_path: Path) -> None:
-    """An empty --path.procfs: every host collector fails or is unavailable, the daemon still serves."""
+def test_a_missing_procfs_root_is_refused_at_start() -> None:
+    """A container started without the host's /proc mounted: one line and exit 3, not a 200 /healthz."""
+    r = subprocess.run([sys.executable, "-m", "exporter", "serve", "--web.listen-address", "127.0.0.1:0",
+                        "--path.procfs", "/nonexistent/proc"], capture_output=True, text=True, timeout=30,
+                       check=False)
+    assert r.returncode == 3
+    assert r.stderr == "gpufeed serve: error: cannot see the host: --path.procfs /nonexistent/proc: no such directory\n"
+
+
+def test_a_procfs_with_only_stat_still_serves_and_reports_failures(tmp_path: Path) -> None:
+    """A procfs root with nothing but stat: the other host collectors fail or are unavailable, the daemon serves."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "stat").write_text("cpu  1 2 3 4 5 6 7 0 0 0\n")
     cmd = [sys.executable, "-m", "exporter", "serve", "--web.listen-address", "127.0.0.1:0",
-           "--path.procfs", str(tmp_path / "proc"), "--path.sysfs", str(tmp_path / "sys"), *_host_only_flags()]
+           "--path.procfs", str(tmp_path / "proc"), "--path.sysfs", str(tmp_path), *_host_only_flags()]
     with _started(cmd, tmp_path / "daemon.log") as (_, url):
         deadline = time.monotonic() + 10
         text = ""
         while time.monotonic() < deadline:
             text = _get(url + "/metrics").decode()
-            if 'gpufeed_collector_success{collector="memory"} 0.0' in text:
+            if 'gpufeed_collector_success{collector="memory"} 0.0' in text \
+                    and 'gpufeed_collector_available{collector="nfs"} 0.0' in text:
                 break
             time.sleep(0.05)
         assert 'gpufeed_collector_success{collector="memory"} 0.0' in text
