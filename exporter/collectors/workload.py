@@ -102,7 +102,7 @@ class WorkloadCollector(Collector):
             self.ctx.targets.publish_workload(())
             return WorkloadSample(processes=MappingProxyType({}), groups=MappingProxyType({}),
                                   cgroup_version=self._version())
-        self._scan_table()
+        fresh = self._scan_table()
         version = self._version()
         memberships: dict[int, cg.Membership] = {}
         groups: dict[str, CgroupInfo] = {}
@@ -128,6 +128,8 @@ class WorkloadCollector(Collector):
         for stale in [p for p in self._limit_cache if p not in groups]:
             del self._limit_cache[stale]
         keep = self._relevant(roots, groups)
+        if self._reused(keep - fresh):  # a pid of the workload is another process now: follow the new tree
+            keep = self._relevant(roots, groups)
         nodes: dict[int, ProcNode] = {}
         group_of = {pid: path for path, info in groups.items() for pid in info.members}
         for pid in sorted(keep):
@@ -161,8 +163,8 @@ class WorkloadCollector(Collector):
 
     # ---- the process table ------------------------------------------------------------------------------------
 
-    def _scan_table(self) -> None:
-        """Refresh the pid -> (parent, name, start) table: new pids and re-parented ones are read."""
+    def _scan_table(self) -> set[int]:
+        """Refresh the pid -> (parent, name, start) table: new pids and re-parented ones are read (returned)."""
         try:
             names = os.listdir(self.ctx.proc())
         except OSError as e:
@@ -171,12 +173,28 @@ class WorkloadCollector(Collector):
         for pid in [p for p in self._table if p not in live]:
             del self._table[pid]
         stale = [p for p, n in self._table.items() if n.ppid > 1 and n.ppid not in live]
-        for pid in sorted((live - self._table.keys()) | set(stale)):
+        fresh = (live - self._table.keys()) | set(stale)
+        for pid in sorted(fresh):
             node = self._stat(pid)
             if node is not None:
                 self._table[pid] = node
             else:
                 self._table.pop(pid, None)
+        return fresh
+
+    def _reused(self, pids: set[int]) -> bool:
+        """Look ``pids`` up again (the workload's, not read this pass): a pid whose start time (proc(5) field 22)
+        changed belongs to another process now -- one that took a worker's pid between two passes is not the
+        GPU's workload -- and is replaced in the table by what its stat says now. True when one changed."""
+        changed = False
+        for pid in sorted(pids):
+            old, node = self._table.get(pid), self._stat(pid)
+            if node is None:
+                changed |= self._table.pop(pid, None) is not None
+            elif old is None or node.start != old.start or node.ppid != old.ppid:
+                self._table[pid] = node
+                changed = True
+        return changed
 
     def _stat(self, pid: int) -> ProcNode | None:
         """Parent, name and start time from /proc/<pid>/stat; None when gone or malformed."""

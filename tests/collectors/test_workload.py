@@ -173,7 +173,10 @@ def test_the_process_table_is_read_incrementally(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(col, "_stat", counting)
     col.update()
-    assert reads == []  # nothing new, nobody re-parented
+    # Nothing new, nobody re-parented: only the workload's own pids are looked up again (their start times,
+    # against pid reuse), not the rest of the host's table.
+    assert sorted(reads) == [5000, 5101, 5103, 5105, 5107, 5109, 5111, 5113, 5115]
+    reads.clear()
     shutil.rmtree(root / "proc" / "5000")  # the trainer exits: its workers are re-read (re-parented)
     col.update()
     assert sorted(reads) == [5101, 5103, 5105, 5107, 5109, 5111, 5113, 5115]
@@ -193,3 +196,32 @@ def test_environ_of_containers_is_not_read_when_disabled(tmp_path: Path) -> None
     col.container_env = False
     assert not col.update().groups
     assert os.path.exists(root / "proc" / "9000" / "environ")
+
+
+def _impostor(root: Path, pid: int, *, ppid: int = 1, start: int = 999999, comm: str = "imposter") -> None:
+    """Another process takes ``pid``: its stat says a new parent and a later start time."""
+    f = root / "proc" / str(pid) / "stat"
+    fields = f.read_text().split()
+    fields[1], fields[3], fields[21] = f"({comm})", str(ppid), str(start)
+    f.write_text(" ".join(fields) + "\n")
+
+
+def test_a_process_that_reuses_a_workers_pid_is_not_the_gpus_workload(tmp_path: Path) -> None:
+    # N5: the table was re-read only when a parent vanished; the impostor was counted as the GPU's workload.
+    root = _rendered(tmp_path, "dataloader_eight_workers_64cpu")
+    col = _collector(root, {"0": [5000]})
+    assert 5101 in col.update().processes
+    _impostor(root, 5101)
+    s = col.update()
+    assert 5101 not in s.processes and 5103 in s.processes
+    assert 5101 not in col.ctx.targets.workload_pids()
+
+
+def test_a_pid_reused_under_the_same_parent_is_read_as_the_new_process(tmp_path: Path) -> None:
+    root = _rendered(tmp_path, "dataloader_eight_workers_64cpu")
+    col = _collector(root, {"0": [5000]})
+    col.update()
+    _impostor(root, 5101, ppid=5000, comm="new_worker")  # the trainer forked again and the pid came back
+    s = col.update()
+    assert s.processes[5101].comm == "new_worker" and s.processes[5101].start == 999999
+
