@@ -251,12 +251,14 @@ class ProcCollector(Collector):
         return ProcSample(processes=sample.processes, deep=True, held=MappingProxyType(held), workload=sample.workload)
 
     def _sample(self, deep: bool, pids: frozenset[int] | None = None) -> ProcSample:
-        """Every target process (or ``pids``); one whose files are malformed is skipped (logged once per pid),
-        the others are kept. A host-level problem (procfs root missing, a read denied) fails the sampler."""
+        """Every target process (or ``pids``); one whose files are malformed or cannot be read (EACCES, EIO)
+        is skipped (logged once per pid), the others are kept. A host-level problem fails the sampler: the procfs
+        root missing, or a read failing for every process inspected (hidepid, missing privileges)."""
         order = sorted(self.pids() if pids is None else pids)
         if order and not self.ctx.proc().is_dir():
             raise CollectorError(f"{self.ctx.proc()}: procfs root missing (check --path.procfs)")
         out: dict[int, ProcessSample] = {}
+        unreadable: list[CollectorError] = []
         for pid in order:
             key = ("proc_parse_failed", self._tag, str(pid))
             try:
@@ -268,7 +270,15 @@ class ProcCollector(Collector):
                     self._log.warning("proc_parse_failed", pid=pid, file=e.path, reason=e.reason,
                                       action="process skipped")
                 continue
+            except CollectorError as e:
+                unreadable.append(e)
+                if log.once(("proc_read_failed", self._tag, str(pid))):
+                    self._log.warning("proc_read_failed", pid=pid, error=str(e), action="process skipped")
+                continue
             log.forget(key)  # parsed again (or a new process with that pid): log the next failure
+            log.forget(("proc_read_failed", self._tag, str(pid)))
+        if unreadable and not out:
+            raise unreadable[0]
         direct = self.ctx.targets.pids() | self.static_pids
         workload = frozenset(p for p in out if p not in direct)
         # The previous pass's set while unchanged: the cycle collector tracks every set, and each sample in the

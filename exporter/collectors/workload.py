@@ -48,7 +48,7 @@ from exporter.samples.host import PressureTotals
 from exporter.samples.workload import CgroupCpu, CgroupInfo, ProcNode, WorkloadSample
 from exporter.sampling import Collector, CollectorContext, CollectorError, Option
 from exporter.snapshot import Snapshot
-from exporter.sources import CHUNK, GONE, read_bytes, read_text
+from exporter.sources import CHUNK, GONE, MAX_BYTES, read_bytes, read_text
 
 ENVIRON_MAX = 128 << 10  # ARG_MAX-sized environments exist; the variable sought is near the start anyway
 MAX_GROUP_DIRS = 256  # cgroup directories walked below one group (a Slurm job: steps x tasks)
@@ -56,6 +56,8 @@ CONTAINER_SCAN_EVERY = 15  # passes between walks of the container hierarchies f
 CONTAINER_ROOTS = ("kubepods.slice", "kubepods", "system.slice", "docker", "machine.slice")
 LIMITS_EVERY = 6  # passes between re-reads of a group's quota and memory limit (30 s at the default interval)
 KINDS = ("container", "slurm_job", "unit")
+# The largest number a cgroup counter or limit holds (the kernel's are u64); past it a value is unknown.
+COUNTER_MAX = 1 << 64
 
 
 @register
@@ -245,10 +247,10 @@ class WorkloadCollector(Collector):
                 return base.joinpath(*rel)
         return (self.cgroot / controller).joinpath(*rel)
 
-    def _read(self, path: Path, errors: list[str]) -> str | None:
+    def _read(self, path: Path, errors: list[str], limit: int = CHUNK) -> str | None:
         """One cgroup file: None when absent (this kernel or controller lacks it); unreadable is recorded."""
         try:
-            return read_text(path, limit=CHUNK)
+            return read_text(path, limit=limit)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -260,10 +262,19 @@ class WorkloadCollector(Collector):
         if text is None:
             return None
         try:
-            return fn(text)
-        except (cg.CgroupFormatError, CpulistError, ValueError) as e:
+            got = fn(text)
+        except (cg.CgroupFormatError, CpulistError, ValueError, OverflowError) as e:
+            # OverflowError: a number parsed whole that no float holds (a 400-digit quota divided by its period).
             errors.append(f"{path}: {e}")
             return None
+        if isinstance(got, int) and not -COUNTER_MAX <= got <= COUNTER_MAX:
+            errors.append(f"{path}: {str(got)[:20]}...: out of range")
+            return None
+        if isinstance(got, dict):  # flat-keyed: a value out of range is that key unknown, the others stand
+            for key in [k for k, v in got.items() if isinstance(v, int) and not -COUNTER_MAX <= v <= COUNTER_MAX]:
+                errors.append(f"{path}: {key}: out of range")
+                del got[key]
+        return got
 
     def _group(self, owner: cg.Owner, m: cg.Membership | None, version: int) -> CgroupInfo:
         """The group's members, limits, counters and pressure; failures leave values unknown (logged once)."""
@@ -288,7 +299,8 @@ class WorkloadCollector(Collector):
         while todo and seen < MAX_GROUP_DIRS:
             d = todo.pop()
             seen += 1
-            text = self._read(d / "cgroup.procs", errors)
+            # One pid a line, 8 bytes each at 7 digits: a group of 12,000 passes the CHUNK other files are held to.
+            text = self._read(d / "cgroup.procs", errors, limit=MAX_BYTES)
             if text is not None:
                 out.update(int(x) for x in text.split() if x.isdigit())
             try:
@@ -354,7 +366,7 @@ class WorkloadCollector(Collector):
                 return None
             try:
                 return cg.parse_cfs(qt, pt)
-            except cg.CgroupFormatError as e:
+            except (cg.CgroupFormatError, OverflowError) as e:
                 errs.append(f"{d}: {e}")
                 return None
 
