@@ -77,6 +77,9 @@ def read_source(path: Path, *, absent: str | None = None, limit: int = MAX_BYTES
 # Descriptors all KeptFiles together keep open at most, and the share of the soft RLIMIT_NOFILE they may use.
 KEPT_MAX = 8192
 KEPT_SHARE = 4
+# Descriptors left to everything else: a collector's read in flight (one per sampler thread), NVML's device
+# files, the log, the listeners.
+FD_RESERVE = 64
 # What a kept file's read asks for first (a page: every per-thread procfs file is shorter).
 FIRST_READ = 4096
 # A kept descriptor not read for this long is closed (a thread that exited, a process no longer inspected).
@@ -106,14 +109,30 @@ def blind_reason(procfs: Path, sysfs: Path) -> str | None:
     return None
 
 
-def kept_capacity() -> int:
+def kept_capacity(soft: int | None = None) -> int:
     """How many descriptors all :class:`KeptFiles` together may keep: a ``KEPT_SHARE``-th of the soft
-    RLIMIT_NOFILE, at most ``KEPT_MAX``. Read when the first file is kept, after the daemon raised the soft
-    limit to the hard one (exporter/web.py)."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    RLIMIT_NOFILE (``soft``, else the limit in force), at most ``KEPT_MAX``. What a process without a web server
+    keeps (diagnose, tests); the daemon splits the limit with :func:`fd_budget` instead."""
+    if soft is None:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         soft = KEPT_MAX * KEPT_SHARE
     return max(0, min(KEPT_MAX, soft // KEPT_SHARE))
+
+
+def fd_budget(nofile: int, max_connections: int) -> tuple[int, int]:
+    """Split the soft RLIMIT_NOFILE ``nofile`` between every kind of descriptor the daemon holds: (kept
+    descriptors, connections), with ``FD_RESERVE`` left to the rest. Kept descriptors are only a faster way to
+    read (past their budget a file is read by path), so they give way first: they get what the configured
+    ``max_connections`` and the reserve leave, at most :func:`kept_capacity`; connections are lowered only
+    when the reserve alone leaves fewer than configured. At 256: 0 kept, 192 connections (a GPU process with 300
+    children held 64 kept descriptors there, on top of 192 connections and the reserve: EMFILE in 10 collectors);
+    at the systemd unit's 4096: 1024 kept, 512 connections."""
+    if nofile == resource.RLIM_INFINITY:
+        nofile = (KEPT_MAX + FD_RESERVE + max_connections) * 2
+    connections = max(1, min(max_connections, nofile - FD_RESERVE))
+    kept = max(0, min(kept_capacity(nofile), nofile - FD_RESERVE - connections))
+    return kept, connections
 
 
 class _Budget:
@@ -124,6 +143,11 @@ class _Budget:
         self._lock = threading.Lock()
         self.limit: int | None = None
         self.used = 0
+
+    def set_limit(self, limit: int) -> None:
+        """The daemon's share for kept descriptors (:func:`fd_budget`), set before any sampler runs."""
+        with self._lock:
+            self.limit = limit
 
     def take(self) -> bool:
         with self._lock:
