@@ -168,7 +168,7 @@ def test_at_a_256_fd_limit_300_inspected_processes_and_a_full_connection_cap_lea
     children = [subprocess.Popen(["sleep", "120"]) for _ in range(300)]  # a real tree: this test's children
     held: list[socket.socket] = []
     try:
-        port = conftest.free_port()
+        port = load.free_port()
         proc = subprocess.Popen(
             ["prlimit", "--nofile=256:256", sys.executable, "-m", "exporter", "serve",
              f"--web.listen-address=127.0.0.1:{port}", "--web.idle-timeout=30s", "--log.level=debug",
@@ -184,7 +184,7 @@ def test_at_a_256_fd_limit_300_inspected_processes_and_a_full_connection_cap_lea
         assert f'pid="{children[-1].pid}"' in body, "the 300 processes were never inspected"
         for _ in range(250):  # idle connections: the server keeps up to its cap, closes the rest at once
             held.append(socket.create_connection(("127.0.0.1", port)))
-        peak = 0
+        peak = 0.0
         end = time.monotonic() + 8  # the host samplers run meanwhile, proc's at its quiet 5 s too
         while time.monotonic() < end:
             peak = max(peak, load.proc_stats(proc.pid)["fds"])
