@@ -126,6 +126,12 @@ class _GpuState:
     judged: _Judged | None = None
     evaluated_t: float = float("-inf")
     pending_s: float = 0.0  # seconds elapsed since the counters were last split into states
+    # Waiting seconds held back while the verdict is younger than the window (_attribute), the cause they go
+    # to once one has held, the settled verdict's start at the last split, and the last waiting cause seen.
+    deferred_s: float = 0.0
+    booked: str | None = None
+    accounted_since: float | None = None
+    last_cause: str | None = None
 
 
 class Analyzer(Stage):
@@ -405,10 +411,34 @@ class Analyzer(Stage):
         cause = st.verdict.cause if st.verdict is not None else cand.cause
         if cause == "idle":
             st.state_seconds["idle"] += rest
+            self._attribute(st, None, 0.0, now)
         else:
             st.state_seconds["waiting"] += rest
-            wc = cause if cause in WAITING_CAUSES else cand.waiting_cause
-            st.waiting_seconds[wc] += rest
+            self._attribute(st, cause if cause in WAITING_CAUSES else cand.waiting_cause, rest, now)
+
+    def _attribute(self, st: _GpuState, cause: str | None, rest: float, now: float) -> None:
+        """Book ``rest`` waiting seconds to ``cause`` (None: none waited) -- once the settled verdict has held
+        for the window. A window that spans a phase change mixes two phases' evidence, and its verdict in
+        between (a few seconds of latency_bound between launch_bound and healthy) is the window's, not the
+        GPU's: seconds are held back while the verdict is younger than the window, booked to it once it has
+        held, and, when it is replaced before, to the last cause that held (at start, where none has, they wait
+        for the first that holds). Exact, up to a window late (docs/derived.md)."""
+        since = st.settled.since if st.settled is not None else None
+        if since != st.accounted_since and st.deferred_s > 0 and st.booked is not None:
+            st.waiting_seconds[st.booked] += st.deferred_s  # a verdict replaced before it held
+            st.deferred_s = 0.0
+        st.accounted_since = since
+        young = since is not None and now - since < self.window_s - 1e-9
+        if cause is not None:
+            st.last_cause = cause
+            if young:
+                st.deferred_s += rest
+                return
+            st.waiting_seconds[cause] += st.deferred_s + rest
+            st.deferred_s, st.booked = 0.0, cause
+        elif not young and st.deferred_s > 0 and st.last_cause is not None:  # idle held: to the last cause seen
+            st.waiting_seconds[st.booked or st.last_cause] += st.deferred_s
+            st.deferred_s = 0.0
 
     def _activity(self, st: _GpuState, view: GpuView | None, links: Mapping[str, bool]) -> GpuActivity:
         return GpuActivity(
