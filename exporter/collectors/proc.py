@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -85,6 +85,7 @@ class StatFields:
     num_threads: int
     processor: int
     ppid: int = 0
+    start: int = 0
 
 
 def parse_stat(text: str) -> StatFields:
@@ -109,6 +110,7 @@ def parse_stat(text: str) -> StatFields:
         num_threads=int(rest[17]),  # (20) num_threads
         processor=int(rest[36]),  # (39) processor
         ppid=int(rest[1]),  # (4) ppid
+        start=int(rest[19]),  # (22) starttime
     )
 
 
@@ -160,6 +162,13 @@ def parse_switches(text: str) -> tuple[int, int] | None:
         elif key == "nonvoluntary_ctxt_switches":
             nonvol = int(value)
     return None if vol is None or nonvol is None else (vol, nonvol)
+
+
+class _Counters(CounterMetricFamily):
+    """Per-process counters, with each pid's start time (``lives``): a pid whose start time changed is another
+    process, and the exposition's MonotonicGuard takes its lower value as the reset it is."""
+
+    lives: Mapping[str, int] = MappingProxyType({})
 
 
 class _GoneError(Exception):
@@ -326,7 +335,7 @@ class ProcCollector(Collector):
         return ProcessSample(
             pid=pid, comm=stat.comm, state=stat.state, utime=stat.utime, stime=stat.stime,
             num_threads=stat.num_threads, cpus_allowed=cpus, mems_allowed=mems, threads=threads,
-            io_rchar=rchar, io_syscr=syscr, io_read_bytes=storage, ppid=stat.ppid,
+            io_rchar=rchar, io_syscr=syscr, io_read_bytes=storage, ppid=stat.ppid, start=stat.start,
         )
 
     @staticmethod
@@ -413,20 +422,23 @@ class ProcCollector(Collector):
         backwards (a failed read of /proc/<pid>/stat made rate() invent a spike). A failure omits them."""
         if shallow is None:
             return
-        cpu = CounterMetricFamily(
+        cpu = _Counters(
             "gpufeed_process_cpu_seconds", "CPU time of an inspected process (all its threads), from /proc/<pid>/stat.",
             labels=["pid", "comm", "mode"],
         )
-        rbytes = CounterMetricFamily(
+        rbytes = _Counters(
             "gpufeed_process_read_bytes",
             "Bytes the process asked to read (rchar: includes page-cache hits and sockets), from /proc/<pid>/io; "
             "absent when not readable (another user's process).",
             labels=["pid", "comm"],
         )
-        rcalls = CounterMetricFamily(
+        rcalls = _Counters(
             "gpufeed_process_read_syscalls", "Read syscalls of the process (syscr), from /proc/<pid>/io.",
             labels=["pid", "comm"],
         )
+        lives = {str(pid): p.start for pid, p in shallow.processes.items()}
+        for fam in (cpu, rbytes, rcalls):
+            fam.lives = lives
         for pid, p in sorted(shallow.processes.items()):
             if pid in shallow.workload:
                 continue
