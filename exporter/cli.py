@@ -24,9 +24,11 @@ from exporter.config import GLOBAL_OPTIONS, ConfigError, Settings, collector_opt
 from exporter.durations import format_duration
 from exporter.pipeline import registry
 from exporter.sampling import Option, Stage
+from exporter.sources import blind_reason
 
 _UNSET = object()
 EXIT_USAGE = 2
+EXIT_BLIND = 3  # the host cannot be seen through --path.procfs / --path.sysfs (diagnose's exit 3 too)
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): a bug, not the input
 EXIT_IOERR = 74  # EX_IOERR: the system refused a file operation (a read-only filesystem); the message names the path
 # No gpufeed flag starts with a digit, so "-5s" or "-1" after a flag is its (bad) value, not another flag;
@@ -220,6 +222,10 @@ def _run(argv: Sequence[str] | None) -> int:
     except ConfigError as e:
         print(f"gpufeed {ns.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    blind = None if settings["simulate"] else blind_reason(Path(settings["path.procfs"]), Path(settings["path.sysfs"]))
+    if blind is not None:  # a container without the host's /proc mounted: fail fast, not a 200 /healthz
+        print(f"gpufeed {ns.command}: error: cannot see the host: {blind}", file=sys.stderr)
+        return EXIT_BLIND
     if ns.command == "check-config":
         cfg = getattr(ns, "config.file", None)
         print(f"SUCCESS: {cfg if cfg else 'the flags'} {'is a' if cfg else 'are a'} valid gpufeed configuration "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -137,13 +137,20 @@ class MonotonicGuard:
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._lives: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
         self.regressions = 0
 
     def apply(self, families: list[Metric]) -> list[Metric]:
+        """``families`` with the regressions withheld. A family may say which life of a series each ``pid``
+        label value is (``lives``: pid -> the process's start time, exporter/collectors/proc.py): a pid whose
+        life changed is another process, and its lower value a reset that ``rate()`` handles, not a
+        regression."""
         seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        lives_seen: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
         for fam in families:
             if fam.type != "counter":
                 continue
+            lives: Mapping[str, int] = getattr(fam, "lives", {})
             kept = []
             for sample in fam.samples:
                 if not sample.name.endswith("_total"):
@@ -151,6 +158,11 @@ class MonotonicGuard:
                     continue
                 key = (sample.name, tuple(sorted(sample.labels.items())))
                 prev = self._last.get(key)
+                life = lives.get(sample.labels.get("pid", ""))
+                if life is not None:
+                    lives_seen[key] = life
+                    if self._lives.get(key, life) != life:
+                        prev = None  # another process under the same pid and name: a new life
                 if prev is not None and sample.value < prev:
                     self.regressions += 1
                     seen[key] = prev
@@ -162,6 +174,7 @@ class MonotonicGuard:
                 kept.append(sample)
             fam.samples = kept
         self._last = seen
+        self._lives = lives_seen
         return families
 
 

@@ -80,20 +80,62 @@ def read_source(path: Path, *, absent: str | None = None, limit: int = MAX_BYTES
 # Descriptors all KeptFiles together keep open at most, and the share of the soft RLIMIT_NOFILE they may use.
 KEPT_MAX = 8192
 KEPT_SHARE = 4
+# Descriptors left to everything else: a collector's read in flight (one per sampler thread), NVML's device
+# files, the log, the listeners.
+FD_RESERVE = 64
 # What a kept file's read asks for first (a page: every per-thread procfs file is shorter).
 FIRST_READ = 4096
 # A kept descriptor not read for this long is closed (a thread that exited, a process no longer inspected).
 KEPT_IDLE_S = 300.0
 
 
-def kept_capacity() -> int:
+def blind_reason(procfs: Path, sysfs: Path) -> str | None:
+    """Why this host cannot be seen through ``procfs`` and ``sysfs`` (None: it can be sampled).
+
+    A procfs always has ``stat`` (proc(5)); a path that does not exist, is empty or is a file is not one, and
+    sampling it would only produce a report with nothing in it that reads like a quiet host -- or, for ``serve``,
+    an exporter whose /healthz is 200 while it sees nothing (a container started without the host's /proc
+    mounted). ``diagnose`` exits 3 on it, ``serve`` and ``check-config`` refuse to start with exit 3.
+    """
+    for flag, root in (("--path.procfs", procfs), ("--path.sysfs", sysfs)):
+        try:
+            if not root.exists():
+                return f"{flag} {root}: no such directory"
+            if not root.is_dir():
+                return f"{flag} {root}: not a directory"
+        except OSError as e:  # a name too long, a loop of links
+            return f"{flag} {str(root)[:80]}: {e.strerror or e}"
+    try:
+        read_bytes(procfs / "stat", limit=CHUNK)
+    except OSError as e:
+        return f"--path.procfs {procfs}: not a procfs ({procfs / 'stat'}: {e.strerror or e})"
+    return None
+
+
+def kept_capacity(soft: int | None = None) -> int:
     """How many descriptors all :class:`KeptFiles` together may keep: a ``KEPT_SHARE``-th of the soft
-    RLIMIT_NOFILE, at most ``KEPT_MAX``. Read when the first file is kept, after the daemon raised the soft
-    limit to the hard one (exporter/web.py)."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    RLIMIT_NOFILE (``soft``, else the limit in force), at most ``KEPT_MAX``. What a process without a web server
+    keeps (diagnose, tests); the daemon splits the limit with :func:`fd_budget` instead."""
+    if soft is None:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         soft = KEPT_MAX * KEPT_SHARE
     return max(0, min(KEPT_MAX, soft // KEPT_SHARE))
+
+
+def fd_budget(nofile: int, max_connections: int) -> tuple[int, int]:
+    """Split the soft RLIMIT_NOFILE ``nofile`` between every kind of descriptor the daemon holds: (kept
+    descriptors, connections), with ``FD_RESERVE`` left to the rest. Kept descriptors are only a faster way to
+    read (past their budget a file is read by path), so they give way first: they get what the configured
+    ``max_connections`` and the reserve leave, at most :func:`kept_capacity`; connections are lowered only
+    when the reserve alone leaves fewer than configured. At 256: 0 kept, 192 connections (a GPU process with 300
+    children held 64 kept descriptors there, on top of 192 connections and the reserve: EMFILE in 10 collectors);
+    at the systemd unit's 4096: 1024 kept, 512 connections."""
+    if nofile == resource.RLIM_INFINITY:
+        nofile = (KEPT_MAX + FD_RESERVE + max_connections) * 2
+    connections = max(1, min(max_connections, nofile - FD_RESERVE))
+    kept = max(0, min(kept_capacity(nofile), nofile - FD_RESERVE - connections))
+    return kept, connections
 
 
 class _Budget:
@@ -104,6 +146,11 @@ class _Budget:
         self._lock = threading.Lock()
         self.limit: int | None = None
         self.used = 0
+
+    def set_limit(self, limit: int) -> None:
+        """The daemon's share for kept descriptors (:func:`fd_budget`), set before any sampler runs."""
+        with self._lock:
+            self.limit = limit
 
     def take(self) -> bool:
         with self._lock:

@@ -8,7 +8,10 @@ Bounded like node_exporter's web server, and tighter where an attack found it la
 - ``--web.max-connections`` open connections, counted from ``accept()`` until the socket is really closed
   (not until the handler returns: a closed transport holding unsent data keeps its socket), and never more
   than the file-descriptor limit allows (the soft ``RLIMIT_NOFILE`` is raised to the hard one at start, as Go
-  does for node_exporter, and the cap is lowered to leave ``FD_RESERVE`` descriptors to the collectors).
+  does for node_exporter). The limit is one budget for every kind of descriptor (exporter/sources.py
+  ``fd_budget``): ``FD_RESERVE`` for collectors' reads, NVML device files and logs, then the connections, and
+  what is left for the collectors' kept descriptors, which give way first; the cap is lowered only when the
+  reserve alone leaves fewer than configured.
 - The listener's ``accept()`` is ours, not asyncio's: over the cap a connection is closed before a transport
   exists, and a transient ``EMFILE`` pauses accepting for a second with one log line (asyncio's accept loop
   logs a traceback per attempt and re-arms itself per attempt: 126 MB of log in 30 s).
@@ -41,6 +44,8 @@ from typing import Any, Protocol
 
 from exporter import __version__, log
 from exporter.exposition import Renderer
+from exporter.sources import BUDGET as KEPT_BUDGET
+from exporter.sources import FD_RESERVE, fd_budget
 
 _log = log.get_logger(component="web")
 
@@ -54,7 +59,6 @@ REASONS = {
 BACKLOG = 1024
 ACCEPT_BATCH = 64  # connections accepted per wake-up of the listener, so one flood cannot hog the loop
 ACCEPT_PAUSE = 1.0  # seconds accepting stops after EMFILE/ENFILE/ENOBUFS/ENOMEM (the backlog keeps the rest)
-FD_RESERVE = 64  # descriptors kept for collectors, NVML device files, logs and the listener itself
 DRAIN_GRACE = 1.0  # seconds in-flight responses get at stop
 RENDER_WAIT = 1.0  # seconds a scrape that found the payload stale waits for its render (then: what there is)
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -350,7 +354,8 @@ class WebServer:
         """
         ctx = self.policy.ssl_context() if self.policy else None
         nofile = raise_fd_limit()
-        usable = max(1, nofile - FD_RESERVE)
+        kept, usable = fd_budget(nofile, self.settings.max_connections)
+        KEPT_BUDGET.set_limit(kept)
         if self.settings.max_connections > usable:
             self.max_connections = usable
             _log.warning("connection_limit_lowered", max_connections=self.settings.max_connections,

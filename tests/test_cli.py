@@ -302,6 +302,22 @@ def test_check_config_loads_the_scenario_serve_would_simulate(tmp_path: Path,
     assert cli.main(["check-config", "--simulate", "transfer_bound_riser"]) == 0  # a shipped scenario by name
 
 
+@pytest.mark.parametrize("flag", ["--path.procfs", "--path.sysfs"])
+@pytest.mark.parametrize("command", ["serve", "check-config"])
+def test_a_root_the_host_cannot_be_seen_through_is_refused_at_start_with_exit_3(
+        command: str, flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A container started without the /proc:/host/proc mount used to serve, /healthz 200, and check-config said
+    # SUCCESS; diagnose already said "cannot see the host" (exit 3). Every command now says it, at start.
+    for root, why in ((tmp_path / "nowhere", "no such directory"), (tmp_path, "not a procfs")):
+        if flag == "--path.sysfs" and why == "not a procfs":
+            continue  # any directory may be a sysfs (a host without the classes a collector reads)
+        assert cli.main([command, flag, str(root)]) == 3
+        line = _one_line(capsys.readouterr().err)
+        assert line.startswith(f"gpufeed {command}: error: cannot see the host: {flag} {root}: {why}"), line
+    (tmp_path / "stat").write_text("cpu  1 2 3 4 5 6 7 0 0 0\n")
+    assert cli.main(["check-config", "--path.procfs", str(tmp_path)]) == 0  # a procfs: taken
+
+
 # ---- YAML the bounded loader (exporter/yamlsafe.py) rejects -----------------------------------------------------
 
 

@@ -7,18 +7,25 @@ the diff of tests/fixtures/e2e-output.txt like code.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import difflib
+import json
+import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from exporter.collectors import load_all
 from tests.support.hosts import HOST_COLLECTORS, LARGE, REPO
@@ -35,6 +42,8 @@ HOST_FAMILIES = re.compile(
 SELF_FAMILIES = re.compile(r"gpufeed_(collector_success|collector_available|sampler_restarts_total)")
 HOST_LABEL = re.compile(r'(collector|sampler)="(' + "|".join((*HOST_COLLECTORS, "proc_threads")) + r')"')
 # Not compared: duration and overruns depend on the machine's speed, build_info on the Python version.
+# Runnable threads per CPU past which a sampler's overrun says more about the test machine than the daemon.
+OVERLOADED = 4
 
 
 def _host_only_flags() -> list[str]:
@@ -162,18 +171,104 @@ def test_sigterm_stops_the_daemon_cleanly(daemon: tuple[subprocess.Popen[str], s
     assert time.monotonic() - t0 < 3.0
 
 
-def test_missing_fixture_root_still_serves_and_reports_failures(tmp_path: Path) -> None:
-    """An empty --path.procfs: every host collector fails or is unavailable, the daemon still serves."""
+def test_a_missing_procfs_root_is_refused_at_start() -> None:
+    """A container started without the host's /proc mounted: one line and exit 3, not a 200 /healthz."""
+    r = subprocess.run([sys.executable, "-m", "exporter", "serve", "--web.listen-address", "127.0.0.1:0",
+                        "--path.procfs", "/nonexistent/proc"], capture_output=True, text=True, timeout=30,
+                       check=False)
+    assert r.returncode == 3
+    assert r.stderr == "gpufeed serve: error: cannot see the host: --path.procfs /nonexistent/proc: no such directory\n"
+
+
+def test_a_procfs_with_only_stat_still_serves_and_reports_failures(tmp_path: Path) -> None:
+    """A procfs root with nothing but stat: the other host collectors fail or are unavailable, the daemon serves."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "stat").write_text("cpu  1 2 3 4 5 6 7 0 0 0\n")
     cmd = [sys.executable, "-m", "exporter", "serve", "--web.listen-address", "127.0.0.1:0",
-           "--path.procfs", str(tmp_path / "proc"), "--path.sysfs", str(tmp_path / "sys"), *_host_only_flags()]
+           "--path.procfs", str(tmp_path / "proc"), "--path.sysfs", str(tmp_path), *_host_only_flags()]
     with _started(cmd, tmp_path / "daemon.log") as (_, url):
         deadline = time.monotonic() + 10
         text = ""
         while time.monotonic() < deadline:
             text = _get(url + "/metrics").decode()
-            if 'gpufeed_collector_success{collector="memory"} 0.0' in text:
+            if 'gpufeed_collector_success{collector="memory"} 0.0' in text \
+                    and 'gpufeed_collector_available{collector="nfs"} 0.0' in text:
                 break
             time.sleep(0.05)
         assert 'gpufeed_collector_success{collector="memory"} 0.0' in text
         assert 'gpufeed_collector_available{collector="nfs"} 0.0' in text
         assert _get(url + "/healthz") == b"ok\n"
+
+
+def test_a_gpu_that_starts_waiting_does_not_set_off_the_shipped_overrun_alert(tmp_path: Path) -> None:
+    """The per-thread sampler's pace change at an onset (60 s quiet -> 0.5 s) is not an overrun: a real
+    Prometheus scraping ``serve --simulate launch_bound`` at 10x across two onsets, with the shipped alert rules
+    loaded unchanged, has no ``GpufeedSamplerOverruns`` for ``proc_threads`` (not even pending), and the shipped
+    rule's expression is false for it. ~30 overruns per onset were counted before, 0.071/s on an unloaded
+    daemon, above the rule's 0.05/s. Only the deep sampler is asserted: at 10x the host samplers tick every
+    25 ms of real time and an overrun of theirs on these shared test cores would say nothing of the fix."""
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.skip("prometheus not installed (tools/ensure-test-deps.sh installs it)")
+    rules = Path(__file__).resolve().parents[1] / "alerts" / "gpufeed-alerts.yml"
+    rule = next(r for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"]
+                if r.get("alert") == "GpufeedSamplerOverruns")
+    cmd = [sys.executable, "-m", "exporter", "serve", "--web.listen-address", "127.0.0.1:0",
+           "--simulate", "launch_bound", "--simulate-speed", "10", "--log.level", "debug"]
+    with _started(cmd, tmp_path / "daemon.log") as (_, url):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            prom = f"127.0.0.1:{s.getsockname()[1]}"
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules)],
+            "scrape_configs": [{"job_name": "gpufeed", "static_configs": [{"targets": [url.split("//")[1]]}]}],
+        }))
+        with open(tmp_path / "prometheus.log", "w") as plog:
+            p = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                  f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address={prom}"],
+                                 stdout=plog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            def query(expr: str) -> list[dict[str, Any]]:
+                q = urllib.parse.urlencode({"query": expr})
+                result: list[dict[str, Any]] = json.loads(_get(f"http://{prom}/api/v1/query?{q}"))["data"]["result"]
+                return result
+
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError, ValueError):
+                    if query('up{job="gpufeed"} == 1'):
+                        break
+                time.sleep(0.5)
+            # Two onsets after a quiet spell: the deep sampler back from its 60 s pace, held >= 20 s of scenario
+            # time (2 s real), to 0.5 s (the GPU waits from 60 s to 150 s of each 150 s loop).
+            end = time.monotonic() + 50
+            while time.monotonic() < end and _onsets(tmp_path / "daemon.log", quiet=2.0) < 2:
+                time.sleep(0.5)
+            assert _onsets(tmp_path / "daemon.log", quiet=2.0) >= 2, "no two onsets in 50 s"
+            time.sleep(3.0)  # scraped and evaluated
+            overruns = query('gpufeed_sampler_overruns_total{sampler="proc_threads"}')
+            fired = query('ALERTS{alertname="GpufeedSamplerOverruns",sampler="proc_threads"}')
+            if fired and os.getloadavg()[0] > OVERLOADED * (os.cpu_count() or 1):
+                # At 10x a deep pass has 50 ms of real time: on cores this oversubscribed its overruns are real.
+                pytest.skip(f"load average {os.getloadavg()[0]:.0f}: overruns here are the test machine's")
+            assert fired == [], (fired, overruns)
+            assert [r for r in query(rule["expr"]) if r["metric"].get("sampler") == "proc_threads"] == []
+            assert "sampling_gap" not in (tmp_path / "daemon.log").read_text()
+        finally:
+            p.terminate()
+            p.wait(timeout=10)
+
+
+def _onsets(log_path: Path, quiet: float) -> int:
+    """Changes of the deep sampler's interval to 0.5 s after it held 60 s for ``quiet`` real seconds."""
+    n, since = 0, None
+    for m in re.finditer(r"ts=(\S+) .*event=deep_sampling_changed .*sampler=proc_threads interval=([\d.]+)",
+                         log_path.read_text()):
+        t = datetime.datetime.fromisoformat(m.group(1).rstrip("Z")).timestamp()
+        if m.group(2) == "60.0":
+            since = t
+        elif m.group(2) == "0.5" and since is not None:
+            n += t - since >= quiet
+            since = None
+    return n

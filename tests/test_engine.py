@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.core import Metric
+from structlog.testing import capture_logs
 
 from exporter.engine import Engine, RealClock, VirtualClock
 from exporter.exposition import self_metrics
@@ -286,3 +287,58 @@ def test_a_failing_sampler_leaves_no_reference_cycles_for_the_collector() -> Non
     assert failing.calls > 40 and broken.calls > 40
     assert eng.snapshot.status["broken"].failures > 40
     assert garbage == []
+
+
+@pytest.mark.parametrize("quiet_for", [20.0, 40.0])  # under and past GAP_MIN
+async def test_an_interval_shortened_long_after_the_last_run_is_not_counted_as_missed_ticks(quiet_for: float) -> None:
+    # A GPU that starts waiting moves the per-thread sampler from its quiet 60 s to 0.5 s. The ticks of the new
+    # interval since the last quiet run were never due: no overrun (~30 were counted per onset, tripping
+    # GpufeedSamplerOverruns) and no "VM paused" gap (past 30 s).
+    c = Counting(ctx(interval=60.0))
+    clock = VirtualClock(100.0)
+    eng = Engine([c], clock, inline=True)
+    with capture_logs() as logs:
+        eng.start()
+        await clock.advance(quiet_for)
+        eng.set_interval("counting", 0.5)
+        await clock.advance(2.0)
+        await eng.stop()
+    st = eng.snapshot.status["counting"]
+    assert c.calls >= 1 + 4
+    assert st.overruns == 0, st.overruns
+    assert "sampling_gap" not in [e["event"] for e in logs]
+
+
+async def test_a_run_that_starts_late_after_an_interval_change_still_counts_its_missed_ticks() -> None:
+    # The other side: once on its new interval, a tick the sampler could not run on time is an overrun.
+    clock = VirtualClock(100.0)
+
+    class Late(Counting):
+        def update(self) -> int:
+            n = super().update()
+            if n == 3:
+                clock.set(clock.now() + 2.0)  # this call held the loop for 2 s of the new 0.5 s interval
+            return n
+
+    c = Late(ctx(interval=60.0))
+    eng = Engine([c], clock, inline=True)
+    eng.start()
+    await clock.advance(20.0)
+    eng.set_interval("counting", 0.5)
+    await clock.advance(5.0)
+    await eng.stop()
+    assert eng.snapshot.status["counting"].overruns >= 3
+
+
+async def test_on_the_sampler_thread_a_shortened_interval_counts_no_overrun() -> None:
+    c = Counting(ctx(interval=60.0))
+    eng = Engine([c], RealClock())
+    eng.start()
+    try:
+        await asyncio.sleep(1.0)
+        eng.set_interval("counting", 0.1)
+        await asyncio.sleep(0.5)
+    finally:
+        await eng.stop()
+    assert c.calls >= 3
+    assert eng.snapshot.status["counting"].overruns == 0

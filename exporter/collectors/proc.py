@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -94,6 +94,7 @@ class StatFields:
     num_threads: int
     processor: int
     ppid: int = 0
+    start: int = 0
 
 
 def parse_stat(text: str) -> StatFields:
@@ -118,6 +119,7 @@ def parse_stat(text: str) -> StatFields:
         num_threads=int(rest[17]),  # (20) num_threads
         processor=int(rest[36]),  # (39) processor
         ppid=int(rest[1]),  # (4) ppid
+        start=int(rest[19]),  # (22) starttime
     )
 
 
@@ -169,6 +171,13 @@ def parse_switches(text: str) -> tuple[int, int] | None:
         elif key == "nonvoluntary_ctxt_switches":
             nonvol = int(value)
     return None if vol is None or nonvol is None else (vol, nonvol)
+
+
+class _Counters(CounterMetricFamily):
+    """Per-process counters, with each pid's start time (``lives``): a pid whose start time changed is another
+    process, and the exposition's MonotonicGuard takes its lower value as the reset it is."""
+
+    lives: Mapping[str, int] = MappingProxyType({})
 
 
 class _GoneError(Exception):
@@ -261,12 +270,14 @@ class ProcCollector(Collector):
         return ProcSample(processes=sample.processes, deep=True, held=MappingProxyType(held), workload=sample.workload)
 
     def _sample(self, deep: bool, pids: frozenset[int] | None = None) -> ProcSample:
-        """Every target process (or ``pids``); one whose files are malformed is skipped (logged once per pid),
-        the others are kept. A host-level problem (procfs root missing, a read denied) fails the sampler."""
+        """Every target process (or ``pids``); one whose files are malformed or cannot be read (EACCES, EIO)
+        is skipped (logged once per pid), the others are kept. A host-level problem fails the sampler: the procfs
+        root missing, or a read failing for every process inspected (hidepid, missing privileges)."""
         order = sorted(self.pids() if pids is None else pids)
         if order and not self.ctx.proc().is_dir():
             raise CollectorError(f"{self.ctx.proc()}: procfs root missing (check --path.procfs)")
         out: dict[int, ProcessSample] = {}
+        unreadable: list[CollectorError] = []
         for pid in order:
             key = ("proc_parse_failed", self._tag, str(pid))
             try:
@@ -278,7 +289,15 @@ class ProcCollector(Collector):
                     self._log.warning("proc_parse_failed", pid=pid, file=e.path, reason=e.reason,
                                       action="process skipped")
                 continue
+            except CollectorError as e:
+                unreadable.append(e)
+                if log.once(("proc_read_failed", self._tag, str(pid))):
+                    self._log.warning("proc_read_failed", pid=pid, error=str(e), action="process skipped")
+                continue
             log.forget(key)  # parsed again (or a new process with that pid): log the next failure
+            log.forget(("proc_read_failed", self._tag, str(pid)))
+        if unreadable and not out:
+            raise unreadable[0]
         direct = self.ctx.targets.pids() | self.static_pids
         workload = frozenset(p for p in out if p not in direct)
         # The previous pass's set while unchanged: the cycle collector tracks every set, and each sample in the
@@ -326,7 +345,7 @@ class ProcCollector(Collector):
         return ProcessSample(
             pid=pid, comm=stat.comm, state=stat.state, utime=stat.utime, stime=stat.stime,
             num_threads=stat.num_threads, cpus_allowed=cpus, mems_allowed=mems, threads=threads,
-            io_rchar=rchar, io_syscr=syscr, io_read_bytes=storage, ppid=stat.ppid,
+            io_rchar=rchar, io_syscr=syscr, io_read_bytes=storage, ppid=stat.ppid, start=stat.start,
         )
 
     @staticmethod
@@ -413,20 +432,23 @@ class ProcCollector(Collector):
         backwards (a failed read of /proc/<pid>/stat made rate() invent a spike). A failure omits them."""
         if shallow is None:
             return
-        cpu = CounterMetricFamily(
+        cpu = _Counters(
             "gpufeed_process_cpu_seconds", "CPU time of an inspected process (all its threads), from /proc/<pid>/stat.",
             labels=["pid", "comm", "mode"],
         )
-        rbytes = CounterMetricFamily(
+        rbytes = _Counters(
             "gpufeed_process_read_bytes",
             "Bytes the process asked to read (rchar: includes page-cache hits and sockets), from /proc/<pid>/io; "
             "absent when not readable (another user's process).",
             labels=["pid", "comm"],
         )
-        rcalls = CounterMetricFamily(
+        rcalls = _Counters(
             "gpufeed_process_read_syscalls", "Read syscalls of the process (syscr), from /proc/<pid>/io.",
             labels=["pid", "comm"],
         )
+        lives = {str(pid): p.start for pid, p in shallow.processes.items()}
+        for fam in (cpu, rbytes, rcalls):
+            fam.lives = lives
         for pid, p in sorted(shallow.processes.items()):
             if pid in shallow.workload:
                 continue

@@ -48,7 +48,7 @@ from exporter.samples.host import PressureTotals
 from exporter.samples.workload import CgroupCpu, CgroupInfo, ProcNode, WorkloadSample
 from exporter.sampling import WORKLOAD, Collector, CollectorContext, CollectorError, Option
 from exporter.snapshot import Snapshot
-from exporter.sources import CHUNK, GONE, read_bytes, read_text
+from exporter.sources import CHUNK, GONE, MAX_BYTES, read_bytes, read_text
 
 ENVIRON_MAX = 128 << 10  # ARG_MAX-sized environments exist; the variable sought is near the start anyway
 MAX_GROUP_DIRS = 256  # cgroup directories walked below one group (a Slurm job: steps x tasks)
@@ -56,6 +56,8 @@ CONTAINER_SCAN_EVERY = 15  # passes between walks of the container hierarchies f
 CONTAINER_ROOTS = ("kubepods.slice", "kubepods", "system.slice", "docker", "machine.slice")
 LIMITS_EVERY = 6  # passes between re-reads of a group's quota and memory limit (30 s at the default interval)
 KINDS = ("container", "slurm_job", "unit")
+# The largest number a cgroup counter or limit holds (the kernel's are u64); past it a value is unknown.
+COUNTER_MAX = 1 << 64
 
 
 @register
@@ -102,7 +104,7 @@ class WorkloadCollector(Collector):
             self.ctx.targets.publish_workload(())
             return WorkloadSample(processes=MappingProxyType({}), groups=MappingProxyType({}),
                                   cgroup_version=self._version())
-        self._scan_table()
+        fresh = self._scan_table()
         version = self._version()
         memberships: dict[int, cg.Membership] = {}
         groups: dict[str, CgroupInfo] = {}
@@ -128,6 +130,8 @@ class WorkloadCollector(Collector):
         for stale in [p for p in self._limit_cache if p not in groups]:
             del self._limit_cache[stale]
         keep = self._relevant(roots, groups)
+        if self._reused(keep - fresh):  # a pid of the workload is another process now: follow the new tree
+            keep = self._relevant(roots, groups)
         nodes: dict[int, ProcNode] = {}
         group_of = {pid: path for path, info in groups.items() for pid in info.members}
         for pid in sorted(keep):
@@ -161,8 +165,8 @@ class WorkloadCollector(Collector):
 
     # ---- the process table ------------------------------------------------------------------------------------
 
-    def _scan_table(self) -> None:
-        """Refresh the pid -> (parent, name, start) table: new pids and re-parented ones are read."""
+    def _scan_table(self) -> set[int]:
+        """Refresh the pid -> (parent, name, start) table: new pids and re-parented ones are read (returned)."""
         try:
             names = os.listdir(self.ctx.proc())
         except OSError as e:
@@ -171,12 +175,28 @@ class WorkloadCollector(Collector):
         for pid in [p for p in self._table if p not in live]:
             del self._table[pid]
         stale = [p for p, n in self._table.items() if n.ppid > 1 and n.ppid not in live]
-        for pid in sorted((live - self._table.keys()) | set(stale)):
+        fresh = (live - self._table.keys()) | set(stale)
+        for pid in sorted(fresh):
             node = self._stat(pid)
             if node is not None:
                 self._table[pid] = node
             else:
                 self._table.pop(pid, None)
+        return fresh
+
+    def _reused(self, pids: set[int]) -> bool:
+        """Look ``pids`` up again (the workload's, not read this pass): a pid whose start time (proc(5) field 22)
+        changed belongs to another process now -- one that took a worker's pid between two passes is not the
+        GPU's workload -- and is replaced in the table by what its stat says now. True when one changed."""
+        changed = False
+        for pid in sorted(pids):
+            old, node = self._table.get(pid), self._stat(pid)
+            if node is None:
+                changed |= self._table.pop(pid, None) is not None
+            elif old is None or node.start != old.start or node.ppid != old.ppid:
+                self._table[pid] = node
+                changed = True
+        return changed
 
     def _stat(self, pid: int) -> ProcNode | None:
         """Parent, name and start time from /proc/<pid>/stat; None when gone or malformed."""
@@ -227,10 +247,10 @@ class WorkloadCollector(Collector):
                 return base.joinpath(*rel)
         return (self.cgroot / controller).joinpath(*rel)
 
-    def _read(self, path: Path, errors: list[str]) -> str | None:
+    def _read(self, path: Path, errors: list[str], limit: int = CHUNK) -> str | None:
         """One cgroup file: None when absent (this kernel or controller lacks it); unreadable is recorded."""
         try:
-            return read_text(path, limit=CHUNK)
+            return read_text(path, limit=limit)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -242,10 +262,19 @@ class WorkloadCollector(Collector):
         if text is None:
             return None
         try:
-            return fn(text)
-        except (cg.CgroupFormatError, CpulistError, ValueError) as e:
+            got = fn(text)
+        except (cg.CgroupFormatError, CpulistError, ValueError, OverflowError) as e:
+            # OverflowError: a number parsed whole that no float holds (a 400-digit quota divided by its period).
             errors.append(f"{path}: {e}")
             return None
+        if isinstance(got, int) and not -COUNTER_MAX <= got <= COUNTER_MAX:
+            errors.append(f"{path}: {str(got)[:20]}...: out of range")
+            return None
+        if isinstance(got, dict):  # flat-keyed: a value out of range is that key unknown, the others stand
+            for key in [k for k, v in got.items() if isinstance(v, int) and not -COUNTER_MAX <= v <= COUNTER_MAX]:
+                errors.append(f"{path}: {key}: out of range")
+                del got[key]
+        return got
 
     def _group(self, owner: cg.Owner, m: cg.Membership | None, version: int) -> CgroupInfo:
         """The group's members, limits, counters and pressure; failures leave values unknown (logged once)."""
@@ -270,7 +299,8 @@ class WorkloadCollector(Collector):
         while todo and seen < MAX_GROUP_DIRS:
             d = todo.pop()
             seen += 1
-            text = self._read(d / "cgroup.procs", errors)
+            # One pid a line, 8 bytes each at 7 digits: a group of 12,000 passes the CHUNK other files are held to.
+            text = self._read(d / "cgroup.procs", errors, limit=MAX_BYTES)
             if text is not None:
                 out.update(int(x) for x in text.split() if x.isdigit())
             try:
@@ -336,7 +366,7 @@ class WorkloadCollector(Collector):
                 return None
             try:
                 return cg.parse_cfs(qt, pt)
-            except cg.CgroupFormatError as e:
+            except (cg.CgroupFormatError, OverflowError) as e:
                 errs.append(f"{d}: {e}")
                 return None
 

@@ -131,6 +131,13 @@ class _GpuState:
     judged: _Judged | None = None
     evaluated_t: float = float("-inf")
     pending_s: float = 0.0  # seconds elapsed since the counters were last split into states
+    # Waiting seconds held back while the verdict is younger than the window (_attribute), the cause they go
+    # to once one has held, the settled verdict's start at the last split, and the last waiting cause seen.
+    deferred_s: float = 0.0
+    deferred_j: float = 0.0
+    booked: str | None = None
+    accounted_since: float | None = None
+    last_cause: str | None = None
 
 
 def energy_readings(fast: Sequence[Stamped[GpuSample]], index: int) -> list[tuple[float, float]]:
@@ -321,10 +328,10 @@ class Analyzer(Stage):
                 uuid = next((m.uuid for m in ident.mig if m.gi == key.mig), view.uuid)
                 st.verdict = self._verdict(view, cand, st, uuid=uuid)
                 verdicts[key] = st.verdict
-                cause = self._account(st, view.util_points, cand, st.pending_s, now)
-                if key.mig is None:  # the energy counter is the physical GPU's: not split among MIG instances
-                    self._account_energy(st, energy_readings(w.fast, idx), view.util_points, cause=cause,
-                                         dt=st.pending_s, now=now)
+                # The energy counter is the physical GPU's: not split among MIG instances.
+                joules = (self._waiting_energy(st, energy_readings(w.fast, idx), view.util_points,
+                                               dt=st.pending_s, now=now) if key.mig is None else None)
+                self._account(st, view.util_points, cand, st.pending_s, now, joules=joules)
                 st.pending_s, st.evaluated_t = 0.0, now
                 pids: set[int] = set()
                 if ev.waiting:
@@ -417,11 +424,12 @@ class Analyzer(Stage):
         return GpuVerdict(view.index, uuid, held.cause, round(held.confidence * 0.8, 2),
                           round(cand.waiting_ratio, 4), (*cand.evidence[:1], note), mig=view.mig)
 
-    def _account(self, st: _GpuState, util: Sequence[Point], cand: Candidate, dt: float, now: float) -> str | None:
-        """Split ``dt`` into working / waiting (by cause) / idle: counters exact at any scrape interval. Returns
-        the waiting cause ``dt``'s waiting seconds went to (None when the GPU was idle)."""
+    def _account(self, st: _GpuState, util: Sequence[Point], cand: Candidate, dt: float, now: float, *,
+                 joules: float | None = None) -> None:
+        """Split ``dt`` into working / waiting (by cause) / idle: counters exact at any scrape interval; the
+        ``joules`` the GPU spent not working go with its waiting seconds."""
         if dt <= 0:
-            return None
+            return
         u = overlap_mean(util, now - dt, now)
         if u is None:
             u = max(0.0, 1.0 - cand.waiting_ratio) if cand.cause != "idle" else 0.0
@@ -431,17 +439,51 @@ class Analyzer(Stage):
         cause = st.verdict.cause if st.verdict is not None else cand.cause
         if cause == "idle":
             st.state_seconds["idle"] += rest
-            return None
-        st.state_seconds["waiting"] += rest
-        wc = cause if cause in WAITING_CAUSES else cand.waiting_cause
-        st.waiting_seconds[wc] += rest
-        return wc
+            self._attribute(st, None, 0.0, 0.0, now)  # an idle GPU's joules are not waiting joules
+        else:
+            st.state_seconds["waiting"] += rest
+            self._attribute(st, cause if cause in WAITING_CAUSES else cand.waiting_cause, rest, joules or 0.0, now)
+
+    def _attribute(self, st: _GpuState, cause: str | None, rest: float, joules: float, now: float) -> None:
+        """Book ``rest`` waiting seconds to ``cause`` (None: none waited) -- once the settled verdict has held
+        for the window. A window that spans a phase change mixes two phases' evidence, and its verdict in
+        between (a few seconds of latency_bound between launch_bound and healthy) is the window's, not the
+        GPU's: seconds are held back while the verdict is younger than the window, booked to it once it has
+        held, and, when it is replaced before, to the last cause that held (at start, where none has, they wait
+        for the first that holds). Exact, up to a window late (docs/derived.md). The joules spent waiting
+        (``gpufeed_gpu_waiting_joules_total``) follow the seconds: held back and booked with them."""
+        since = st.settled.since if st.settled is not None else None
+        if since != st.accounted_since and st.deferred_s > 0 and st.booked is not None:
+            st.waiting_seconds[st.booked] += st.deferred_s  # a verdict replaced before it held
+            self._book_joules(st, st.booked, st.deferred_j)
+            st.deferred_s = st.deferred_j = 0.0
+        st.accounted_since = since
+        young = since is not None and now - since < self.window_s - 1e-9
+        if cause is not None:
+            st.last_cause = cause
+            if young:
+                st.deferred_s += rest
+                st.deferred_j += joules
+                return
+            st.waiting_seconds[cause] += st.deferred_s + rest
+            self._book_joules(st, cause, st.deferred_j + joules)
+            st.deferred_s, st.deferred_j, st.booked = 0.0, 0.0, cause
+        elif not young and st.deferred_s > 0 and st.last_cause is not None:  # idle held: to the last cause seen
+            st.waiting_seconds[st.booked or st.last_cause] += st.deferred_s
+            self._book_joules(st, st.booked or st.last_cause, st.deferred_j)
+            st.deferred_s = st.deferred_j = 0.0
 
     @staticmethod
-    def _account_energy(st: _GpuState, readings: Sequence[tuple[float, float]], util: Sequence[Point], *,
-                        cause: str | None, dt: float, now: float) -> None:
-        """Add the joules the GPU spent waiting since the last energy reading accounted, to ``cause`` -- the
-        cause this evaluation's waiting seconds went to -- over the same evaluation.
+    def _book_joules(st: _GpuState, cause: str, joules: float) -> None:
+        if joules > 0:  # a cause's series appears with its first joule; a GPU without the counter has none
+            st.waiting_joules[cause] = st.waiting_joules.get(cause, 0.0) + joules
+
+    @staticmethod
+    def _waiting_energy(st: _GpuState, readings: Sequence[tuple[float, float]], util: Sequence[Point], *,
+                        dt: float, now: float) -> float | None:
+        """The joules the GPU spent not working since the last energy reading accounted, over the same
+        evaluation as the waiting seconds (``_account`` books them with those seconds, to the same cause, or
+        drops them when the GPU was idle); None without an energy counter.
 
         Each interval between two energy readings (``readings``: the fast path's cumulative energy counter,
         NVML field 83, ascending) contributes its energy times the share of it the GPU was not working (1 -
@@ -452,14 +494,15 @@ class Analyzer(Stage):
         unknown and not counted (the first evaluation starts at the newest reading before its interval). A GPU
         without the field has no readings: no joules, no series."""
         if not readings:
-            return
+            return None
         last = st.energy
         st.energy = readings[-1]
-        if cause is None or dt <= 0:
-            return  # an idle GPU's joules are not waiting joules
+        if dt <= 0:
+            return 0.0
         if last is None:  # the first evaluation with a counter: from the newest reading before its interval
             last = next((r for r in reversed(readings) if r[0] <= now - dt), readings[0])
         share = None
+        joules = 0.0
         for t, e in readings:
             if t <= last[0]:
                 continue
@@ -474,8 +517,9 @@ class Analyzer(Stage):
                 else:
                     frac = 1.0 - u
                 if frac > 0:
-                    st.waiting_joules[cause] = st.waiting_joules.get(cause, 0.0) + spent * frac
+                    joules += spent * frac
             last = (t, e)
+        return joules
 
     def _activity(self, st: _GpuState, view: GpuView | None, links: Mapping[str, bool]) -> GpuActivity:
         return GpuActivity(

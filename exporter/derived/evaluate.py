@@ -37,6 +37,8 @@ TRIP_ACTIVITY = 0.1
 # When the mean activity of the last third of the window differs from the whole window's by this much,
 # the condition changed inside the window and the recent part is judged alone (fast onset detection).
 ONSET_CHANGE = 0.25
+# Data short of the judged span by more than this (the first seconds after start) makes a "first reading".
+PARTIAL_SLACK_S = 1.0
 
 # A capture's stacks (exporter/capture) and the verdicts they confirm: the main thread waiting on the input
 # pipeline's workers or queue confirms an input or IO wait; one busy in Python launching work, launch_bound.
@@ -221,7 +223,15 @@ def evaluate_gpu(
         sig = group_signals(w.workload if whole else _since_keep2(w.workload, w.now - span), workload.group.path)
     shape = enrich(shape, workload, sig)
     capacity, link_name = link_capacity(view, w.pcie)
-    cand = classify(judged, shape, w.io, capacity=capacity, link_name=link_name, window_s=span, previous=previous)
+    # The time the verdict is based on: the span judged, or less while the buffers do not reach back that far
+    # (the first seconds after start). A verdict from part of its window says so.
+    first = min((p.t for p in judged.util_points), default=None)
+    covered = span if first is None else max(0.0, min(span, w.now - first))
+    cand = classify(judged, shape, w.io, capacity=capacity, link_name=link_name, window_s=covered,
+                    previous=previous)
+    if covered < span - PARTIAL_SLACK_S and judged.util is not None:
+        cand = dataclasses.replace(cand, evidence=(
+            *cand.evidence, f"a first reading: {covered:.0f} s of data so far, the window is {span:.0f} s"))
     ident = identity(w, index)
     if mig is None and ident is not None and ident.mig_mode:
         # MIG mode without any GPU instance: nothing can run on the GPU until one is created.

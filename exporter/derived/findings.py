@@ -256,13 +256,16 @@ def memory_pressure(memory: Sequence[Stamped[MemorySample]], io: IoSignals) -> F
 
 def nfs_retransmissions(io: IoSignals, window_s: float) -> Finding | None:
     """The NFS client retransmitted at least NFS_RETRANS_RATIO of its RPCs, and at least NFS_RETRANS_PER_S
-    of them per second, in the window (server or network struggling): the GpufeedNFSRetransmissions rule."""
+    of them per second, in the window (server or network struggling): the GpufeedNFSRetransmissions rule. The
+    rates are per second of the time the samples cover, and the detail says that time: less than the window
+    in its first seconds."""
     r = io.nfs_retrans_per_s
     if not r or r < NFS_RETRANS_PER_S or not io.nfs_calls_per_s or r / io.nfs_calls_per_s < NFS_RETRANS_RATIO:
         return None
     ratio = f" ({100 * r / io.nfs_calls_per_s:.2f}% of calls)"
     return Finding("nfs_retransmissions", None, "warning",
-                   f"NFS client retransmitting {r:.1f} RPCs/s{ratio} over the last {window_s:.0f} s (nfsstat -c)")
+                   f"NFS client retransmitting {r:.1f} RPCs/s{ratio} over the last "
+                   f"{min(window_s, io.nfs_span_s or window_s):.0f} s (nfsstat -c)")
 
 
 # ---- GPU health: Xid errors and memory errors -----------------------------------------------------------------

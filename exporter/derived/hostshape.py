@@ -130,6 +130,7 @@ class IoSignals:
     nfs_metadata_ops_per_s: float | None  # getattr + lookup + open + access
     nfs_retrans_per_s: float | None
     nfs_calls_per_s: float | None
+    nfs_span_s: float = 0.0  # the seconds the NFS rates cover (less than the window in its first seconds)
 
 
 def _span(window: Sequence[Stamped[object]]) -> float:
@@ -414,8 +415,9 @@ def io_signals(
             if util is None or u > util:
                 util, await_s, disk_name = u, aw, name
     ops = meta = retr = calls = None
+    nfs_span = 0.0
     if len(nfs) >= 2:
-        dt = _span(nfs)  # type: ignore[arg-type]
+        dt = nfs_span = _span(nfs)  # type: ignore[arg-type]
         if dt > 0:
             n0, n1 = nfs[0].value, nfs[-1].value
             per_op = {op: max(0, n1.ops.get(op, 0) - n0.ops.get(op, 0)) / dt for op in n1.ops}
@@ -436,5 +438,6 @@ def io_signals(
         nfs_metadata_ops_per_s=meta,
         nfs_retrans_per_s=retr,
         nfs_calls_per_s=calls,
+        nfs_span_s=nfs_span,
     )
 

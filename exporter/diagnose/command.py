@@ -25,7 +25,7 @@ from exporter.engine import Engine, RealClock
 from exporter.samples.capture import CaptureNote
 from exporter.samples.derived import DerivedState
 from exporter.samples.gpu import GpuKey, GpuSample, GpuSlow
-from exporter.sources import CHUNK, read_bytes
+from exporter.sources import blind_reason
 
 DEFAULT_DURATION = "30s"
 # Sources every Linux host has (/proc/stat, /proc/meminfo) and the GPUs: when none of them could be read, the
@@ -96,27 +96,6 @@ async def _sample_live(engine: Engine, duration: float, tty: TextIO | None) -> N
             _progress(duration, duration, tty)
             tty.write("\n")
         await engine.stop(timeout=1.0)
-
-
-def blind_reason(procfs: Path, sysfs: Path) -> str | None:
-    """Why this host cannot be seen through ``procfs`` and ``sysfs`` (None: it can be sampled).
-
-    A procfs always has ``stat`` (proc(5)); a path that does not exist, is empty or is a file is not one, and
-    sampling it would only produce a report with nothing in it that reads like a quiet host.
-    """
-    for flag, root in (("--path.procfs", procfs), ("--path.sysfs", sysfs)):
-        try:
-            if not root.exists():
-                return f"{flag} {root}: no such directory"
-            if not root.is_dir():
-                return f"{flag} {root}: not a directory"
-        except OSError as e:  # a name too long, a loop of links
-            return f"{flag} {str(root)[:80]}: {e.strerror or e}"
-    try:
-        read_bytes(procfs / "stat", limit=CHUNK)
-    except OSError as e:
-        return f"--path.procfs {procfs}: not a procfs ({procfs / 'stat'}: {e.strerror or e})"
-    return None
 
 
 def sampler_errors(engine: Engine) -> dict[str, str]:

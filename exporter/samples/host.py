@@ -120,6 +120,7 @@ class ProcessSample:
     io_syscr: int | None
     io_read_bytes: int | None = None  # /proc/<pid>/io read_bytes: bytes that reached the block layer
     ppid: int = 0
+    start: int = 0  # /proc/<pid>/stat (22) starttime, clock ticks after boot: with the pid, the process's identity
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,3 +225,22 @@ async def test_daemon_keeps_serving_while_a_collector_fails(large: Path) -> None
         assert daemon.engine.alive()
     finally:
         await daemon.stop()
+
+
+@pytest.mark.parametrize("rel", ["proc/4242/stat", "proc/4242/status"])
+def test_one_process_whose_file_cannot_be_read_is_skipped_and_the_others_kept(
+    large: Path, deny: Callable[[Path], None], rel: str,
+) -> None:
+    # N9: one unreadable /proc/<pid>/stat (EACCES, EIO) failed every process's series for the pass. A read
+    # denied for every process inspected is still a host-level failure (the cases above).
+    col = make("proc", large, pids=(4242, 4300))
+    deny(large / rel)
+    with capture_logs() as logs:
+        eng = run_engine(col, until=3.0)
+    assert not [e for e in logs if e["event"] == "collector_failed"], logs
+    skipped = [e for e in logs if e["event"] == "proc_read_failed"]
+    assert len(skipped) == 1 and skipped[0]["pid"] == 4242 and "Permission denied" in skipped[0]["error"]
+    s = series(exposition(eng))
+    assert s['gpufeed_collector_success{collector="proc"}'] == 1
+    assert any(k.startswith("gpufeed_process_cpu_seconds") and 'pid="4300"' in k for k in s)
+    assert not any(k.startswith("gpufeed_process_") and 'pid="4242"' in k for k in s)

@@ -146,3 +146,40 @@ def test_captured_machine_processes_parse() -> None:
     eng = run_engine(make("proc", CAPTURE, pids=pids))
     assert eng.snapshot.status["proc_threads"].success, eng.snapshot.status["proc_threads"].error
     assert set(eng.snapshot.value("proc_threads").processes) == set(pids)
+
+
+def test_a_pid_reused_by_a_process_of_the_same_name_is_a_new_counter_life_not_a_regression(large: Path) -> None:
+    # N5(b): a new process under a known pid and comm starts its CPU time from ~0; the exposition withheld its
+    # counter (a "regression") until it passed the old process's total -- absent for 60 s in the attack.
+    from exporter.exposition import Renderer
+
+    eng = run_engine(make("proc", large, pids=(GPU,)))
+    r = Renderer(eng.stages)
+    r.render(eng.snapshot)
+    key = f'gpufeed_process_cpu_seconds_total{{comm="python3",mode="user",pid="{GPU}"}}'
+    assert series(r.text().body.decode())[key] > 1.0
+    stat = large / "proc" / str(GPU) / "stat"
+    fields = stat.read_text().split()
+    fields[13], fields[14], fields[21] = "7", "3", str(int(fields[21]) + 500_000)  # utime, stime, starttime
+    stat.write_text(" ".join(fields) + "\n")
+    eng.run_until(2.0)
+    r.render(eng.snapshot)
+    assert series(r.text().body.decode()).get(key) == pytest.approx(7 / USER_HZ)
+    assert r.regressions == 0
+
+
+def test_a_lower_cpu_time_of_the_same_process_is_still_withheld(large: Path) -> None:
+    from exporter.exposition import Renderer
+
+    eng = run_engine(make("proc", large, pids=(GPU,)))
+    r = Renderer(eng.stages)
+    r.render(eng.snapshot)
+    stat = large / "proc" / str(GPU) / "stat"
+    fields = stat.read_text().split()
+    fields[13] = "7"  # the same start time: not a new process, a source gone backwards
+    stat.write_text(" ".join(fields) + "\n")
+    eng.run_until(2.0)
+    r.render(eng.snapshot)
+    assert f'gpufeed_process_cpu_seconds_total{{comm="python3",mode="user",pid="{GPU}"}}' \
+        not in series(r.text().body.decode())
+    assert r.regressions >= 1

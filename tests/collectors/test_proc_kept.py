@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from exporter.collectors.proc import FULL_EVERY_S, ProcCollector
-from exporter.sources import KeptFiles, SourceTooLargeError
+from exporter.sources import FD_RESERVE, KeptFiles, SourceTooLargeError, fd_budget
 from tests.support.gctrack import young_survivors
 from tests.support.hosts import LARGE, make
 
@@ -257,3 +257,17 @@ def test_without_schedstat_every_threads_stat_is_read_each_pass(monkeypatch: pyt
     assert reads == {"schedstat": 150, "stat": 150}  # no schedstat: stat's ticks say nothing ran, no status
     assert all(t.run_delay is None and t.on_cpu is None for t in col.update_threads().processes[GPU].threads)
     col.close()
+
+
+@pytest.mark.parametrize(("nofile", "max_connections", "kept", "connections"), [
+    (256, 512, 0, 192),  # short of descriptors: the kept ones give way first, then the connections
+    (1024, 512, 256, 512),
+    (4096, 512, 1024, 512),  # the systemd unit's LimitNOFILE
+    (700, 512, 124, 512),  # the reserve, the configured connections, and what is left kept
+    (64, 512, 0, 1),
+])
+def test_one_descriptor_budget_splits_the_limit_and_kept_descriptors_give_way_first(
+        nofile: int, max_connections: int, kept: int, connections: int) -> None:
+    assert fd_budget(nofile, max_connections) == (kept, connections)
+    if nofile > FD_RESERVE:
+        assert kept + connections + FD_RESERVE <= nofile

@@ -173,7 +173,10 @@ def test_the_process_table_is_read_incrementally(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(col, "_stat", counting)
     col.update()
-    assert reads == []  # nothing new, nobody re-parented
+    # Nothing new, nobody re-parented: only the workload's own pids are looked up again (their start times,
+    # against pid reuse), not the rest of the host's table.
+    assert sorted(reads) == [5000, 5101, 5103, 5105, 5107, 5109, 5111, 5113, 5115]
+    reads.clear()
     shutil.rmtree(root / "proc" / "5000")  # the trainer exits: its workers are re-read (re-parented)
     col.update()
     assert sorted(reads) == [5101, 5103, 5105, 5107, 5109, 5111, 5113, 5115]
@@ -193,3 +196,60 @@ def test_environ_of_containers_is_not_read_when_disabled(tmp_path: Path) -> None
     col.container_env = False
     assert not col.update().groups
     assert os.path.exists(root / "proc" / "9000" / "environ")
+
+
+def _impostor(root: Path, pid: int, *, ppid: int = 1, start: int = 999999, comm: str = "imposter") -> None:
+    """Another process takes ``pid``: its stat says a new parent and a later start time."""
+    f = root / "proc" / str(pid) / "stat"
+    fields = f.read_text().split()
+    fields[1], fields[3], fields[21] = f"({comm})", str(ppid), str(start)
+    f.write_text(" ".join(fields) + "\n")
+
+
+def test_a_process_that_reuses_a_workers_pid_is_not_the_gpus_workload(tmp_path: Path) -> None:
+    # N5: the table was re-read only when a parent vanished; the impostor was counted as the GPU's workload.
+    root = _rendered(tmp_path, "dataloader_eight_workers_64cpu")
+    col = _collector(root, {"0": [5000]})
+    assert 5101 in col.update().processes
+    _impostor(root, 5101)
+    s = col.update()
+    assert 5101 not in s.processes and 5103 in s.processes
+    assert 5101 not in col.ctx.targets.workload_pids()
+
+
+def test_a_pid_reused_under_the_same_parent_is_read_as_the_new_process(tmp_path: Path) -> None:
+    root = _rendered(tmp_path, "dataloader_eight_workers_64cpu")
+    col = _collector(root, {"0": [5000]})
+    col.update()
+    _impostor(root, 5101, ppid=5000, comm="new_worker")  # the trainer forked again and the pid came back
+    s = col.update()
+    assert s.processes[5101].comm == "new_worker" and s.processes[5101].start == 999999
+
+
+@pytest.mark.parametrize("name,body", [
+    ("cpu.max", "9" * 400 + " 100000\n"),  # OverflowError: integer division result too large for a float
+    ("cpu.stat", "usage_usec " + "9" * 400 + "\nuser_usec 1\nsystem_usec 1\nnr_periods 10\nnr_throttled 1\n"
+                 "throttled_usec 5\n"),  # OverflowError: int too large to convert to float
+])
+def test_a_number_too_large_to_convert_is_that_value_unknown_not_a_failed_collector(
+        name: str, body: str, tmp_path: Path) -> None:
+    # N7: both failed the whole workload collector (the container label gone for ~16 s each).
+    root = _rendered(tmp_path, "k8s_cpu_quota_v2")
+    (next((root / "sys" / "fs" / "cgroup").rglob("cri-containerd-*.scope")) / name).write_text(body)
+    s = _collector(root, {"0": [7100]}).update()
+    g = next(iter(s.groups.values()))
+    assert g.container_id == CTR and g.members == frozenset({7100}) and any(name in e for e in g.errors)
+    if name == "cpu.max":
+        assert g.quota_cores is None and g.cpu is not None
+    else:
+        assert g.quota_cores == pytest.approx(0.6)
+        assert g.cpu is not None and g.cpu.usage_s is None and g.cpu.nr_throttled == 1  # the rest still read
+
+
+def test_a_cgroup_procs_over_64_kib_still_gives_the_members(tmp_path: Path) -> None:
+    # 12,000 pids (70 KB): the members were unknown and the container label dropped.
+    root = _rendered(tmp_path, "k8s_cpu_quota_v2")
+    procs = next((root / "sys" / "fs" / "cgroup").rglob("cri-containerd-*.scope")) / "cgroup.procs"
+    procs.write_text("7100\n" + "".join(f"{p}\n" for p in range(1_000_000, 1_012_000)))
+    g = next(iter(_collector(root, {"0": [7100]}).update().groups.values()))
+    assert 7100 in g.members and len(g.members) == 12_001 and not g.errors

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -26,6 +27,7 @@ import pytest
 
 from bench import load
 
+from . import conftest
 from .conftest import Serve, start_child
 
 SCRAPE = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -154,3 +156,53 @@ def test_sigterm_lets_a_response_in_flight_finish(procs: list[subprocess.Popen[s
     s.close()
     assert len(data.partition(b"\r\n\r\n")[2]) == length  # the whole body, not cut at the signal
     assert proc.wait(10) == 0
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) not installed")
+def test_at_a_256_fd_limit_300_inspected_processes_and_a_full_connection_cap_leave_the_collectors_room(
+    procs: list[subprocess.Popen[str]],
+) -> None:
+    # N3 (F1 remainder): the connection cap left a fixed 64 descriptors, but the kept /proc descriptors alone
+    # took another 64 at a 256 limit (a GPU process with 300 children): connections at the cap plus those hit
+    # 256, and EMFILE failed collectors all over the daemon. Every kind now comes out of one budget.
+    children = [subprocess.Popen(["sleep", "120"]) for _ in range(300)]  # a real tree: this test's children
+    held: list[socket.socket] = []
+    try:
+        port = load.free_port()
+        proc = subprocess.Popen(
+            ["prlimit", "--nofile=256:256", sys.executable, "-m", "exporter", "serve",
+             f"--web.listen-address=127.0.0.1:{port}", "--web.idle-timeout=30s", "--log.level=debug",
+             "--collector.proc.pids=" + ",".join(str(c.pid) for c in children)],
+            cwd=conftest.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(proc)
+        deadline = time.monotonic() + 30
+        body = ""
+        while time.monotonic() < deadline and f'pid="{children[-1].pid}"' not in body:
+            with contextlib.suppress(OSError):
+                body = _body(port)[1]
+            time.sleep(0.2)
+        assert f'pid="{children[-1].pid}"' in body, "the 300 processes were never inspected"
+        for _ in range(250):  # idle connections: the server keeps up to its cap, closes the rest at once
+            held.append(socket.create_connection(("127.0.0.1", port)))
+        peak = 0.0
+        end = time.monotonic() + 8  # the host samplers run meanwhile, proc's at its quiet 5 s too
+        while time.monotonic() < end:
+            peak = max(peak, load.proc_stats(proc.pid)["fds"])
+            time.sleep(0.2)
+        for s in held:
+            s.close()
+        held.clear()
+        time.sleep(0.5)
+        code, body = _body(port)
+        assert code == 200
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=15)[0]
+    finally:
+        for s in held:
+            s.close()
+        for c in children:
+            c.kill()
+            c.wait()
+    assert "Too many open files" not in out, [x for x in out.splitlines() if "Too many" in x][:5]
+    assert "accept_failed" not in out
+    assert peak < 256, peak
