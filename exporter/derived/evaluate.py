@@ -16,6 +16,7 @@ from typing import Any
 
 from exporter import linkmath
 from exporter.derived import findings as fnd
+from exporter.derived import interconnect as ic
 from exporter.derived.gpuview import GpuView, activity_points, gpu_view
 from exporter.derived.hostshape import CpuShape, IoSignals, cpu_shape
 from exporter.derived.series import IDLE_LEVEL, Point, gaps, mean_and_idle
@@ -24,7 +25,7 @@ from exporter.derived.workload import GroupSignals, Workload, enrich, group_sign
 from exporter.samples.derived import Finding
 from exporter.samples.gpu import GpuIdentity, GpuSample
 from exporter.samples.host import CpufreqSample, CpuSample, MemorySample, ProcSample
-from exporter.samples.topology import NumaSample, PcieSample
+from exporter.samples.topology import NicSample, NumaSample, PcieSample
 from exporter.samples.workload import WorkloadSample
 from exporter.snapshot import Stamped
 
@@ -68,6 +69,7 @@ class Windows:
     memory: Sequence[Stamped[MemorySample]]
     io: IoSignals
     workload: Sequence[Stamped[WorkloadSample]] = ()  # the workload collector's samples over the window
+    nic: Sequence[Stamped[NicSample]] = ()  # the nic collector's samples (network adapters beside the GPUs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +215,9 @@ def evaluate_gpu(
         sig = group_signals(w.workload if whole else _since_keep2(w.workload, w.now - span), workload.group.path)
     shape = enrich(shape, workload, sig)
     capacity, link_name = link_capacity(view, w.pcie)
-    cand = classify(judged, shape, w.io, capacity=capacity, link_name=link_name, window_s=span, previous=previous)
+    wire = ic.wire_load(view, w.slow, w.nic) if mig is None else None
+    cand = classify(judged, shape, w.io, capacity=capacity, link_name=link_name, window_s=span, previous=previous,
+                    wire=wire)
     ident = identity(w, index)
     if mig is None and ident is not None and ident.mig_mode:
         # MIG mode without any GPU instance: nothing can run on the GPU until one is created.
@@ -258,7 +262,7 @@ def gpu_findings(index: int, view: GpuView, w: Windows) -> tuple[list[Finding], 
         found.append(Finding("pcie_link_downgraded", index, sev, detail))
     links = dict.fromkeys({ls.bdf for ls in chain}, False) | {b: True for b, _, _ in down}
     for f in (fnd.pcie_errors(view, w.pcie), fnd.clock_throttled(view), fnd.xid_errors(w.slow, index, w.now),
-              fnd.memory_errors(w.slow, index)):
+              fnd.memory_errors(w.slow, index), ic.nvlink_degraded(view, w.slow), ic.nic_link_degraded(view, w.nic)):
         if f is not None:
             found.append(f)
     return found, links
