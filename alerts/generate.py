@@ -282,8 +282,8 @@ and on ({by(cfg, "instance", "gpu")})
 
 def interconnect_alerts(cfg: dict[str, Any]) -> list[Rule]:
     """NVLink and the network adapters beside a GPU: the daemon's load-aware findings (docs/topology.md)."""
-    down = evidence("gpufeed_gpu_nvlink_links{instance=%q,gpu=%q,state=\"down\"}", IG,
-                    " {{ . | first | value }} of its NVLinks are down now.")
+    down = evidence("gpufeed_gpu_nvlink_links_up{instance=%q,gpu=%q}", IG,
+                    " {{ . | first | value }} of its {{ . | first | label `links` }} NVLinks are up now.")
     slow = ("{{ range printf `gpufeed_nic_rate_bits_per_second{instance=%q} < on (" + by(cfg, "instance", "adapter",
             "port") + ") gpufeed_nic_capable_rate_bits_per_second` $labels.instance | query }} {{ .Labels.adapter }}"
             "/{{ .Labels.port }} at {{ .Value | humanize }}b/s;{{ end }}")

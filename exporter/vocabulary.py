@@ -102,8 +102,8 @@ VERDICT_LIST = (
             "buckets), compress or shard gradients, keep the job's ranks on one NVSwitch domain or rail-aligned "
             "NICs; check first that the link runs at its full rate (nvlink_degraded, nic_link_degraded).",
             "cause=network_bound (NVLink / network)",
-            evidence=("gpufeed_gpu_nvlink_transmit_bytes_total", "gpufeed_gpu_nvlink_receive_bytes_total",
-                      "gpufeed_gpu_nvlink_speed_bytes_per_second", "gpufeed_nic_receive_bytes_total",
+            evidence=("gpufeed_gpu_nvlink_bytes_total", "gpufeed_gpu_nvlink_capacity_bytes_per_second",
+                      "gpufeed_nic_receive_bytes_total",
                       "gpufeed_nic_transmit_bytes_total", "gpufeed_nic_rate_bits_per_second")),
     Verdict("gpu_throttled", "GPU clocks held down", "working", "#4e342e",
             "nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER (clock-event reasons, temperature, power)",
@@ -141,7 +141,7 @@ FINDING_LIST = (
             "A platform problem: a down or erroring NVLink (GPU, NVSwitch tray, cable cartridge) halves the "
             "collectives' bandwidth; drain the node and have the link reseated or the part replaced.",
             "GpufeedNVLinkDegraded",
-            evidence=("gpufeed_gpu_nvlink_links", "gpufeed_gpu_nvlink_errors_total", "gpufeed_gpu_nvlink_info")),
+            evidence=("gpufeed_gpu_nvlink_links_up", "gpufeed_gpu_nvlink_errors_total")),
     Finding("nic_link_degraded", "network adapter below its rate or erroring while busy",
             "A platform problem: a port trained down or a cable with rising symbol errors makes every rank of a "
             "multi-host job wait; reseat or replace the cable or transceiver, check the switch port.",

@@ -97,7 +97,7 @@
             },
             "annotations": {
               "summary": "NVLink of GPU {{ $labels.gpu }} on {{ $labels.instance }} down or erroring under load",
-              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is busy with an NVLink down, or a link's replay, recovery or CRC errors rising (gpufeed diagnose names the links).{{ with printf `gpufeed_gpu_nvlink_links{instance=%q,gpu=%q,state=\"down\"}` $labels.instance $labels.gpu | query }} {{ . | first | value }} of its NVLinks are down now.{{ end }} Collectives over the node lose that bandwidth; idle GPUs whose links sleep are excluded.",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is busy with an NVLink down, or a link's replay, recovery or CRC errors rising (gpufeed diagnose names the links).{{ with printf `gpufeed_gpu_nvlink_links_up{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} {{ . | first | value }} of its {{ . | first | label `links` }} NVLinks are up now.{{ end }} Collectives over the node lose that bandwidth; idle GPUs whose links sleep are excluded.",
               "runbook_url": ("%(runbookBaseUrl)s#gpufeednvlinkdegraded" % $._config),
             },
           },

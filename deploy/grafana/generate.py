@@ -486,24 +486,21 @@ def interconnect_row() -> tuple[str, list[tuple[Panel, int, int]]]:
     nv = "NVLink (GPUs with NVLink only)"
     return ("Interconnect: NVLink and network", [
         (panel("timeseries", f"{nv}: traffic vs active links' capacity",
-               "Payload each GPU sends and receives over its NVLinks against its active links' speeds summed: a "
-               "waiting GPU near its capacity is network_bound.",
-               [target(f"rate(gpufeed_gpu_nvlink_transmit_bytes_total{{{HG}}}[{RI}])", "GPU {{gpu}} sent"),
-                target(f"rate(gpufeed_gpu_nvlink_receive_bytes_total{{{HG}}}[{RI}])", "GPU {{gpu}} received"),
-                target(f"gpufeed_gpu_nvlink_speed_bytes_per_second{{{HG}}}", "GPU {{gpu}} capacity")],
+               "Payload each GPU moves over its NVLinks (both directions) against its active links' capacity per "
+               "direction: a waiting GPU whose busier direction nears it is network_bound.",
+               [target(f"rate(gpufeed_gpu_nvlink_bytes_total{{{HG}}}[{RI}])", "GPU {{gpu}} moved"),
+                target(f"gpufeed_gpu_nvlink_capacity_bytes_per_second{{{HG}}}", "GPU {{gpu}} capacity")],
                unit="Bps", minmax=(0, None)), 12, 8),
         (panel("timeseries", f"{nv}: links down and errors",
-               "Links down per GPU (idle GPUs let links sleep: only a busy GPU's is nvlink_degraded) and the links' "
-               "replay, recovery and CRC errors.",
-               [target(f"gpufeed_gpu_nvlink_links{{{HG}, state=\"down\"}}", "GPU {{gpu}} links down"),
-                target(f"increase(gpufeed_gpu_nvlink_errors_total{{{HG}}}[{RI}])", "GPU {{gpu}} {{counter}}")],
+               "Links up per GPU, of its links (idle GPUs let links sleep: only a busy GPU's down link is "
+               "nvlink_degraded), and the links' replay, recovery and CRC errors summed.",
+               [target(f"gpufeed_gpu_nvlink_links_up{{{HG}}}", "GPU {{gpu}} up of {{links}} (v{{version}}, "
+                       "{{remote}})"),
+                target(f"increase(gpufeed_gpu_nvlink_errors_total{{{HG}}}[{RI}])", "GPU {{gpu}} errors")],
                steps=ANY_IS_BAD), 12, 8),
-        (info_table("NVLinks by version and far end",
-                    "gpufeed_gpu_nvlink_info: the number of each GPU's links per NVLink version and far end (gpu, "
-                    "switch).", f"gpufeed_gpu_nvlink_info{{{HG}}}"), 8, 7),
         (info_table("Network adapters beside the GPUs",
                     "gpufeed_nic_info: each InfiniBand/RoCE port and Ethernet interface on a GPU's PCIe switch, its "
-                    "kind, model and the GPUs beside it.", f"gpufeed_nic_info{{{H}}}"), 16, 7),
+                    "kind, model and the GPUs beside it.", f"gpufeed_nic_info{{{H}}}"), 24, 7),
         (panel("timeseries", "Network adapters: traffic vs current rate",
                "Bits each port moves against its negotiated rate now and the rate it is known to reach: a current "
                "rate below the capable one under load is nic_link_degraded, traffic near the current rate while the "

@@ -31,15 +31,12 @@ def test_an_nvswitch_gpu_exports_its_links_state_version_far_end_speed_and_data(
     nv[5] = {**nv[5], "up": False}
     r = rig([device(0, nvlink=nv), device(1)])
     r.run_until(11.0)
-    assert r.value("gpufeed_gpu_nvlink_info", gpu="0", version="6", remote="switch") == 17.0
-    assert r.value("gpufeed_gpu_nvlink_info", gpu="0", version="", remote="") == 1.0, "asked once it is up"
-    assert r.value("gpufeed_gpu_nvlink_links", gpu="0", state="up") == 17.0
-    assert r.value("gpufeed_gpu_nvlink_links", gpu="0", state="down") == 1.0
-    assert r.value("gpufeed_gpu_nvlink_speed_bytes_per_second", gpu="0") == 17 * 25781e6
-    assert r.value("gpufeed_gpu_nvlink_transmit_bytes_total", gpu="0") == 18 * 1000 * 1024
-    assert r.value("gpufeed_gpu_nvlink_receive_bytes_total", gpu="0") == 18 * 2000 * 1024
+    assert r.value("gpufeed_gpu_nvlink_links_up", gpu="0", links="18", version="6", remote="switch") == 17.0
+    assert r.value("gpufeed_gpu_nvlink_capacity_bytes_per_second", gpu="0") == 17 * 25781e6
+    assert r.value("gpufeed_gpu_nvlink_bytes_total", gpu="0") == 18 * (1000 + 2000) * 1024
+    assert r.value("gpufeed_gpu_nvlink_errors_total", gpu="0") == 0.0
     per_gpu = [k for k in r.metrics() if k[0].startswith("gpufeed_gpu_nvlink")]
-    assert len(per_gpu) == 10, "nine series per GPU with NVLink whatever its number of links (+1: a link unknown)"
+    assert len(per_gpu) == 4, "four series per GPU with NVLink, whatever its number of links"
     assert not [k for k in per_gpu if ("gpu", "1") in k[1]], "the PCIe-only GPU 1 has none"
     slow = r.history("gpu_slow")[-1][1].gpus[0]
     assert [ln.link for ln in slow.nvlink if not ln.up] == [5] and slow.nvlink[5].speed_bytes_per_s is None
@@ -53,9 +50,7 @@ def test_rising_error_counters_are_counted_per_link(rig: MakeRig) -> None:
     r = rig([device(0, nvlink=links(4))])
     r.at(7.0, lambda st: st["devices"][0]["nvlink"][2].update(replay=40, recovery=2, crc=7))
     r.run_until(12.0)
-    assert r.value("gpufeed_gpu_nvlink_errors_total", gpu="0", counter="replay") == 40.0
-    assert r.value("gpufeed_gpu_nvlink_errors_total", gpu="0", counter="recovery") == 2.0
-    assert r.value("gpufeed_gpu_nvlink_errors_total", gpu="0", counter="crc") == 7.0
+    assert r.value("gpufeed_gpu_nvlink_errors_total", gpu="0") == 40.0 + 2 + 7
     slow = r.history("gpu_slow")[-1][1].gpus[0]
     assert dict(slow.nvlink[2].errors) == {"replay": 40, "recovery": 2, "crc": 7}
     assert dict(slow.nvlink[1].errors) == {"replay": 0, "recovery": 0, "crc": 0}
@@ -66,8 +61,9 @@ def test_a_driver_without_the_nvlink_fields_is_read_through_the_getters(rig: Mak
     nv[1] = {**nv[1], "up": False, "replay": 9}
     r = rig([device(0, nvlink=nv, unsupported=["field:165", "field:161", "field:162", "field:163"])])
     r.run_until(11.0)
-    assert r.value("gpufeed_gpu_nvlink_links", gpu="0", state="down") == 1.0
-    assert r.value("gpufeed_gpu_nvlink_errors_total", gpu="0", counter="replay") == 9.0
+    assert r.value("gpufeed_gpu_nvlink_links_up", gpu="0", links="2", version="6", remote="switch") == 1.0
+    assert r.value("gpufeed_gpu_nvlink_errors_total", gpu="0") == 9.0
+    assert r.history("gpu_slow")[-1][1].gpus[0].nvlink[1].errors["replay"] == 9
     assert r.fake.calls["nvmlDeviceGetNvLinkErrorCounter"] > 0
 
 
@@ -75,10 +71,11 @@ def test_a_link_down_at_discovery_gets_its_version_and_far_end_once_it_comes_up(
     r = rig([device(0, nvlink=links(2, up=False))])
     r.at(6.0, lambda st: st["devices"][0]["nvlink"][0].update(up=True))
     r.run_until(4.0)
-    assert r.value("gpufeed_gpu_nvlink_info", gpu="0", version="", remote="") == 2.0
+    assert r.value("gpufeed_gpu_nvlink_links_up", gpu="0", links="2", version="", remote="") == 0.0
     r.run_until(11.0)
-    assert r.value("gpufeed_gpu_nvlink_info", gpu="0", version="6", remote="switch") == 1.0
-    assert r.value("gpufeed_gpu_nvlink_info", gpu="0", version="", remote="") == 1.0
+    assert r.value("gpufeed_gpu_nvlink_links_up", gpu="0", links="2", version="6", remote="switch") == 1.0
+    slow = r.history("gpu_slow")[-1][1].gpus[0]
+    assert [(ln.version, ln.remote) for ln in slow.nvlink] == [(6, "switch"), (None, "")]
 
 
 def test_the_fake_refuses_a_bad_link() -> None:
