@@ -8,8 +8,10 @@ all. ``nvmlDeviceGetNvLinkVersion`` and ``nvmlDeviceGetNvLinkRemoteDeviceType`` 
 read until known: a link that is down at discovery answers them when it comes up.
 
 Every slow cycle then reads, in ONE ``nvmlDeviceGetFieldValues`` call per GPU with the link as ``scopeId``
-(nvml.h: the NVLink fields take the link id in scopeId), per link: its state (``NVML_FI_DEV_NVLINK_GET_STATE``),
-its speed (``..._GET_SPEED``, MB/s per direction), the data-link error counters replay, recovery and CRC
+(nvml.h: the NVLink fields take the link id in scopeId, as NCCL's topology detection reads them), per link: its
+state (``NVML_FI_DEV_NVLINK_GET_STATE``, an nvmlEnableState_t: active or not), its speed (``..._GET_SPEED``, "in
+MBps" -- 1e6 bytes/s per direction, the raw link rate with its protocol overhead: an H100 link reads ~26.6 GB/s
+for ~25 GB/s of payload, so payload tops out near 94% of it), the data-link error counters replay, recovery and CRC
 (``..._ERROR_DL_REPLAY`` / ``_RECOVERY`` / ``_CRC``) and the data it moved (``..._THROUGHPUT_DATA_TX`` / ``_RX``,
 KiB, payload without protocol overhead). A driver that answers one of those fields NOT_SUPPORTED (older than the
 fields) has it read through the getters instead: ``nvmlDeviceGetNvLinkState`` and
