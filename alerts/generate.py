@@ -296,6 +296,29 @@ and on ({by(cfg, "instance", "gpu")})
     return [downgraded, *aer_rules, replays]
 
 
+def interconnect_alerts(cfg: dict[str, Any]) -> list[Rule]:
+    """NVLink and the network adapters beside a GPU: the daemon's load-aware findings (docs/topology.md)."""
+    down = evidence("gpufeed_gpu_nvlink_links_up{instance=%q,gpu=%q}", IG,
+                    " {{ . | first | value }} of its {{ . | first | label `links` }} NVLinks are up now.")
+    slow = ("{{ range printf `gpufeed_nic_rate_bits_per_second{instance=%q} < on (" + by(cfg, "instance", "adapter",
+            "port") + ") gpufeed_nic_capable_rate_bits_per_second` $labels.instance | query }} {{ .Labels.adapter }}"
+            "/{{ .Labels.port }} at {{ .Value | humanize }}b/s;{{ end }}")
+    return [
+        alert(cfg, "GpufeedNVLinkDegraded", "nvlink_degraded", finding("nvlink_degraded") + " == 1",
+              "NVLink of GPU {{ $labels.gpu }} on {{ $labels.instance }} down or erroring under load",
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} is busy with an NVLink down, or a link's replay, "
+              "recovery or CRC errors rising (gpufeed diagnose names the links)." + down
+              + " Collectives over the node lose that bandwidth; idle GPUs whose links sleep are excluded."),
+        alert(cfg, "GpufeedNICLinkDegraded", "nic_link_degraded", finding("nic_link_degraded") + " == 1",
+              "Network adapter beside GPU {{ $labels.gpu }} on {{ $labels.instance }} degraded under load",
+              "An adapter on the PCIe switch of busy GPU {{ $labels.gpu }} on {{ $labels.instance }} runs below the "
+              "rate it is known to reach, is down, or its error counters rise (gpufeed diagnose names the port)."
+              " Ports below their known rate on the host:" + slow
+              + " Every rank of a multi-host job waits on the slowest wire: check the cable, transceiver and switch "
+              "port."),
+    ]
+
+
 def numa_alerts(cfg: dict[str, Any]) -> list[Rule]:
     procs = (
         "{{ range printf `gpufeed_process_numa_mismatch{instance=%q,gpu=%q} == 1` " + IG + " | query }}"
@@ -580,7 +603,8 @@ def self_alerts(cfg: dict[str, Any]) -> list[Rule]:
 
 def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"groups": [
-        {"name": "gpufeed-platform", "rules": pcie_alerts(cfg) + numa_alerts(cfg) + gpu_alerts(cfg)
+        {"name": "gpufeed-platform", "rules": pcie_alerts(cfg) + interconnect_alerts(cfg) + numa_alerts(cfg)
+         + gpu_alerts(cfg)
          + gpu_health_alerts(cfg) + host_alerts(cfg)},
         {"name": "gpufeed-starvation", "rules": starved_alerts(cfg)},
         {"name": "gpufeed-workloads", "rules": workload_alerts(cfg)},

@@ -22,6 +22,7 @@ from exporter.sampling import GPU_SLOW as GPU_SLOW
 from exporter.sampling import KUBERNETES as KUBERNETES
 from exporter.sampling import MEMORY as MEMORY
 from exporter.sampling import NFS as NFS
+from exporter.sampling import NIC as NIC
 from exporter.sampling import NUMA as NUMA
 from exporter.sampling import PCIE as PCIE
 from exporter.sampling import PRESSURE as PRESSURE

@@ -46,6 +46,7 @@ DISK = "disk"
 NFS = "nfs"
 PCIE = "pcie"
 NUMA = "numa"
+NIC = "nic"  # network adapters (InfiniBand, RoCE, Ethernet) beside the GPUs
 SELF = "self"  # the daemon's own /proc/self
 DERIVED = "derived"  # the analyzer: verdicts, findings, state seconds
 WORKLOAD = "workload"  # process trees and cgroups of the GPU processes

@@ -98,6 +98,16 @@ VERDICT_LIST = (
             "cause=transfer_bound (PCIe)",
             evidence=("gpufeed_gpu_pcie_rx_bytes_total", "gpufeed_gpu_pcie_tx_bytes_total",
                       "gpufeed_pcie_link_capacity_bytes_per_second")),
+    Verdict("network_bound", "the interconnect (NVLink, network)", "waiting", "#ad1457",
+            "nvidia-smi nvlink -gt d -i {bdf} (NVLink throughput) and ibstat / perfquery -x (the adapter beside the "
+            "GPU): is the wire full at its current rate?",
+            "The collective waits on the wire: overlap communication with compute (bucketed all-reduce, larger "
+            "buckets), compress or shard gradients, keep the job's ranks on one NVSwitch domain or rail-aligned "
+            "NICs; check first that the link runs at its full rate (nvlink_degraded, nic_link_degraded).",
+            "cause=network_bound (NVLink / network)",
+            evidence=("gpufeed_gpu_nvlink_bytes_total", "gpufeed_gpu_nvlink_capacity_bytes_per_second",
+                      "gpufeed_nic_receive_bytes_total",
+                      "gpufeed_nic_transmit_bytes_total", "gpufeed_nic_rate_bits_per_second")),
     Verdict("gpu_throttled", "GPU clocks held down", "working", "#4e342e",
             "nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER (clock-event reasons, temperature, power)",
             "Check power limits, cooling and chassis airflow (nvidia-smi -q -d PERFORMANCE,POWER).",
@@ -130,6 +140,17 @@ FINDING_LIST = (
             "A marginal link (riser, slot, cable): reseat or replace it; replays and AER errors cost bandwidth and "
             "precede lost GPUs.", "GpufeedPCIeErrorsRising",
             evidence=("gpufeed_pcie_aer_errors_total", "gpufeed_gpu_pcie_replays_total")),
+    Finding("nvlink_degraded", "NVLink down or erroring while busy",
+            "A platform problem: a down or erroring NVLink (GPU, NVSwitch tray, cable cartridge) halves the "
+            "collectives' bandwidth; drain the node and have the link reseated or the part replaced.",
+            "GpufeedNVLinkDegraded",
+            evidence=("gpufeed_gpu_nvlink_links_up", "gpufeed_gpu_nvlink_errors_total")),
+    Finding("nic_link_degraded", "network adapter below its rate or erroring while busy",
+            "A platform problem: a port trained down or a cable with rising symbol errors makes every rank of a "
+            "multi-host job wait; reseat or replace the cable or transceiver, check the switch port.",
+            "GpufeedNICLinkDegraded",
+            evidence=("gpufeed_nic_rate_bits_per_second", "gpufeed_nic_capable_rate_bits_per_second",
+                      "gpufeed_nic_up", "gpufeed_nic_errors_total", "gpufeed_nic_info")),
     Finding("numa_mismatch", "GPU process on a remote NUMA node",
             "Pin the processes and their memory to the GPU's NUMA node (nvidia-smi topo -m, numactl), or move the "
             "job to a GPU on its node.", "GpufeedNUMAMismatch",

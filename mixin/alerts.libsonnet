@@ -93,6 +93,32 @@
             },
           },
           {
+            "alert": "GpufeedNVLinkDegraded",
+            "expr": "gpufeed_finding{check=\"nvlink_degraded\"} == 1",
+            "for": ("%(str_nvlink_degraded_for)s" % $._config),
+            "labels": {
+              "severity": ("%(str_nvlink_degraded_severity)s" % $._config),
+            },
+            "annotations": {
+              "summary": "NVLink of GPU {{ $labels.gpu }} on {{ $labels.instance }} down or erroring under load",
+              "description": "GPU {{ $labels.gpu }} on {{ $labels.instance }} is busy with an NVLink down, or a link's replay, recovery or CRC errors rising (gpufeed diagnose names the links).{{ with printf `gpufeed_gpu_nvlink_links_up{instance=%q,gpu=%q}` $labels.instance $labels.gpu | query }} {{ . | first | value }} of its {{ . | first | label `links` }} NVLinks are up now.{{ end }} Collectives over the node lose that bandwidth; idle GPUs whose links sleep are excluded.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeednvlinkdegraded" % $._config),
+            },
+          },
+          {
+            "alert": "GpufeedNICLinkDegraded",
+            "expr": "gpufeed_finding{check=\"nic_link_degraded\"} == 1",
+            "for": ("%(str_nic_link_degraded_for)s" % $._config),
+            "labels": {
+              "severity": ("%(str_nic_link_degraded_severity)s" % $._config),
+            },
+            "annotations": {
+              "summary": "Network adapter beside GPU {{ $labels.gpu }} on {{ $labels.instance }} degraded under load",
+              "description": ("An adapter on the PCIe switch of busy GPU {{ $labels.gpu }} on {{ $labels.instance }} runs below the rate it is known to reach, is down, or its error counters rise (gpufeed diagnose names the port). Ports below their known rate on the host:{{ range printf `gpufeed_nic_rate_bits_per_second{instance=%%q} < on (%(aggregationPrefix)sinstance, adapter, port) gpufeed_nic_capable_rate_bits_per_second` $labels.instance | query }} {{ .Labels.adapter }}/{{ .Labels.port }} at {{ .Value | humanize }}b/s;{{ end }} Every rank of a multi-host job waits on the slowest wire: check the cable, transceiver and switch port." % $._config),
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedniclinkdegraded" % $._config),
+            },
+          },
+          {
             "alert": "GpufeedNUMAMismatch",
             "expr": "gpufeed_finding{check=\"numa_mismatch\"} == 1",
             "for": ("%(str_numa_mismatch_for)s" % $._config),

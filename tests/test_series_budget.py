@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bench.series import BUDGET_PER_GPU, BUDGET_PER_HOST, attribute_families
-from exporter import pipeline
+from exporter import pipeline, yamlsafe
 from exporter.config import resolve
 from exporter.engine import VirtualClock
 from exporter.exposition import Renderer
@@ -40,10 +40,17 @@ TREE_STEP = 0.5
 
 
 @cache
-def bench_payload(*flags: tuple[str, Any], seconds: float = SECONDS) -> str:
+def bench_payload(*flags: tuple[str, Any], seconds: float = SECONDS, nvlinks: int = 0) -> str:
     """``/metrics`` of the benchmark host after ``seconds`` of scenario time (the fake NVML advanced every STEP,
-    the simulated tree re-rendered every TREE_STEP), with extra settings ``flags``."""
-    sc = scenario.load(BENCH_HOST)
+    the simulated tree re-rendered every TREE_STEP), with extra settings ``flags`` (and, with ``nvlinks``, that
+    many NVLinks on every GPU)."""
+    if nvlinks:
+        doc = yamlsafe.load(BENCH_HOST)
+        for g in doc["gpus"]:
+            g["nvlinks"] = nvlinks
+        sc = scenario.from_dict(doc, str(BENCH_HOST))
+    else:
+        sc = scenario.load(BENCH_HOST)
     with tempfile.TemporaryDirectory(prefix="gpufeed-budget-") as tmp:
         root = Path(tmp)
         model = Model(sc)
@@ -93,6 +100,16 @@ def test_the_8_gpu_benchmark_host_stays_within_60_series_per_gpu_and_200_host_le
     gpu, most = _worst(per)
     assert most <= BUDGET_PER_GPU, f"GPU {gpu}: {most} series > {BUDGET_PER_GPU}: {_where(fams, gpu)}"
     assert host <= BUDGET_PER_HOST, f"{host} host-level series > {BUDGET_PER_HOST}: {_where(fams, '')}"
+
+
+def test_eighteen_nvlinks_per_gpu_stay_within_the_budget() -> None:
+    """NVLink series are per GPU, summed over its links: an H100's 18 links add the same four as one would."""
+    per, host, _total, fams = attribute_families(bench_payload(nvlinks=18))
+    nvlink = {g: sum(n for f, n in fams[g].items() if f.startswith("gpufeed_gpu_nvlink")) for g in per}
+    assert set(nvlink.values()) == {4}, nvlink
+    gpu, most = _worst(per)
+    assert most <= BUDGET_PER_GPU, f"GPU {gpu}: {most} series > {BUDGET_PER_GPU}: {_where(fams, gpu)}"
+    assert host <= BUDGET_PER_HOST
 
 
 def test_the_dgx_fixture_with_four_hop_chains_stays_within_the_budget() -> None:

@@ -28,7 +28,8 @@ def _colours() -> dict[str, str]:
 
 def test_names_are_the_records_names_in_order() -> None:
     assert tuple(VERDICT) == names.VERDICTS and tuple(FINDING) == names.FINDINGS
-    assert names.WAITING_CAUSES == ("launch_bound", "input_bound", "io_bound", "transfer_bound", "latency_bound")
+    assert names.WAITING_CAUSES == ("launch_bound", "input_bound", "io_bound", "transfer_bound", "network_bound",
+                                    "latency_bound")
     assert names.QUIET_VERDICTS == ("healthy", "idle")
     assert set(STATE_COLOURS) == set(names.STATES)
     assert {v.state for v in VERDICT_LIST} == set(names.STATES)

@@ -496,6 +496,44 @@ def workload_row() -> tuple[str, list[tuple[Panel, int, int]]]:
     ])
 
 
+def interconnect_row() -> tuple[str, list[tuple[Panel, int, int]]]:
+    """NVLink and the network adapters beside the GPUs (docs/topology.md): traffic against the capacity of the
+    current links (network_bound), links down and errors (nvlink_degraded, nic_link_degraded)."""
+    nv = "NVLink (GPUs with NVLink only)"
+    return ("Interconnect: NVLink and network", [
+        (panel("timeseries", f"{nv}: traffic vs active links' capacity",
+               "Payload each GPU moves over its NVLinks (both directions) against its active links' capacity per "
+               "direction: a waiting GPU whose busier direction nears it is network_bound.",
+               [target(f"rate(gpufeed_gpu_nvlink_bytes_total{{{HG}}}[{RI}])", "GPU {{gpu}} moved"),
+                target(f"gpufeed_gpu_nvlink_capacity_bytes_per_second{{{HG}}}", "GPU {{gpu}} capacity")],
+               unit="Bps", minmax=(0, None)), 12, 8),
+        (panel("timeseries", f"{nv}: links down and errors",
+               "Links up per GPU, of its links (idle GPUs let links sleep: only a busy GPU's down link is "
+               "nvlink_degraded), and the links' replay, recovery and CRC errors summed.",
+               [target(f"gpufeed_gpu_nvlink_links_up{{{HG}}}", "GPU {{gpu}} up of {{links}} (v{{version}}, "
+                       "{{remote}})"),
+                target(f"increase(gpufeed_gpu_nvlink_errors_total{{{HG}}}[{RI}])", "GPU {{gpu}} errors")],
+               steps=ANY_IS_BAD), 12, 8),
+        (info_table("Network adapters beside the GPUs",
+                    "gpufeed_nic_info: each InfiniBand/RoCE port and Ethernet interface on a GPU's PCIe switch, its "
+                    "kind, model and the GPUs beside it.", f"gpufeed_nic_info{{{H}}}"), 24, 7),
+        (panel("timeseries", "Network adapters: traffic vs current rate",
+               "Bits each port moves against its negotiated rate now and the rate it is known to reach: a current "
+               "rate below the capable one under load is nic_link_degraded, traffic near the current rate while the "
+               "GPU waits is network_bound.",
+               [target(f"8 * rate(gpufeed_nic_receive_bytes_total{{{H}}}[{RI}])", "{{adapter}}/{{port}} received"),
+                target(f"8 * rate(gpufeed_nic_transmit_bytes_total{{{H}}}[{RI}])", "{{adapter}}/{{port}} sent"),
+                target(f"gpufeed_nic_rate_bits_per_second{{{H}}}", "{{adapter}}/{{port}} rate"),
+                target(f"gpufeed_nic_capable_rate_bits_per_second{{{H}}}", "{{adapter}}/{{port}} capable")],
+               unit="bps", minmax=(0, None)), 12, 8),
+        (panel("timeseries", "Network adapters: link state and errors",
+               "1 while a port's link is up; its symbol, receive and CRC errors and link-down events.",
+               [target(f"gpufeed_nic_up{{{H}}}", "{{adapter}}/{{port}} up"),
+                target(f"increase(gpufeed_nic_errors_total{{{H}}}[{RI}])", "{{adapter}}/{{port}} {{counter}}")]),
+         12, 8),
+    ])
+
+
 def exporter_row() -> tuple[str, list[tuple[Panel, int, int]]]:
     """gpufeed's own health: what GpufeedCollectorFailing, GpufeedSamplesStale and GpufeedSamplerOverruns page on."""
     ok = [{"type": "value", "options": {"0": {"text": "failing", "color": "red", "index": 0},
@@ -642,6 +680,7 @@ def host() -> dict[str, Any]:
             (placement, 12, 7),
             (gpus, 12, 7),
         ]),
+        interconnect_row(),
         gpu_state_row(),
         gpu_health_row(verdict_map),
         workload_row(),

@@ -39,6 +39,7 @@ from exporter.gpu import calls, fields
 from exporter.gpu.backend import PID_MAX_LIMIT, GpuInitError, GpuUnavailableError, NvmlBackend
 from exporter.gpu.constants import CLOCK_EVENT_REASONS
 from exporter.gpu.events import OTHER as XID_OTHER
+from exporter.gpu.nvlink import nvlink_families
 from exporter.samples.gpu import GpuBuffered, GpuFast, GpuIdentity, GpuKey, GpuSample, GpuSlow, HeldFast
 from exporter.sampling import (
     GPU_FAST,
@@ -253,6 +254,7 @@ class GpuCollector(Collector):
             yield from _buffered_families(buffered)
         if slow is not None:
             yield from _slow_families(slow)
+            yield from nvlink_families(slow)
         yield from _call_families(max(samples, key=lambda s: sum(h.counts[-1] for h in s.calls.values())))
 
 

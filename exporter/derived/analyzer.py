@@ -236,6 +236,7 @@ class Analyzer(Stage):
             io=io_signals(self._window(names.PRESSURE, win, now), self._window(names.DISK, win, now),
                           self._window(names.NFS, win, now)),
             workload=self._window(names.WORKLOAD, win, now),
+            nic=self._window(names.NIC, max(win, 11.0), now),
         )
 
     def update(self) -> DerivedState | Unchanged:

@@ -16,6 +16,7 @@ from typing import Any
 
 from exporter import linkmath
 from exporter.derived import findings as fnd
+from exporter.derived import interconnect as ic
 from exporter.derived.gpuview import GpuView, activity_points, gpu_view
 from exporter.derived.hostshape import CpuShape, IoSignals, cpu_shape
 from exporter.derived.series import IDLE_LEVEL, Point, gaps, mean_and_idle
@@ -26,7 +27,7 @@ from exporter.samples.capture import CaptureNote
 from exporter.samples.derived import Finding, GpuVerdict
 from exporter.samples.gpu import GpuIdentity, GpuKey, GpuSample
 from exporter.samples.host import CpufreqSample, CpuSample, MemorySample, ProcSample
-from exporter.samples.topology import NumaSample, PcieSample
+from exporter.samples.topology import NicSample, NumaSample, PcieSample
 from exporter.samples.workload import WorkloadSample
 from exporter.snapshot import Stamped
 
@@ -78,6 +79,7 @@ class Windows:
     memory: Sequence[Stamped[MemorySample]]
     io: IoSignals
     workload: Sequence[Stamped[WorkloadSample]] = ()  # the workload collector's samples over the window
+    nic: Sequence[Stamped[NicSample]] = ()  # the nic collector's samples (network adapters beside the GPUs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +229,9 @@ def evaluate_gpu(
     # (the first seconds after start). A verdict from part of its window says so.
     first = min((p.t for p in judged.util_points), default=None)
     covered = span if first is None else max(0.0, min(span, w.now - first))
+    wire = ic.wire_load(view, w.slow, w.nic) if mig is None else None
     cand = classify(judged, shape, w.io, capacity=capacity, link_name=link_name, window_s=covered,
-                    previous=previous)
+                    previous=previous, wire=wire)
     if covered < span - PARTIAL_SLACK_S and judged.util is not None:
         cand = dataclasses.replace(cand, evidence=(
             *cand.evidence, f"a first reading: {covered:.0f} s of data so far, the window is {span:.0f} s"))
@@ -276,7 +279,7 @@ def gpu_findings(index: int, view: GpuView, w: Windows) -> tuple[list[Finding], 
         found.append(Finding("pcie_link_downgraded", index, sev, detail))
     links = dict.fromkeys({ls.bdf for ls in chain}, False) | {b: True for b, _, _ in down}
     for f in (fnd.pcie_errors(view, w.pcie), fnd.clock_throttled(view), fnd.xid_errors(w.slow, index, w.now),
-              fnd.memory_errors(w.slow, index)):
+              fnd.memory_errors(w.slow, index), ic.nvlink_degraded(view, w.slow), ic.nic_link_degraded(view, w.nic)):
         if f is not None:
             found.append(f)
     return found, links

@@ -5,7 +5,9 @@
    verdict); 5-20% is "moderately" bound and stays a working verdict with a note in the evidence.
 2. If working: is it doing a good job? Clocks pulled down by power/thermal reasons -> gpu_throttled;
    kernels resident but SMs mostly inactive (GPM) -> gpu_inefficient; else healthy.
-3. If waiting, on what? PCIe near the current link's capacity -> transfer_bound; threads in D state
+3. If waiting, on what? Its NVLinks or the network adapter on its PCIe switch near the capacity of their current
+   links -> network_bound (a collective waiting on the wire: exporter/derived/interconnect.py says which path);
+   PCIe near the current link's capacity -> transfer_bound; threads in D state
    with iowait / IO pressure / NFS storms -> io_bound; many allowed cores busy in user time ->
    input_bound; one thread at a full core -> launch_bound; nothing on the host -> latency_bound.
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from exporter.clockevents import THERMAL_REASONS
 from exporter.derived.gpuview import GpuView
 from exporter.derived.hostshape import SATURATED_CORE, CpuShape, IoSignals, ProcLoad, ThreadLoad
+from exporter.derived.interconnect import WireLoad
 from exporter.names import WAITING_CAUSES
 
 IDLE_UTIL = 0.03  # below this mean utilisation no work is being submitted (DESIGN.md: idle)
@@ -32,6 +35,10 @@ LAUNCH_CORE = 0.85  # the hot thread at >= 0.85 core is saturated (it cannot go 
 TRANSFER_LINK = 0.6  # PCIe at >= 60% of the current link's achievable capacity while waiting
 TRANSFER_PEAK = 0.85  # ... or bursts of copies at >= 85% of it (90th percentile of 100 ms rates)
 IO_SCORE = 3
+# The GPU's busiest interconnect path (NVLink payload, or the adapter beside it) at >= 70% of its current link's
+# capacity while the GPU waits: its collectives wait on the wire. Above TRANSFER_LINK: GPUDirect traffic from the
+# adapter also crosses the GPU's PCIe link, and a wire slower than PCIe is the narrower of the two.
+NETWORK_LINK = 0.7
 
 WAITING_CAUSES_SET = frozenset(WAITING_CAUSES)
 
@@ -316,6 +323,7 @@ def classify(
     link_name: str,
     window_s: float,
     previous: str | None = None,
+    wire: WireLoad | None = None,
 ) -> Candidate:
     """The verdict this window supports for one GPU (before hysteresis)."""
     util = view.util
@@ -336,7 +344,10 @@ def classify(
     cpu_cause, cpu_conf, cpu_why = _cpu_verdict(shape, side)
     # The best-supported waiting cause, used for the waiting-seconds counter whatever the verdict.
     peak = link_peak(view, capacity)
-    if link_util is not None and link_util >= TRANSFER_LINK:
+    if wire is not None and wire.ratio >= NETWORK_LINK:
+        wcause, wconf = "network_bound", min(0.95, 0.6 + (wire.ratio - NETWORK_LINK))
+        wwhy = [wire.what]
+    elif link_util is not None and link_util >= TRANSFER_LINK:
         wcause, wconf = "transfer_bound", min(0.95, 0.6 + (link_util - TRANSFER_LINK))
         wwhy = [f"PCIe {direction} {_rate(link_util * (capacity or 0))} = {_pct(link_util)} of the current "
                 f"{link_name} link's achievable {_rate(capacity or 0)}"]

@@ -20,6 +20,7 @@ from exporter.gpu import constants as C  # noqa: N812 - short, used everywhere
 from exporter.gpu import fields as F  # noqa: N812
 from exporter.gpu.binding import ERR_NOT_FOUND, SUCCESS, code
 from exporter.gpu.fieldvalues import FieldValues
+from exporter.gpu.nvlink import NvLinkPath
 from exporter.gpu.state import DROPPED_PID, NO_FIELDS, GpuState
 from exporter.samples.gpu import GpuProcess, GpuSlow, MigSlow
 
@@ -40,7 +41,7 @@ PROCESS_INTERVAL_S = 5.0
 PROCESS_EARLY_S = 0.25
 
 
-class SlowPath(FieldValues):
+class SlowPath(FieldValues, NvLinkPath):
     """Link, clock-event reasons, temperature, memory, limits, processes, ECC, MIG and Xid counts of each GPU."""
 
     _pid_max: int
@@ -102,6 +103,7 @@ class SlowPath(FieldValues):
             fields=self._fields(g, now, F.SLOW),
             xid_errors=xids or NO_FIELDS, xid_last_seen=xid_seen or NO_FIELDS,
             mig=MappingProxyType(mig) if mig else NO_FIELDS,
+            nvlink=self._nvlink(g, now),
         )
 
     def _mig_slow(self, g: GpuState, enumerate_now: bool) -> tuple[tuple[GpuProcess, ...], dict[int, MigSlow]]:

@@ -153,6 +153,23 @@ class MigSlow:
 
 
 @dataclass(frozen=True, slots=True)
+class NvLink:
+    """One NVLink of a GPU on one slow cycle (exporter/gpu/nvlink.py): whether it is active, its NVLink version
+    (nvmlNvlinkVersion_t) and far end (``gpu``, ``switch``, ``ibmnpu``, ``unknown``; "" until known), its speed
+    per direction in bytes/s (None while down or unknown), the payload it moved (unwrapped totals, bytes) and its
+    data-link error counters (``replay``, ``recovery``, ``crc``)."""
+
+    link: int
+    up: bool | None
+    version: int | None
+    remote: str
+    speed_bytes_per_s: float | None
+    tx_bytes: int | None
+    rx_bytes: int | None
+    errors: Mapping[str, int] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSlow:
     """Slow path (default 5 s) of one GPU."""
 
@@ -179,6 +196,7 @@ class GpuSlow:
     xid_errors: Mapping[int, int] = field(default_factory=_empty)
     xid_last_seen: Mapping[int, float] = field(default_factory=_empty)
     mig: Mapping[int, MigSlow] = field(default_factory=_empty)
+    nvlink: tuple[NvLink, ...] = ()  # the GPU's NVLinks; () on a GPU without NVLink
 
 
 class UtilPoint(NamedTuple):

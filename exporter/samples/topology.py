@@ -1,4 +1,4 @@
-"""Samples of the topology collectors (pcie, numa)."""
+"""Samples of the topology collectors (pcie, numa, nic)."""
 
 from __future__ import annotations
 
@@ -99,3 +99,43 @@ class NumaSample:
 
     nodes: Mapping[int, frozenset[int]]
     placements: tuple[Placement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NicPort:
+    """One network adapter port as the nic collector read it (exporter/collectors/nic.py).
+
+    ``adapter`` is the RDMA device (``mlx5_0``; InfiniBand and RoCE alike) or, for a plain Ethernet adapter, the
+    interface (``eth2``); ``port`` its port number ("" for an interface). ``kind``: ``infiniband``, ``roce`` or
+    ``ethernet``. Rates are bits per second: ``rate_bps`` the negotiated one now (None while the link has none:
+    down, or Ethernet's speed -1), ``capable_bps`` what the port is known to reach -- the best of its own rate
+    since gpufeed started and of its siblings' of the same model on this host (sysfs has no port capability:
+    docs/topology.md). ``gpus``: the GPUs (sysfs PCI addresses) sharing a PCIe switch with the adapter.
+    ``errors``: the kernel's error counters by their own file names.
+    """
+
+    adapter: str
+    port: str
+    kind: str
+    bdf: str
+    model: str
+    up: bool | None
+    rate_bps: float | None
+    capable_bps: float | None
+    rx_bytes: int | None
+    tx_bytes: int | None
+    errors: Mapping[str, int]
+    gpus: tuple[str, ...]
+    numa_node: int | None = None
+
+    @property
+    def key(self) -> str:
+        """``mlx5_0/1`` for an RDMA port, the interface name otherwise."""
+        return f"{self.adapter}/{self.port}" if self.port else self.adapter
+
+
+@dataclass(frozen=True, slots=True)
+class NicSample:
+    """The network adapter ports of the host (beside its GPUs, by default), in adapter/port order."""
+
+    ports: tuple[NicPort, ...]

@@ -116,6 +116,7 @@ Per device (the NVML index is the position in ``devices``; ``index``, if given, 
                   "memory_affinity": "0" | null  nodelist for nvmlDeviceGetMemoryAffinity (null -> NOT_SUPPORTED)
                   "numa_node_id": null           nvmlDeviceGetNumaNodeId (only coherent GPU-as-NUMA-node
                                                  platforms answer; null -> NOT_SUPPORTED, as on x86 PCIe)
+    NVLink        "nvlink": [link, ...]          one entry per link (empty: no NVLink); exporter/sim/fakenvlink.py
     MIG           "mig": null | [instance, ...]  null: MIG mode off. A list (possibly empty): MIG mode on, with
                                                  these GPU instances, one MIG device each, in
                                                  nvmlDeviceGetMigDeviceHandleByIndex order. In MIG mode the
@@ -184,6 +185,7 @@ from exporter.gpu.binding import (
     VT_UINT,
     VT_ULL,
 )
+from exporter.sim import fakenvlink
 from exporter.sim.exchange import Reader
 
 TOP_KEYS = frozenset({"t", "driver_version", "init_error", "driver_fields", "devices"})
@@ -234,6 +236,7 @@ DEVICE_DEFAULTS: Mapping[str, Any] = {
     "numa_node_id": None,
     "mig": None,
     "max_mig_devices": 7,
+    "nvlink": [],
 }
 LINK_KEYS = ("gen", "width", "max_gen", "max_width", "gpu_max_gen")
 LINK_DEFAULTS = {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16, "gpu_max_gen": 5}
@@ -486,6 +489,10 @@ def normalize_state(state: Mapping[str, Any]) -> dict[str, Any]:
         if dev["mig"] is not None:
             _normalize_mig(dev, where)
         _check_xid_events(dev["xid_events"], dev, where)
+        try:
+            dev["nvlink"] = fakenvlink.normalize_links(dev["nvlink"], where)
+        except ValueError as e:
+            raise StateError(str(e)) from e
         out["devices"].append(dev)
     return out
 
@@ -1267,7 +1274,51 @@ class _FakeEvents(_FakeCore):
                 self._maybe_reload()
 
 
-class FakeNvml(_FakeFastPath, _FakeEvents):
+class _FakeNvLink(_FakeCore):
+    """The NVLink calls and field values (exporter/sim/fakenvlink.py: the state and the answers)."""
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:  # noqa: N802, N803
+        """NVLink fields (scopeId: the link) answered here, every other request by the fast path's."""
+        if not any(isinstance(f, tuple) and f[0] in fakenvlink.FIELDS for f in fieldIds):
+            return super().nvmlDeviceGetFieldValues(handle, fieldIds)  # type: ignore[misc]
+        with self._lock:
+            self.calls["nvmlDeviceGetFieldValues"] += 1
+            if self._look_due():
+                self._maybe_reload()
+            dev = self._device(handle, "nvmlDeviceGetFieldValues")
+            arr = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+            now = self._now_us()
+            for i, requested in enumerate(fieldIds):
+                fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
+                if fid not in fakenvlink.FIELDS:
+                    raise AssertionError(f"FakeNvml: NVLink and other fields in one request ({fid})")
+                ret, value = fakenvlink.field_value(dev, fid, scope)
+                FIELD_VALUE.pack_into(arr, i * FIELD_VALUE.size, fid, scope, now, 0, VT_ULL, ret, value)
+            return arr
+
+    @_api
+    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:  # noqa: N802
+        up = fakenvlink.link_of(self._device(device, "nvmlDeviceGetNvLinkState"), link)["up"]
+        return int(pynvml.NVML_FEATURE_ENABLED if up else pynvml.NVML_FEATURE_DISABLED)
+
+    @_api
+    def nvmlDeviceGetNvLinkVersion(self, device: Any, link: int) -> int:  # noqa: N802
+        return int(fakenvlink.link_of(self._device(device, "nvmlDeviceGetNvLinkVersion"), link)["version"])
+
+    @_api
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:  # noqa: N802
+        remote = fakenvlink.link_of(self._device(handle, "nvmlDeviceGetNvLinkRemoteDeviceType"), link)["remote"]
+        return int(fakenvlink.REMOTE_TYPES[remote])
+
+    @_api
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:  # noqa: N802
+        key = fakenvlink.ERROR_COUNTERS.get(int(counter))
+        if key is None:
+            raise AssertionError(f"FakeNvml: nvmlDeviceGetNvLinkErrorCounter counter {counter} not modelled")
+        return int(fakenvlink.link_of(self._device(device, "nvmlDeviceGetNvLinkErrorCounter"), link)[key])
+
+
+class FakeNvml(_FakeNvLink, _FakeFastPath, _FakeEvents):
     """The fake ``pynvml`` module (see the module docstring for the state it serves)."""
 
     @classmethod

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from exporter import linkmath
 from exporter.sim import signal
+from exporter.sim.interconnect import InterconnectTracks
 from exporter.sim.signal import At, Piecewise, Track
 from exporter.sim.spec import (
     CLOCK_EVENT_REASONS,
@@ -100,6 +101,7 @@ class Model:
         }
         self.oom = self._track(lambda ph: ph.host.oom_kills_per_s, "host.oom_kills_per_s", NONNEG)
         self.workloads = WorkloadTracks(self)
+        self.interconnect = InterconnectTracks(self)
 
     # ---- construction helpers ----------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from exporter.sim import interconnect as ic
 from exporter.sim import workload_spec as v2
 from exporter.sim.reader import Reader, generation, governor, indexed, item, join, width
 from exporter.sim.signal import NOISE_STEP
@@ -64,7 +65,7 @@ def _merge(base: Partial, over: Mapping[str, Any]) -> Partial:
 
 _GPU_STATE_KEYS = (*GPU_NUMERIC, "link", "clock_event_reasons", "lost")
 # Project keys (docs/simulator.md): ECC, row remapping, Xid events, MIG instances.
-_GPU_PROJECT_KEYS = (*GPU_HEALTH_NUMERIC, "row_remap_pending", "row_remap_failure", "xid_events", "mig")
+_GPU_PROJECT_KEYS = (*GPU_HEALTH_NUMERIC, "row_remap_pending", "row_remap_failure", "xid_events", "mig", "nvlink")
 
 
 def _gpu_partial(r: Reader, v: object, path: str, gpu: Gpu) -> Partial:
@@ -114,6 +115,8 @@ def _gpu_project_value(r: Reader, k: str, raw: object, kp: str, gpu: Gpu) -> Any
         return r.value(raw, kp, GPU_HEALTH_NUMERIC[k])
     if k in ("row_remap_pending", "row_remap_failure"):
         return r.boolean(raw, kp)
+    if k == "nvlink":
+        return ic.nvlink_partial(r, raw, kp, gpu)
     gis = {x.gi for x in gpu.mig or ()}
     if k == "xid_events":
         events: list[XidEvent] = []
@@ -188,7 +191,7 @@ def _host_partial(r: Reader, v: object, path: str, host: Host) -> Partial:
     m = r.mapping(v if v is not None else {}, path)
     v2.gate(r, m, path, r.version, v2.V2_HOST_STATE)
     r.keys(m, path, ("cpu_background", "cpu_cores", "disks", "nfs", "psi", "memory", "oom_kills_per_s", "governor",
-                     *v2.V2_HOST_STATE))
+                     "nics", *v2.V2_HOST_STATE))
     out: Partial = {}
     for k, raw in m.items():
         kp = join(path, k)
@@ -239,6 +242,8 @@ def _host_partial(r: Reader, v: object, path: str, host: Host) -> Partial:
             out[k] = r.value(raw, kp, NONNEG)
         elif k == "cgroups":
             out[k] = v2.cgroup_state_partial(r, raw, kp, host.cgroups)
+        elif k == "nics":
+            out[k] = ic.nics_partial(r, raw, kp, host.nics)
         else:
             out[k] = governor(r, raw, kp)
     return out
@@ -358,6 +363,7 @@ def _gpu_project_state(s: Partial, gpu: Gpu) -> dict[str, Any]:
         "row_remap_pending": bool(s.get("row_remap_pending", False)),
         "row_remap_failure": bool(s.get("row_remap_failure", False)),
         "xid_events": s.get("xid_events", ()),
+        "nvlink": ic.nvlink_state(s.get("nvlink", {})),
         "mig": MappingProxyType({
             x.gi: MigState(**{k: mig.get(str(x.gi), {}).get(k, 0.0) for k in MIG_NUMERIC}) for x in gpu.mig or ()}),
     }
@@ -395,6 +401,7 @@ def _host_state(s: Partial, host: Host) -> HostState:
                            mem.get("writeback_bytes", 0.0)),
         oom_kills_per_s=s.get("oom_kills_per_s", 0.0), governor=s.get("governor", host.governor),
         cgroups=v2.cgroup_states(s.get("cgroups", {}), host.cgroups),
+        nics=ic.nic_states(s.get("nics", {}), host.nics),
     )
 
 

@@ -42,6 +42,7 @@ READS: Mapping[str, frozenset[str]] = {
     names.NFS: frozenset({"nfs"}),
     names.PRESSURE: frozenset({"pressure"}),
     names.PCIE: frozenset({"pcie"}),
+    names.NIC: frozenset({"nic"}),
     names.NUMA: frozenset({"procs"}),
     names.GPU_FAST: frozenset({"nvml"}),
     names.GPU_SAMPLES: frozenset({"nvml", "nvml_samples"}),

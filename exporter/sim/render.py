@@ -23,6 +23,7 @@ from typing import Any
 from exporter import linkmath
 from exporter.cpulist import format_cpulist
 from exporter.gpu.fields import THROTTLE_KEYS
+from exporter.sim import interconnect as ic
 from exporter.sim.model import Model
 from exporter.sim.spec import Gpu, Process
 from exporter.sim.workload_render import WorkloadRenderer
@@ -33,7 +34,7 @@ GPU_CLASS = "0x030200"  # 3D controller: what data-centre NVIDIA GPUs report
 BRIDGE_CLASS = "0x060400"  # PCI-to-PCI bridge
 BRIDGE_VENDOR = "0x1000"
 GPU_DEVICE_IDS = {"H100": "0x2330", "H200": "0x2335", "A100": "0x20b5", "L40S": "0x26b9", "L4": "0x27b8"}
-GROUPS = ("stat", "procs", "threads", "disk", "pressure", "memory", "nfs", "pcie", "cpufreq", "cgroups")
+GROUPS = ("stat", "procs", "threads", "disk", "pressure", "memory", "nfs", "pcie", "cpufreq", "cgroups", "nic")
 BOOT_OFFSET_S = 1000.0  # the simulated host booted this long before the scenario starts
 KIB = 1024  # /proc/meminfo "kB" is KiB
 THROTTLE_REASONS = tuple(THROTTLE_KEYS)
@@ -115,6 +116,7 @@ class Renderer:
         # PCI devices under their bridges.
         for g in sc.gpus:
             self._setup_gpu(g)
+        ic.setup_nics(self)
         # Block devices: /sys/block/<name> -> ../devices/virtual/block/<name> (whole devices only).
         for disk in sc.host.disks:
             real = self.sys / "devices" / "virtual" / "block" / disk
@@ -192,6 +194,8 @@ class Renderer:
             self._cpufreq(t)
         if "cgroups" in want:
             self.workloads.cgroups(t)
+        if "nic" in want and self.sc.host.nics:
+            ic.render_nics(self, t)
 
     def _stat(self, t: float) -> None:
         """/proc/stat (per-CPU mode ticks), /proc/uptime, /proc/loadavg."""
@@ -454,6 +458,7 @@ def nvml_state(model: Model, t: float, *, counter_bits: int = 32, samples: bool 
             "numa_node_id": None,
         }
         dev.update(_nvml_health(model, g, t))
+        dev["nvlink"] = ic.nvml_links(model, g, t)
         if g.mig is not None:
             dev.update(_nvml_mig(model, g, t, procs))
         devices.append(dev)

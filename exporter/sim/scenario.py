@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from exporter import pci, yamlsafe
 from exporter.names import FINDINGS, VERDICTS
+from exporter.sim import interconnect as ic
 from exporter.sim import workload_spec as v2
 from exporter.sim.phases import phases_of
 from exporter.sim.reader import Reader, generation, governor, indexed, item, list_str, width
@@ -106,6 +107,7 @@ def from_dict(data: object, file: str = "<scenario>") -> Scenario:
     host = _host(r, top["host"])
     gpus = _gpus(r, top["gpus"], host)
     host = _host_kubernetes(r, top["host"], host, gpus)
+    host = dataclasses.replace(host, nics=ic.nics(r, r.mapping(top["host"], "host").get("nics"), gpus))
     processes = _processes(r, top.get("processes", []), host, gpus)
     phases = phases_of(r, top["phases"], host, gpus, processes)
     expect = _expect(r, top.get("expect", []), phases, gpus)
@@ -116,7 +118,7 @@ def from_dict(data: object, file: str = "<scenario>") -> Scenario:
 def _host(r: Reader, v: object) -> Host:
     m = r.mapping(v, "host")
     v2.gate(r, m, "host", r.version, v2.V2_HOST)
-    r.keys(m, "host", ("cpus", "numa_nodes", "governor", "cpu_max_mhz", "mem_total_bytes", "disks", "nfs",
+    r.keys(m, "host", ("cpus", "numa_nodes", "governor", "cpu_max_mhz", "mem_total_bytes", "disks", "nfs", "nics",
                        *v2.V2_HOST), ("cpus",))
     cpus = r.integer(m["cpus"], "host.cpus", 1, MAX_CPUS)
     nodes: list[frozenset[int]] = []
@@ -179,7 +181,8 @@ def _gpus(r: Reader, v: object, host: Host) -> tuple[Gpu, ...]:
         p = item("gpus", i)
         m = r.mapping(g, p)
         r.keys(m, p, ("index", "name", "uuid", "pci_bus_id", "numa_node", "pcie", "upstream", "gpm",
-                      "max_sm_clock_mhz", "power_limit_w", "memory_total_bytes", "mig"), ("pci_bus_id",))
+                      "max_sm_clock_mhz", "power_limit_w", "memory_total_bytes", "mig", "nvlinks", "nvlink_remote",
+                      "nvlink_speed_mbps"), ("pci_bus_id",))
         index = r.integer(m.get("index", i), p + ".index", 0, 1023)
         if index in indices:
             raise r.fail(p + ".index", f"GPU index {index} used twice")
@@ -217,6 +220,7 @@ def _gpus(r: Reader, v: object, host: Host) -> tuple[Gpu, ...]:
             power_limit_w=r._positive(m.get("power_limit_w", 700), p + ".power_limit_w", hi=MAX_WATTS),
             memory_total_bytes=memory,
             mig=None if m.get("mig") is None else _mig_instances(r, m["mig"], p + ".mig", uuid, name, memory=memory),
+            **ic.gpu_links(r, m, p),
         ))
     # A bridge address may be shared by several GPUs' chains (a switch above two GPUs) but must then be the
     # same device: same position relative to the root is not required, same caps are.

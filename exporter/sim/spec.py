@@ -133,6 +133,9 @@ class Gpu:
     power_limit_w: float
     memory_total_bytes: int
     mig: tuple[MigInstance, ...] | None = None
+    nvlinks: int = 0  # NVLinks (0: PCIe only); exporter/sim/interconnect.py
+    nvlink_remote: str = "switch"
+    nvlink_speed_mbps: int = 25000
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,7 @@ class Host:
     cgroup_version: int = 2
     cgroups: Mapping[str, Cgroup] = field(default_factory=lambda: MappingProxyType({}))
     kubernetes: Kubernetes | None = None
+    nics: tuple[Nic, ...] = ()  # network adapters on the GPUs' PCIe switches
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +246,43 @@ class MigState:
 
 
 @dataclass(frozen=True, slots=True)
+class Nic:
+    """A network adapter port on the PCIe switch of ``gpus`` (GPU indices): exporter/sim/interconnect.py."""
+
+    name: str
+    kind: str
+    gpus: tuple[int, ...]
+    bdf: str
+    rate_gbps: float
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkState:
+    """A GPU's NVLinks in a phase: the links down (None: all of them) and the rates of its counters."""
+
+    down: tuple[int, ...] | None = ()
+    tx_bytes_per_s: Value = 0.0
+    rx_bytes_per_s: Value = 0.0
+    replays_per_s: Value = 0.0
+    recoveries_per_s: Value = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NicState:
+    """An adapter in a phase (``rate_gbps`` None: the rate it was described with)."""
+
+    up: bool = True
+    rate_gbps: float | None = None
+    rx_bytes_per_s: Value = 0.0
+    tx_bytes_per_s: Value = 0.0
+    symbol_errors_per_s: Value = 0.0
+    link_downed_per_s: Value = 0.0
+
+
+NO_NVLINK = NvLinkState()
+
+
+@dataclass(frozen=True, slots=True)
 class XidEvent:
     """An Xid error the driver reports ``at_s`` seconds into its phase (on MIG instance ``mig``, if given)."""
 
@@ -282,6 +323,7 @@ class GpuState:
     row_remap_failure: bool = False
     xid_events: tuple[XidEvent, ...] = ()
     mig: Mapping[int, MigState] = field(default_factory=lambda: MappingProxyType({}))
+    nvlink: NvLinkState = NO_NVLINK
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,6 +412,7 @@ class HostState:
     oom_kills_per_s: Value
     governor: str
     cgroups: Mapping[str, CgroupState] = field(default_factory=lambda: MappingProxyType({}))  # v2, by name
+    nics: Mapping[str, NicState] = field(default_factory=lambda: MappingProxyType({}))  # by adapter name
 
 
 CGROUP_PSI_KEYS = ("cpu_some", "cpu_full", "memory_some", "memory_full", "io_some", "io_full")
