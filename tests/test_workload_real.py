@@ -1,11 +1,13 @@
 """Workloads on real processes: a real trainer process with real data-loader child processes burning CPU,
-read from this machine's /proc and /sys by the real collectors (only the GPU is the strict fake NVML, told
-the trainer's pid), judged by the real derived layer -- with and without a real cgroup CPU quota.
+read from this machine's /proc and /sys by the real collectors (only the GPU is simulated: the supported
+``--simulate-gpu`` side, :mod:`exporter.sim.realgpu`, listing the trainer's pid), judged by the real derived
+layer -- with and without real cgroups (CPU quota, memory limit) made and removed by the test.
 
 Every process is started in its own session, stops by itself after DURATION_S, and is killed (by its group)
 in teardown; the cgroup is removed afterwards. No assertion is on timing: the engine runs until the test's
 condition holds on its derived state (checked every half second) or for RUN_S at most, and that last state is
-what the test asserts on.
+what the test asserts on. The shapes are chosen so that the verdict rests on what the kernel counted
+(throttled periods, run delay, reaped children's CPU), not on how much CPU a loaded 2-core machine gave.
 """
 
 from __future__ import annotations
@@ -16,12 +18,10 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,10 +29,9 @@ from exporter import names, pipeline
 from exporter.config import resolve
 from exporter.engine import RealClock
 from exporter.samples.derived import DerivedState
+from exporter.sim import realgpu
 from exporter.sim.fakenvml import FakeNvml
-from exporter.sim.model import Model
-from exporter.sim.render import nvml_state
-from exporter.sim.scenario import loads
+from exporter.yamlsafe import loads
 
 DURATION_S = 45.0  # the processes stop by themselves after this, whatever the test does
 RUN_S = 16.0  # engine time per test at most: two 6 s windows and the hysteresis
@@ -41,34 +40,44 @@ CGROUP_V2 = Path("/sys/fs/cgroup")
 
 TRAINER = r"""
 import os, sys, time
-n, duration, cgroup = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-if cgroup:
-    with open(cgroup, "w") as f:  # join the cgroup before forking: the workers inherit it
+n, duration, cgroups, life = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+for procs in filter(None, cgroups.split(",")):
+    with open(procs, "w") as f:  # join the cgroup before forking: the workers inherit it
         f.write(str(os.getpid()))
 with open("/proc/self/comm", "w") as f:
     f.write("trainer")
 end = time.monotonic() + duration
-kids = []
-for _ in range(n):
+
+
+def worker(until):
+    with open("/proc/self/comm", "w") as f:
+        f.write("pt_data_worker")
+    x = 0
+    while time.monotonic() < until:  # decode a batch: one core each
+        x += 1
+    os._exit(0)
+
+
+def fork(until):
     pid = os.fork()
     if pid == 0:
-        with open("/proc/self/comm", "w") as f:
-            f.write("pt_data_worker")
-        x = 0
-        while time.monotonic() < end:  # decode a batch, forever: one core each
-            x += 1
-        os._exit(0)
-    kids.append(pid)
+        worker(until)
+    return pid
+
+
 print("ready", flush=True)
+if life > 0:  # DataLoader(persistent_workers=False) and short epochs: workers re-forked, each living `life` s
+    while time.monotonic() < end:
+        kids = [fork(min(end, time.monotonic() + life)) for _ in range(n)]
+        for k in kids:
+            os.waitpid(k, 0)  # the epoch ends: the workers are reaped (their CPU goes to cutime)
+    sys.exit(0)
+kids = [fork(end) for _ in range(n)]
 while time.monotonic() < end and any(os.waitpid(k, os.WNOHANG) == (0, 0) for k in kids):
     time.sleep(0.2)  # the trainer itself waits on its queue: quiet
 """
 
 GPU_ONLY = """
-version: 2
-name: real-host-gpu
-host: {cpus: 1}
-gpus: [{index: 0, pci_bus_id: "0000:41:00.0"}]
 phases:
   - name: waiting
     duration_s: 600
@@ -81,9 +90,11 @@ phases:
 
 
 @contextlib.contextmanager
-def trainer(workers: int, cgroup_procs: Path | None = None) -> Iterator[subprocess.Popen[str]]:
-    """The trainer and its workers, stopped (SIGKILL to the whole group) when the block ends."""
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(workers), str(DURATION_S), str(cgroup_procs or "")],
+def trainer(workers: int, cgroup_procs: Sequence[Path] = (), life: float = 0.0) -> Iterator[subprocess.Popen[str]]:
+    """The trainer and its workers (re-forked every ``life`` seconds when given), joined to the cgroups whose
+    ``cgroup.procs`` are given, stopped (SIGKILL to the whole group) when the block ends."""
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(workers), str(DURATION_S),
+                             ",".join(map(str, cgroup_procs)), str(life)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -94,33 +105,11 @@ def trainer(workers: int, cgroup_procs: Path | None = None) -> Iterator[subproce
         proc.wait(10)
 
 
-class _Gpu(threading.Thread):
-    """Drives the fake NVML's state in real time from the scenario, listing the trainer as GPU 0's process."""
-
-    def __init__(self, fake: FakeNvml, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.fake, self.pid, self.model = fake, pid, Model(loads(GPU_ONLY))
-        self.t0 = time.monotonic()
-        self.stop = threading.Event()
-        self.fake.set_state(self.state())
-
-    def state(self) -> dict[str, Any]:
-        s = nvml_state(self.model, time.monotonic() - self.t0)
-        dev = s["devices"][0]
-        dev["processes"] = [{"pid": self.pid, "used_memory_bytes": 2 << 30}]
-        dev["process_util"] = [{"pid": self.pid, "ts_us": round(s["t"] * 1e6), "sm_pct": 30, "mem_pct": 10}]
-        return s
-
-    def run(self) -> None:
-        while not self.stop.wait(0.05):
-            self.fake.set_state(self.state())
-
-
 def diagnose(pid: int, done: Callable[[DerivedState], bool]) -> DerivedState:
     """The whole pipeline on this host's /proc and /sys until ``done`` holds on its derived state, or for RUN_S
     seconds; the last evaluation."""
     fake = FakeNvml()
-    gpu = _Gpu(fake, pid)
+    gpu = realgpu.GpuDriver(fake, realgpu.parse({**loads(GPU_ONLY), "processes": {0: [pid]}}))
     settings = resolve(pipeline.registry(), {}, {
         "path.procfs": "/proc", "path.sysfs": "/sys",
         "collector.derived.window": "6s", "collector.proc.threads-interval": "1s",
@@ -146,8 +135,7 @@ def diagnose(pid: int, done: Callable[[DerivedState], bool]) -> DerivedState:
     try:
         asyncio.run(run())
     finally:
-        gpu.stop.set()
-        gpu.join(5)
+        gpu.stop()
         pipe.close()
     state = pipe.engine.snapshot.value(names.DERIVED)
     assert isinstance(state, DerivedState)
@@ -171,46 +159,82 @@ def test_real_data_loader_worker_processes_make_the_waiting_gpu_input_bound() ->
 
 
 @contextlib.contextmanager
-def quota_cgroup(cores: float) -> Iterator[Path]:
-    """A cgroup with a CFS quota of ``cores``, v1 (cpu hierarchy) or v2; its cgroup.procs. Skips with the reason
-    when this machine cannot make one."""
-    name = f"gpufeed-test-{uuid.uuid4().hex[:8]}.scope"
-    if CGROUP_V1_CPU.is_dir() and (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
-        d = CGROUP_V1_CPU / name
-        try:
-            d.mkdir()
-            (d / "cpu.cfs_period_us").write_text("100000")
-            (d / "cpu.cfs_quota_us").write_text(str(int(cores * 100000)))
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                d.rmdir()
-            pytest.skip(f"cannot create a cgroup v1 with a CPU quota here: {e}")
-    elif (CGROUP_V2 / "cgroup.controllers").is_file():
-        d = CGROUP_V2 / name
-        try:
-            if "cpu" not in (CGROUP_V2 / "cgroup.subtree_control").read_text().split():
-                pytest.skip("cgroup v2 without the cpu controller enabled for children (cgroup.subtree_control)")
-            d.mkdir()
-            (d / "cpu.max").write_text(f"{int(cores * 100000)} 100000")
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                d.rmdir()
-            pytest.skip(f"cannot create a cgroup v2 with cpu.max here: {e}")
-    else:
-        pytest.skip("no writable cgroup hierarchy at /sys/fs/cgroup")
+def made_cgroup(path: str, *, cpu_quota: float | None = None, memory_max: int | None = None) -> Iterator[list[Path]]:
+    """A cgroup at ``path`` (made by the test, parents included, and removed with them), v1 (in the cpu, cpuacct
+    and memory hierarchies) or v2, with a CFS quota of ``cpu_quota`` cores and a memory limit; the
+    ``cgroup.procs`` files a process writes its pid to. Skips with the reason when this machine cannot make one.
+
+    With a quota the group's weight is raised to the most (v1 cpu.shares 262144, v2 cpu.weight 10000): on a
+    host the other work keeps busy, a default weight may keep the group below its quota -- the kernel then never
+    throttles it, and a test of throttling would rest on how busy the machine is."""
+    rel = [p for p in path.split("/") if p]
+    made: list[Path] = []
+    procs: list[Path] = []
+
+    def mk(root: Path) -> Path:
+        d = root
+        for part in rel:
+            d = d / part
+            if not d.is_dir():
+                d.mkdir()
+                made.append(d)
+        return d
+
     try:
-        yield d / "cgroup.procs"
+        if (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
+            d = mk(CGROUP_V1_CPU)
+            if cpu_quota is not None:
+                (d / "cpu.shares").write_text("262144")
+                (d / "cpu.cfs_period_us").write_text("100000")
+                (d / "cpu.cfs_quota_us").write_text(str(int(cpu_quota * 100000)))
+            procs.append(d / "cgroup.procs")
+            for ctrl in ("cpuacct", "memory"):
+                if (CGROUP_V2 / ctrl / "cgroup.procs").exists() and not (CGROUP_V2 / ctrl).is_symlink():
+                    c = mk(CGROUP_V2 / ctrl)
+                    if ctrl == "memory" and memory_max is not None:
+                        (c / "memory.limit_in_bytes").write_text(str(memory_max))
+                    procs.append(c / "cgroup.procs")
+        elif (CGROUP_V2 / "cgroup.controllers").is_file():
+            ctrls = (CGROUP_V2 / "cgroup.subtree_control").read_text().split()
+            if "cpu" not in ctrls or (memory_max is not None and "memory" not in ctrls):
+                pytest.skip("cgroup v2 without the cpu/memory controllers enabled for children (subtree_control)")
+            d = mk(CGROUP_V2)
+            for parent in made[:-1]:
+                (parent / "cgroup.subtree_control").write_text("+cpu +memory")
+            if cpu_quota is not None:
+                (d / "cpu.weight").write_text("10000")
+                (d / "cpu.max").write_text(f"{int(cpu_quota * 100000)} 100000")
+            if memory_max is not None:
+                (d / "memory.max").write_text(str(memory_max))
+            procs.append(d / "cgroup.procs")
+        else:
+            pytest.skip("no writable cgroup hierarchy at /sys/fs/cgroup")
+    except OSError as e:
+        _remove(made)
+        pytest.skip(f"cannot create cgroup {path} here: {e}")
+    try:
+        yield procs
     finally:
-        for _ in range(50):  # the killed processes leave the cgroup asynchronously
-            with contextlib.suppress(OSError):
-                d.rmdir()
-                break
-            time.sleep(0.1)
+        _remove(made)
+
+
+def _remove(made: list[Path]) -> None:
+    """Remove the cgroups made, deepest first (the killed processes leave them asynchronously)."""
+    for d in reversed(made):
+        for _ in range(50):
+            with contextlib.suppress(FileNotFoundError):
+                try:
+                    d.rmdir()
+                except OSError:
+                    time.sleep(0.1)
+                    continue
+            break
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
 def test_real_cpu_quota_throttling_is_found_and_the_workers_are_still_the_verdict() -> None:
-    with quota_cgroup(0.4) as procs, trainer(2, procs) as proc:
+    with made_cgroup(f"gpufeed-test-{uuid.uuid4().hex[:8]}.scope", cpu_quota=0.4) as procs, \
+            trainer(2, procs) as proc:
         state = diagnose(proc.pid, lambda st: _input_bound_on_the_workers(st, proc.pid)
                          and ("cpu_quota_throttled", 0) in {(f.check, f.gpu) for f in st.findings})
     v = state.gpus[0]
@@ -219,3 +243,22 @@ def test_real_cpu_quota_throttling_is_found_and_the_workers_are_still_the_verdic
     assert ("cpu_quota_throttled", 0) in found, state.findings
     assert state.workloads[0].capacity_cores == pytest.approx(0.4)
     assert state.workloads[0].labels.get("unit", "").startswith("gpufeed-test-")
+
+
+def _has(state: DerivedState, cause: str, *words: str) -> bool:
+    v = state.gpus.get(0)
+    return v is not None and v.cause == cause and all(any(w in e for e in v.evidence) for w in words)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
+def test_real_short_lived_workers_reforked_every_epoch_are_counted_from_the_parents_reaped_cpu() -> None:
+    # persistent_workers=False with short epochs: 2 workers live 0.3 s each, never sampled twice. Their CPU is
+    # in the trainer's cutime once reaped and in the group's cpuacct usage; the quota (which the kernel
+    # throttles) is what they fill.
+    with made_cgroup(f"gpufeed-test-{uuid.uuid4().hex[:8]}.scope", cpu_quota=0.3) as procs, \
+            trainer(2, procs, life=0.3) as proc:
+        state = diagnose(proc.pid, lambda st: _has(st, "input_bound", "exited within the window"))
+    v = state.gpus[0]
+    assert v.cause == "input_bound", v.evidence
+    assert any(f"children of pid {proc.pid} that exited within the window" in e for e in v.evidence), v.evidence
+    assert ("cpu_quota_throttled", 0) in {(f.check, f.gpu) for f in state.findings}, state.findings

@@ -162,10 +162,22 @@ class InputSide:
     workers: tuple[tuple[ProcLoad, float], ...]  # (process, demand: cores + run delay), busiest first
     pools: tuple[tuple[str, int, tuple[ThreadLoad, ...]], ...]  # (name, pid, threads)
     launch: tuple[ThreadLoad, ...]  # busiest (by demand) first
+    reaped: tuple[tuple[int, float], ...] = ()  # (parent pid, cores): its children that exited in the window
+    unseen: float = 0.0  # the workload's own cgroup used this many cores beyond every process seen
 
     @property
     def cores(self) -> float:
-        return sum(p.cores for p, _ in self.workers) + sum(t.cores for _, _, ts in self.pools for t in ts)
+        return (sum(p.cores for p, _ in self.workers) + sum(t.cores for _, _, ts in self.pools for t in ts)
+                + sum(c for _, c in self.reaped) + self.unseen)
+
+    def short_lived(self) -> list[str]:
+        """The CPU of processes too short-lived to be sampled twice, one sentence each."""
+        out = [f"children of pid {pid} that exited within the window used {c:.2f} cores (their parent's cutime + "
+               "cstime: workers re-forked every epoch, DataLoader persistent_workers=False)" for pid, c in self.reaped]
+        if self.unseen:
+            out.append(f"its cgroup used {self.unseen:.2f} cores more than every process seen (cpu.stat usage: "
+                       "short-lived processes)")
+        return out
 
     def saturated(self) -> list[str]:
         """One sentence per saturated stage: a worker process at a full core, a thread of a pool at one."""
@@ -220,7 +232,8 @@ def input_side(shape: CpuShape) -> InputSide:
             delay[t.pid] = delay.get(t.pid, 0.0) + t.run_delay
     workers = tuple((p, p.cores + delay.get(p.pid, 0.0)) for p in shape.processes if not p.context)
     launch = tuple(sorted((t for t in ctx_threads if t.tid not in in_pool), key=_most_demanding_first))
-    return InputSide(tuple(sorted(workers, key=lambda x: (-x[1], x[0].pid))), pools, launch)
+    return InputSide(tuple(sorted(workers, key=lambda x: (-x[1], x[0].pid))), pools, launch, shape.reaped,
+                     shape.unseen_cores)
 
 
 def _capacity(shape: CpuShape) -> tuple[float, str]:
@@ -253,7 +266,10 @@ def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, l
     throttled = shape.throttled_ratio is not None and shape.throttled_ratio >= 0.2
     quota_note = (f"throttled by the quota: {_pct(shape.throttled_ratio or 0)} of CFS periods "
                   f"({shape.quota_cores:.2g}-CPU limit)") if throttled and shape.quota_cores else ""
-    cap_bound = used is not None and used >= SATURATED_CORE * cap
+    # At its capacity: using nearly all of it, or -- what the kernel counted -- throttled by a quota that is
+    # the capacity (on a busy host the group may use less than its quota in the window and still hit it).
+    cap_bound = used is not None and (used >= SATURATED_CORE * cap
+                                      or (throttled and shape.quota_cores is not None and shape.quota_cores <= cap))
     group = f" of {shape.group}" if shape.group else ""
     sat = side.saturated()
     hot = side.launch[0] if side.launch else None
@@ -264,6 +280,7 @@ def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, l
                "(data loading / preprocessing) is saturated"]
         if used is not None:
             why.append(f"the workload uses {used:.1f} cores of {cap_why}")
+        why.extend(side.short_lived())
         n_stages = len([w for w, d in side.workers if d >= SATURATED_CORE]) + sum(
             1 for _, _, ts in side.pools for t in ts if t.demand >= SATURATED_CORE)
         return "input_bound", 0.9 if n_stages >= 2 or cap_bound else 0.8, [*why, *extra]
@@ -281,13 +298,15 @@ def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, l
                        f"{len({t.pid for t in [hot, *others]})} GPU processes")
         return "launch_bound", 0.9 if not starved else 0.8, [*why, *extra]
     if cap_bound and used is not None:
-        why = [f"the workload{group} uses {used:.2f} cores, all of {cap_why}"]
+        full = "all of" if used >= SATURATED_CORE * cap else "and is held at"
+        why = [f"the workload{group} uses {used:.2f} cores, {full} {cap_why}"]
         launch_cores = hot.cores if hot is not None else 0.0
         if shape.threads and launch_cores >= 0.5 * used and hot is not None:
             return "launch_bound", 0.7, [f"thread {hot.tid} ({hot.comm}) holds {launch_cores:.2f} of them", *why,
                                          *extra]
-        if shape.threads or side.workers:
-            return "input_bound", 0.7, [*why, f"preprocessing holds {side.cores:.2f} cores", *extra]
+        if shape.threads or side.workers or side.reaped or side.unseen:
+            return "input_bound", 0.7, [*why, f"preprocessing holds {side.cores:.2f} cores", *side.short_lived(),
+                                        *extra]
         # No per-thread detail yet: the GPU processes alone fill it.
         cause = "launch_bound" if used < 1.5 else "input_bound"
         return cause, 0.5, [*why, "(per-thread detail not sampled yet)", *extra]
@@ -362,6 +381,7 @@ def classify(
         elif shape.process_cores is not None:
             wwhy.append(f"GPU processes use {shape.process_cores:.2f} cores of {shape.allowed_cpus} allowed")
         wwhy.extend(side.busy())
+        wwhy.extend(side.short_lived())
         wwhy.extend(w for w in io_why if "set aside" in w)
         if link_util is not None:
             wwhy.append(f"PCIe at {_pct(link_util)} of the current {link_name} link")

@@ -31,6 +31,8 @@ from exporter.samples.workload import CgroupInfo, KubernetesSample, WorkloadSamp
 from exporter.snapshot import Stamped
 
 STRAY_MEMORY_RATIO = 4.0  # a context with 4x less memory than the same process holds elsewhere is stray
+UNSEEN_MIN = 0.25  # cores of a group's usage no process accounts for, before they count
+UNSEEN_SHARE = 0.2  # ... and at least this share of its usage
 LABELS = ("container_id", "namespace", "pod", "container", "slurm_job_id", "unit")
 
 
@@ -46,6 +48,7 @@ class Workload:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     notes: tuple[str, ...] = ()
     stray: tuple[int, ...] = ()  # NVML processes of this GPU whose own work is on other GPUs
+    pooled: bool = False  # every process of ``group`` is in ``members``: its CPU accounting is the workload's
 
     def describe(self) -> str:
         """The group for evidence: ``container 3b2a1c4d5e6f (pod vision/trainer-0)``, ``Slurm job 4242``."""
@@ -151,12 +154,14 @@ def workloads(
             if node is not None and node.group is not None and node.group in groups:
                 primary = groups[node.group]
                 break
+        pooled = False
         for path, gpus in group_gpus.items():
             info = groups.get(path)
             if info is None or idx not in gpus:
                 continue
             if len(gpus) == 1:
                 members |= {m for m in info.members if m not in claimed and m in nodes}
+                pooled = pooled or (primary is not None and path == primary.path)
         uuid = identities[idx].uuid if idx in identities else ""
         if not ctx[idx]:
             hit = [g for g in groups.values() if g.visible_devices and _sees(g.visible_devices, idx, uuid)]
@@ -189,7 +194,7 @@ def workloads(
                              "is not available or does not name this GPU)")
         out[idx] = Workload(gpu=idx, context=ctx[idx], members=tuple(sorted(members)), group=primary,
                             labels=MappingProxyType({k: labels[k] for k in LABELS if k in labels}),
-                            notes=tuple(notes), stray=stray.get(idx, ()))
+                            notes=tuple(notes), stray=stray.get(idx, ()), pooled=pooled)
     return out
 
 
@@ -271,8 +276,16 @@ def enrich(shape: CpuShape, wl: Workload | None, sig: GroupSignals | None) -> Cp
     quota = g.quota_cores if g is not None else None
     if quota is not None and (cap is None or quota < cap):
         cap, why = quota, f"its {quota:.3g}-CPU quota"
+    unseen = 0.0
+    if wl.pooled and sig is not None and sig.usage_cores is not None and shape.processes:
+        # The group's own CPU accounting beyond every process seen (workers forked and gone between two
+        # samples, and not yet reaped); a margin for the group's and the processes' windows not lining up.
+        seen = sum(p.cores for p in shape.processes) + shape.reaped_cores
+        extra = sig.usage_cores - seen
+        if extra >= max(UNSEEN_MIN, UNSEEN_SHARE * sig.usage_cores):
+            unseen = extra
     return dataclasses.replace(
-        shape, capacity_cores=cap, capacity_why=why, quota_cores=quota,
+        shape, capacity_cores=cap, capacity_why=why, quota_cores=quota, unseen_cores=unseen,
         throttled_ratio=sig.throttled_ratio if sig is not None else None,
         throttled_per_s=sig.throttled_per_s if sig is not None else None,
         group_io_some=sig.psi.get("io_some") if sig is not None else None,

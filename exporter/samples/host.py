@@ -120,6 +120,7 @@ class ProcessSample:
     io_syscr: int | None
     io_read_bytes: int | None = None  # /proc/<pid>/io read_bytes: bytes that reached the block layer
     ppid: int = 0
+    children_cpu: float = 0.0  # cutime + cstime (s): CPU of the children it has reaped
 
 
 @dataclass(frozen=True, slots=True)
