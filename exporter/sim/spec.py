@@ -306,6 +306,7 @@ class ProcessState:
     cpus_allowed: frozenset[int]
     mems_allowed: frozenset[int]
     storage_read_bytes_per_s: Value = 0.0  # version 2: read_bytes of /proc/<pid>/io
+    children_cpu: Value = 0.0  # version 2 (project key): cores its reaped children used (cutime of /proc/<pid>/stat)
 
 
 @dataclass(frozen=True, slots=True)

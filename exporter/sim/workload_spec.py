@@ -33,7 +33,7 @@ from exporter.sim.spec import (
 V2_TOP: tuple[str, ...] = ()
 V2_HOST = ("cgroup_version", "cgroups", "kubernetes")
 V2_PROCESS = ("ppid", "cgroup", "start_s", "exit_s")
-V2_PROCESS_STATE = ("storage_read_bytes_per_s",)
+V2_PROCESS_STATE = ("storage_read_bytes_per_s", "children_cpu")
 V2_THREAD_GROUP = ("comm", "run_delay", "voluntary_switches_per_s", "nonvoluntary_switches_per_s")
 V2_HOST_STATE = ("cgroups",)
 V2_EXPECT = ("within_s", "no_findings_anytime", "evidence_contains", "workload")
