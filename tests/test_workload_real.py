@@ -73,7 +73,7 @@ if life > 0:  # DataLoader(persistent_workers=False) and short epochs: workers r
             os.waitpid(k, 0)  # the epoch ends: the workers are reaped (their CPU goes to cutime)
     sys.exit(0)
 kids = [fork(end) for _ in range(n)]
-while time.monotonic() < end and any(os.waitpid(k, os.WNOHANG) == (0, 0) for k in kids):
+while time.monotonic() < end and (not kids or any(os.waitpid(k, os.WNOHANG) == (0, 0) for k in kids)):
     time.sleep(0.2)  # the trainer itself waits on its queue: quiet
 """
 
@@ -184,7 +184,8 @@ def made_cgroup(path: str, *, cpu_quota: float | None = None, memory_max: int | 
         if (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
             d = mk(CGROUP_V1_CPU)
             if cpu_quota is not None:
-                (d / "cpu.shares").write_text("262144")
+                for g in made:  # every level: a parent competes with its own weight
+                    (g / "cpu.shares").write_text("262144")
                 (d / "cpu.cfs_period_us").write_text("100000")
                 (d / "cpu.cfs_quota_us").write_text(str(int(cpu_quota * 100000)))
             procs.append(d / "cgroup.procs")
@@ -202,7 +203,8 @@ def made_cgroup(path: str, *, cpu_quota: float | None = None, memory_max: int | 
             for parent in made[:-1]:
                 (parent / "cgroup.subtree_control").write_text("+cpu +memory")
             if cpu_quota is not None:
-                (d / "cpu.weight").write_text("10000")
+                for g in made:
+                    (g / "cpu.weight").write_text("10000")
                 (d / "cpu.max").write_text(f"{int(cpu_quota * 100000)} 100000")
             if memory_max is not None:
                 (d / "memory.max").write_text(str(memory_max))
@@ -262,3 +264,101 @@ def test_real_short_lived_workers_reforked_every_epoch_are_counted_from_the_pare
     assert v.cause == "input_bound", v.evidence
     assert any(f"children of pid {proc.pid} that exited within the window" in e for e in v.evidence), v.evidence
     assert ("cpu_quota_throttled", 0) in {(f.check, f.gpu) for f in state.findings}, state.findings
+
+
+YARN = "hadoop-yarn/container_e17_1700000000000_0001_01_0000{:02d}"  # a path no orchestrator rule names
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
+def test_real_quota_of_an_unrecognised_cgroup_path_is_the_capacity_not_other_jobs() -> None:
+    # YARN's layout: no container id, Slurm job or systemd unit in the path. The quota applies all the same,
+    # and the run delay it causes is its own, not neighbours'.
+    with made_cgroup(YARN.format(uuid.uuid4().int % 100), cpu_quota=0.3) as procs, trainer(2, procs) as proc:
+        state = diagnose(proc.pid, lambda st: _input_bound_on_the_workers(st, proc.pid)
+                         and ("cpu_quota_throttled", 0) in {(f.check, f.gpu) for f in st.findings})
+    v = state.gpus[0]
+    assert v.cause == "input_bound", v.evidence
+    found = {f.check for f in state.findings}
+    assert "cpu_quota_throttled" in found and "cpu_contention" not in found, state.findings
+    assert state.workloads[0].capacity_cores == pytest.approx(0.3)
+    assert any("hadoop-yarn/container_e17" in e for e in v.evidence), v.evidence
+
+
+READER = r"""
+import os, sys, time
+path, duration, cgroups = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+for procs in filter(None, cgroups.split(",")):
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+print("ready", flush=True)
+end = time.monotonic() + duration
+while time.monotonic() < end:  # re-read a shard larger than the group's memory limit: reclaim under the limit
+    with open(path, "rb", buffering=0) as f:
+        # Pages cached by another cgroup stay charged to it: drop them, so this group reads (and holds) them.
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        while f.read(1 << 20) and time.monotonic() < end:
+            pass
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
+def test_real_memory_limit_of_an_unrecognised_cgroup_path_is_found(tmp_path: Path) -> None:
+    shard = tmp_path / "shard.bin"
+    with shard.open("wb") as f:
+        for _ in range(96):
+            f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())  # written back: the reader can drop it from the page cache
+    with made_cgroup(YARN.format(uuid.uuid4().int % 100), memory_max=32 << 20) as procs:
+        if not any(p.parent.parent.name == "memory" or "memory" in p.parts for p in procs):
+            pytest.skip("no memory controller to limit")
+        proc = subprocess.Popen([sys.executable, "-c", READER, str(shard), str(DURATION_S), ",".join(map(str, procs))],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            state = diagnose(proc.pid, lambda st: ("memory_pressure", 0) in {(f.check, f.gpu) for f in st.findings})
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    hit = [f for f in state.findings if f.check == "memory_pressure" and f.gpu == 0]
+    assert hit and "hits of its memory limit" in hit[0].detail, state.findings
+    assert "hadoop-yarn/container_e17" in hit[0].detail
+
+
+COMPILE = r"""
+import os, sys, time
+duration, cgroups = float(sys.argv[1]), sys.argv[2]
+for procs in filter(None, cgroups.split(",")):
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+if os.fork():  # two compiler processes
+    print("ready", flush=True)
+with open("/proc/self/comm", "w") as f:
+    f.write("cc1plus")
+end = time.monotonic() + duration
+while time.monotonic() < end:
+    pass
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
+def test_real_unrelated_compile_in_the_same_login_session_is_not_the_input_pipeline() -> None:
+    # A login session scope holds whatever the user started: a quiet trainer and a compile beside it. Only the
+    # GPU process's own tree is its workload; the compile is no data loader.
+    scope = f"user.slice/user-4242.slice/session-{uuid.uuid4().int % 10000}.scope"
+    with made_cgroup(scope) as procs, trainer(0, procs) as proc:
+        cc = subprocess.Popen([sys.executable, "-c", COMPILE, str(DURATION_S), ",".join(map(str, procs))],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert cc.stdout is not None and cc.stdout.readline().strip() == "ready"
+            state = diagnose(proc.pid, lambda st: False)  # the whole run: a verdict that never comes is the point
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(cc.pid, signal.SIGKILL)
+            cc.wait(10)
+    v = state.gpus[0]
+    assert v.cause not in ("input_bound", "launch_bound"), v.evidence
+    assert not any("cc1plus" in e for e in v.evidence), v.evidence
+    assert state.workloads[0].processes == 1
+    assert state.workloads[0].labels.get("unit", "").startswith("session-")

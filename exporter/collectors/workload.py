@@ -31,6 +31,7 @@ unknown (logged once, named in the sample); an unreadable hierarchy leaves the t
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -117,8 +118,15 @@ class WorkloadCollector(Collector):
             if version is None:
                 continue
             owner = cg.owner_of(m.path)
+            if owner.group is None:
+                # A path no orchestrator's naming is recognised in (YARN, LXC, podman on cgroupfs, a hand-made
+                # group): its limits apply all the same. The process's own cgroup is read for them; its other
+                # processes are not taken as the workload's (nothing says they are the job's).
+                owner = cg.own_group(m.path)
+                if owner.group is not None and owner.group in groups:
+                    groups[owner.group] = _with_member(groups[owner.group], pid)
             if owner.group is not None and owner.group not in groups:
-                groups[owner.group] = self._group(owner, m, version)
+                groups[owner.group] = self._group(owner, m, version, root=pid)
         if version is not None and self.container_env and any(not v for v in by_gpu.values()):
             for path in self._gpu_containers(version):
                 if path not in groups:
@@ -247,12 +255,16 @@ class WorkloadCollector(Collector):
             errors.append(f"{path}: {e}")
             return None
 
-    def _group(self, owner: cg.Owner, m: cg.Membership | None, version: int) -> CgroupInfo:
-        """The group's members, limits, counters and pressure; failures leave values unknown (logged once)."""
+    def _group(self, owner: cg.Owner, m: cg.Membership | None, version: int, root: int | None = None) -> CgroupInfo:
+        """The group's members, limits, counters and pressure; failures leave values unknown (logged once). A
+        group known only as a GPU process's own cgroup (kind ``cgroup``) lists that process alone."""
         assert owner.group is not None and owner.kind is not None
         path = owner.group
         errors: list[str] = []
-        members = self._members(self._dir(version, "cpu", path, m), errors)
+        if owner.kind == cg.OWN_CGROUP:
+            members = {root} if root is not None else set()
+        else:
+            members = self._members(self._dir(version, "cpu", path, m), errors)
         info = self._v2(path, errors) if version == 2 else self._v1(path, m, errors)
         env = self._visible(path, members) if owner.kind == "container" and self.container_env else None
         for err in errors:
@@ -329,6 +341,10 @@ class WorkloadCollector(Collector):
                 "memory_max": min(mem) if mem else None}
 
     def _limits_v1(self, path: str, m: cg.Membership | None, errors: list[str]) -> dict[str, object]:
+        # On v1 each controller has its own hierarchy: a process's cpu and memory paths may differ (a group made
+        # in one only). The path named is its cpu path; the memory limit is read on its memory path.
+        mem_path = _own(m, "memory", path)
+
         def quota(p: str, errs: list[str]) -> object | None:
             d = self._dir(1, "cpu", p, m)
             qt, pt = self._read(d / "cpu.cfs_quota_us", errs), self._read(d / "cpu.cfs_period_us", errs)
@@ -346,7 +362,7 @@ class WorkloadCollector(Collector):
         if cpus is None:
             cpus = self._parsed(sdir / "cpuset.cpus", errors, lambda t: parse_cpulist(t.strip()))
         limits = [self._parsed(self._dir(1, "memory", p, m) / "memory.limit_in_bytes", errors,
-                               lambda t: cg.parse_memory_limit(t, 1)) for p in cg.ancestors(path)]
+                               lambda t: cg.parse_memory_limit(t, 1)) for p in cg.ancestors(mem_path)]
         mem = [x for x in limits if isinstance(x, int)]
         return {"cpuset": cpus if cpus else None, "quota_cores": q, "quota_path": qpath,
                 "memory_max": min(mem) if mem else None}
@@ -371,13 +387,14 @@ class WorkloadCollector(Collector):
         lim = self._limits(path, 1, m, errors)
         qpath = lim["quota_path"]
         stat = self._parsed(self._dir(1, "cpu", str(qpath or path), m) / "cpu.stat", errors, cg.parse_flat_keyed)
-        usage = self._parsed(self._dir(1, "cpuacct", path, m) / "cpuacct.usage", errors, lambda t: int(t.strip()))
+        usage = self._parsed(self._dir(1, "cpuacct", _own(m, "cpuacct", path), m) / "cpuacct.usage", errors,
+                             lambda t: int(t.strip()))
         cpu = None
         if isinstance(stat, dict):
             thr = stat.get("throttled_time")  # nanoseconds (Documentation/scheduler/sched-bwc.rst)
             cpu = CgroupCpu(usage_s=usage / 1e9 if isinstance(usage, int) else None, nr_periods=stat.get("nr_periods"),
                             nr_throttled=stat.get("nr_throttled"), throttled_s=None if thr is None else thr / 1e9)
-        mdir = self._dir(1, "memory", path, m)
+        mdir = self._dir(1, "memory", _own(m, "memory", path), m)
         current = self._parsed(mdir / "memory.usage_in_bytes", errors, lambda t: int(t.strip()))
         ev: dict[str, int] = {}
         failcnt = self._parsed(mdir / "memory.failcnt", errors, lambda t: int(t.strip()))
@@ -453,3 +470,13 @@ class WorkloadCollector(Collector):
         yield procs
         yield groups
 
+
+def _own(m: cg.Membership | None, controller: str, path: str) -> str:
+    """The process's own path in ``controller``'s v1 hierarchy where it is in a group there, else ``path``."""
+    hit = m.v1(controller) if m is not None else None
+    return hit[1] if hit is not None and hit[1] != "/" else path
+
+
+def _with_member(info: CgroupInfo, pid: int) -> CgroupInfo:
+    """A GPU process's own cgroup, read for another GPU process already: this one is in it too."""
+    return dataclasses.replace(info, members=info.members | {pid})

@@ -388,7 +388,8 @@ def workload_memory_pressure(index: int, who: str, events: Mapping[str, int], ps
         why.append(f"{events['oom_kill']} OOM kills")
         severity = "critical"
     if events.get("max", 0) >= MEMORY_EVENTS_MIN:
-        lim = "" if limit is None else f" of {limit / (1 << 30):.1f} GiB"
+        lim = "" if limit is None else (f" of {limit / (1 << 30):.1f} GiB" if limit >= 1 << 30
+                                        else f" of {limit / (1 << 20):.0f} MiB")
         why.append(f"{events['max']} hits of its memory limit{lim}")
     if events.get("high", 0) >= MEMORY_EVENTS_MIN:
         why.append(f"{events['high']} memory.high throttling events")

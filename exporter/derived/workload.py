@@ -8,8 +8,10 @@ collector's process tree and groups, and the kubelet's device assignments:
   ``cuda:0``), and the process feeds its own GPU, not this one. Without memory figures, a process listed on
   several GPUs belongs to those where it is the only process.
 - **Members**: the context processes, their descendants (not descending into another GPU's context
-  process: a rank's workers are its own), and the other processes of their container / job / unit group when
-  that group serves this GPU alone -- a launcher that serves eight GPUs is pooled with none of them.
+  process: a rank's workers are its own), and the other processes of their container or Slurm job when that
+  group serves this GPU alone -- a launcher that serves eight GPUs is pooled with none of them. A systemd unit
+  (a login session, a shared service) and a cgroup known only as the process's own (an unrecognised path)
+  lend their limits and identity, never their other processes (``POOLED_KINDS``).
 - A GPU NVML shows no process for (a container in another pid namespace) takes the processes of the one
   container whose ``NVIDIA_VISIBLE_DEVICES`` names it.
 - **Labels** of ``gpufeed_workload_info``: ``container_id`` / ``slurm_job_id`` / ``unit`` from the group's
@@ -25,12 +27,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exporter.cgroup import OWN_CGROUP
 from exporter.derived.hostshape import CpuShape
 from exporter.samples.gpu import GpuIdentity, GpuSample, GpuSlow
 from exporter.samples.workload import CgroupInfo, KubernetesSample, WorkloadSample
 from exporter.snapshot import Stamped
 
 STRAY_MEMORY_RATIO = 4.0  # a context with 4x less memory than the same process holds elsewhere is stray
+# Groups whose every process is the workload's: a container, a Slurm job. A systemd unit may be a login
+# session or a shared service (session-3.scope, jupyter.service: an unrelated compile in the same session is
+# no data loader), and a cgroup known only by its limits says nothing about its other processes: for those the
+# workload is the GPU processes' own trees, and the group lends its limits and identity only.
+POOLED_KINDS = frozenset({"container", "slurm_job"})
 UNSEEN_MIN = 0.25  # cores of a group's usage no process accounts for, before they count
 UNSEEN_SHARE = 0.2  # ... and at least this share of its usage
 LABELS = ("container_id", "namespace", "pod", "container", "slurm_job_id", "unit")
@@ -62,6 +70,8 @@ class Workload:
             return f"container {lb['container_id'][:12]}"
         if "unit" in lb:
             return f"unit {lb['unit']}"
+        if self.group is not None and self.group.kind == OWN_CGROUP:
+            return f"cgroup {self.group.path}"
         return ""
 
 
@@ -159,7 +169,7 @@ def workloads(
             info = groups.get(path)
             if info is None or idx not in gpus:
                 continue
-            if len(gpus) == 1:
+            if len(gpus) == 1 and info.kind in POOLED_KINDS:
                 members |= {m for m in info.members if m not in claimed and m in nodes}
                 pooled = pooled or (primary is not None and path == primary.path)
         uuid = identities[idx].uuid if idx in identities else ""
