@@ -362,3 +362,14 @@ def test_real_unrelated_compile_in_the_same_login_session_is_not_the_input_pipel
     assert not any("cc1plus" in e for e in v.evidence), v.evidence
     assert state.workloads[0].processes == 1
     assert state.workloads[0].labels.get("unit", "").startswith("session-")
+
+
+def test_real_workers_outnumbering_the_cpus_are_the_jobs_own_run_queue_not_contention() -> None:
+    # num_workers above the cores: each busy worker always wants a core (CPU used + run delay ~ 1, whatever
+    # else runs), so 2 more workers than this machine's CPUs want more than it has by themselves.
+    with trainer((os.cpu_count() or 1) + 2) as proc:
+        state = diagnose(proc.pid, lambda st: _has(st, "input_bound", "own run queue"))
+    v = state.gpus[0]
+    assert v.cause == "input_bound", v.evidence
+    assert any("the workload's own run queue" in e for e in v.evidence), v.evidence
+    assert "cpu_contention" not in {f.check for f in state.findings}, state.findings

@@ -27,6 +27,9 @@ CPU_WINDOW_MAX = 10.0
 # A data-loader worker at >= 0.6 core in mostly user time is "busy"; a core >= 85% busy is saturated.
 WORKER_CORE = 0.6
 SATURATED_CORE = 0.85
+# A workload whose threads want this many cores more than it may use fills its CPUs by itself: one thread
+# waiting behind a neighbour on its only CPU wants 1.0 of 1, four workers on two CPUs want 4 of 2.
+OVERSUBSCRIBED_MARGIN = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,16 @@ class CpuShape:
         if self.processes:
             return sum(p.cores for p in self.processes) + self.reaped_cores + self.unseen_cores
         return self.process_cores
+
+    @property
+    def own_demand(self) -> float:
+        """Cores the workload's threads want (CPU used plus time runnable but waiting): with more of them busy
+        than it has CPUs, its run delay is its own run queue, whoever else runs there."""
+        return sum(t.demand for t in self.threads)
+
+    def oversubscribed(self, capacity: float) -> bool:
+        """Whether its threads alone want at least half a core more than ``capacity``."""
+        return self.own_demand >= capacity + OVERSUBSCRIBED_MARGIN
 
     @property
     def hot(self) -> ThreadLoad | None:

@@ -274,7 +274,10 @@ def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, l
     sat = side.saturated()
     hot = side.launch[0] if side.launch else None
     launch_sat = hot is not None and hot.demand >= LAUNCH_CORE
-    extra = [x for x in (quota_note,) if x]
+    own_queue = (f"its threads want {shape.own_demand:.1f} cores on {cap_why}: the workload's own run queue "
+                 "(more busy workers or threads than CPUs -- lower num_workers, or give it more CPUs)"
+                 ) if not throttled and shape.oversubscribed(cap) else ""
+    extra = [x for x in (quota_note, own_queue) if x]
     if sat and (not launch_sat or len(sat) >= 2 or len([w for w, d in side.workers if d >= SATURATED_CORE]) >= 2):
         why = [f"{'; '.join(sat)}{group}, in {'user' if _user_heavy(shape) else 'CPU'} time: the input pipeline "
                "(data loading / preprocessing) is saturated"]
