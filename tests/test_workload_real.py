@@ -373,3 +373,47 @@ def test_real_workers_outnumbering_the_cpus_are_the_jobs_own_run_queue_not_conte
     assert v.cause == "input_bound", v.evidence
     assert any("the workload's own run queue" in e for e in v.evidence), v.evidence
     assert "cpu_contention" not in {f.check for f in state.findings}, state.findings
+
+
+THREADS = r"""
+import hashlib, os, sys, threading, time
+n, duration, cgroups = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+for procs in filter(None, cgroups.split(",")):
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+end = time.monotonic() + duration
+block = b"x" * (1 << 20)
+
+
+def decode():
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+        f.write("decode")
+    while time.monotonic() < end:
+        hashlib.sha256(block).digest()  # releases the GIL: the threads burn in parallel, as a C decoder does
+
+
+for _ in range(n):
+    threading.Thread(target=decode, daemon=True).start()
+print("ready", flush=True)
+while time.monotonic() < end:
+    time.sleep(0.2)  # the main thread waits on the decoded batches: quiet
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
+def test_real_decode_thread_pool_under_a_quota_is_input_bound_not_launch_bound() -> None:
+    # Four decode threads of the GPU process under a 0.3-CPU quota: each gets a sliver of a core and waits for
+    # the rest (throttled time is run delay). They are a pool by what they want, and the quota binds them.
+    with made_cgroup(f"gpufeed-test-{uuid.uuid4().hex[:8]}.scope", cpu_quota=0.3) as procs:
+        proc = subprocess.Popen([sys.executable, "-c", THREADS, "4", str(DURATION_S), ",".join(map(str, procs))],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            state = diagnose(proc.pid, lambda st: _has(st, "input_bound", "decode threads"))
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    v = state.gpus[0]
+    assert v.cause == "input_bound", v.evidence
+    assert any(f"decode threads of pid {proc.pid}" in e for e in v.evidence), v.evidence

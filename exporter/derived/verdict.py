@@ -151,7 +151,7 @@ def io_score(shape: CpuShape, io: IoSignals) -> tuple[int, list[str]]:
     return score, why
 
 
-POOL_CORE = 0.3  # a thread at >= 0.3 core counts in a pool of same-named threads of its process
+POOL_CORE = 0.3  # a thread wanting >= 0.3 core counts in a pool of same-named threads of its process
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +222,9 @@ def input_side(shape: CpuShape) -> InputSide:
     ctx_threads = [t for t in shape.threads if t.context]
     named: dict[tuple[int, str], list[ThreadLoad]] = {}
     for t in ctx_threads:
-        if not t.main and t.cores >= POOL_CORE:
+        # By CPU wanted, not used: under a quota, or with more threads than cores, each decode thread gets a
+        # fraction of a core and waits the rest (run delay) -- still a pool.
+        if not t.main and t.demand >= POOL_CORE:
             named.setdefault((t.pid, t.comm), []).append(t)
     pools = tuple((comm, pid, tuple(ts)) for (pid, comm), ts in sorted(named.items()) if len(ts) >= 2)
     in_pool = {t.tid for _, _, ts in pools for t in ts}
@@ -273,7 +275,10 @@ def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, l
     group = f" of {shape.group}" if shape.group else ""
     sat = side.saturated()
     hot = side.launch[0] if side.launch else None
-    launch_sat = hot is not None and hot.demand >= LAUNCH_CORE
+    # A quota the workload fills puts every runnable thread in run delay: the capacity, not one thread, binds
+    # then, unless that thread holds most of what the workload uses.
+    launch_sat = hot is not None and hot.demand >= LAUNCH_CORE and not (
+        cap_bound and throttled and used is not None and hot.cores < 0.5 * used)
     own_queue = (f"its threads want {shape.own_demand:.1f} cores on {cap_why}: the workload's own run queue "
                  "(more busy workers or threads than CPUs -- lower num_workers, or give it more CPUs)"
                  ) if not throttled and shape.oversubscribed(cap) else ""
