@@ -159,10 +159,12 @@ def test_real_data_loader_worker_processes_make_the_waiting_gpu_input_bound() ->
 
 
 @contextlib.contextmanager
-def made_cgroup(path: str, *, cpu_quota: float | None = None, memory_max: int | None = None) -> Iterator[list[Path]]:
+def made_cgroup(path: str, *, cpu_quota: float | None = None, memory_max: int | None = None,
+                read_iops: tuple[int, int] | None = None) -> Iterator[list[Path]]:
     """A cgroup at ``path`` (made by the test, parents included, and removed with them), v1 (in the cpu, cpuacct
     and memory hierarchies) or v2, with a CFS quota of ``cpu_quota`` cores and a memory limit; the
-    ``cgroup.procs`` files a process writes its pid to. Skips with the reason when this machine cannot make one.
+    ``cgroup.procs`` files a process writes its pid to; ``read_iops`` = (device number, IOs per second) throttles
+    its reads from that device (v1 blkio, v2 io.max). Skips with the reason when this machine cannot make one.
 
     With a quota the group's weight is raised to the most (v1 cpu.shares 262144, v2 cpu.weight 10000): on a
     host the other work keeps busy, a default weight may keep the group below its quota -- the kernel then never
@@ -189,6 +191,11 @@ def made_cgroup(path: str, *, cpu_quota: float | None = None, memory_max: int | 
                 (d / "cpu.cfs_period_us").write_text("100000")
                 (d / "cpu.cfs_quota_us").write_text(str(int(cpu_quota * 100000)))
             procs.append(d / "cgroup.procs")
+            if read_iops is not None:
+                b = mk(CGROUP_V2 / "blkio")
+                dev, iops = read_iops
+                (b / "blkio.throttle.read_iops_device").write_text(f"{os.major(dev)}:{os.minor(dev)} {iops}")
+                procs.append(b / "cgroup.procs")
             for ctrl in ("cpuacct", "memory"):
                 if (CGROUP_V2 / ctrl / "cgroup.procs").exists() and not (CGROUP_V2 / ctrl).is_symlink():
                     c = mk(CGROUP_V2 / ctrl)
@@ -197,11 +204,15 @@ def made_cgroup(path: str, *, cpu_quota: float | None = None, memory_max: int | 
                     procs.append(c / "cgroup.procs")
         elif (CGROUP_V2 / "cgroup.controllers").is_file():
             ctrls = (CGROUP_V2 / "cgroup.subtree_control").read_text().split()
-            if "cpu" not in ctrls or (memory_max is not None and "memory" not in ctrls):
-                pytest.skip("cgroup v2 without the cpu/memory controllers enabled for children (subtree_control)")
+            if "cpu" not in ctrls or (memory_max is not None and "memory" not in ctrls) or (
+                    read_iops is not None and "io" not in ctrls):
+                pytest.skip("cgroup v2 without the cpu/memory/io controllers enabled for children (subtree_control)")
             d = mk(CGROUP_V2)
             for parent in made[:-1]:
-                (parent / "cgroup.subtree_control").write_text("+cpu +memory")
+                (parent / "cgroup.subtree_control").write_text("+cpu +memory +io")
+            if read_iops is not None:
+                dev, iops = read_iops
+                (d / "io.max").write_text(f"{os.major(dev)}:{os.minor(dev)} riops={iops}")
             if cpu_quota is not None:
                 for g in made:
                     (g / "cpu.weight").write_text("10000")
@@ -417,3 +428,75 @@ def test_real_decode_thread_pool_under_a_quota_is_input_bound_not_launch_bound()
     v = state.gpus[0]
     assert v.cause == "input_bound", v.evidence
     assert any(f"decode threads of pid {proc.pid}" in e for e in v.evidence), v.evidence
+
+
+CACHED_READS = r"""
+import os, sys, time
+path, duration = sys.argv[1], float(sys.argv[2])
+fd = os.open(path, os.O_RDONLY)
+print("ready", flush=True)
+end = time.monotonic() + duration
+off = 0
+while time.monotonic() < end:  # labels / an index / a tokenised shard: 4 KiB reads from the page cache
+    for _ in range(40):
+        os.pread(fd, 4096, off)
+        off = (off + 4096) % (4 << 20)
+    time.sleep(0.01)
+"""
+
+DIRECT_NEIGHBOUR = r"""
+import mmap, os, random, sys, time
+path, duration, cgroups = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+for procs in filter(None, cgroups.split(",")):
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+for _ in range(3):
+    os.fork()  # 8 readers, as fio --numjobs=8: one of them is nearly always stalled on IO (PSI io some)
+fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+buf = mmap.mmap(-1, 4096)
+blocks = os.fstat(fd).st_size // 4096
+random.seed(os.getpid())
+if os.getpgrp() == os.getpid():
+    print("ready", flush=True)
+end = time.monotonic() + duration
+while time.monotonic() < end:  # fio --rw=randread --bs=4k --direct=1 --ioengine=psync: QD1, blocked in D state
+    os.preadv(fd, [buf], random.randrange(blocks) * 4096)
+"""
+
+
+@contextlib.contextmanager
+def started(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """A helper process in its own session, killed with its group when the block ends."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
+def test_real_page_cache_reads_beside_a_neighbours_disk_storm_are_not_the_gpus_io(tmp_path: Path) -> None:
+    # The GPU process reads 2,000 x 4 KiB per second from a file in the page cache (0 bytes reach storage);
+    # a neighbour's direct reads keep the disk busy and the host's IO pressure up. The neighbour's IO is not
+    # this GPU's, and cache hits corroborate nothing.
+    small = tmp_path / "labels.bin"
+    small.write_bytes(os.urandom(4 << 20))
+    big = tmp_path / "shard.bin"
+    with big.open("wb") as f:
+        for _ in range(256):
+            f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    # Its reads throttled to 40 IOs per second (the kernel's blk-throttle): its 8 readers always wait on the
+    # disk, so the host's IO pressure (PSI io some) is high whatever the CPUs are doing.
+    with made_cgroup(f"gpufeed-test-{uuid.uuid4().hex[:8]}", read_iops=(big.stat().st_dev, 40)) as procs, \
+            started(DIRECT_NEIGHBOUR, str(big), str(DURATION_S), ",".join(map(str, procs))), \
+            started(CACHED_READS, str(small), str(DURATION_S)) as proc:
+        state = diagnose(proc.pid, lambda st: _has(st, "latency_bound", "page-cache hits"))
+    v = state.gpus[0]
+    assert v.cause != "io_bound", v.evidence
+    assert any("page-cache hits" in e and "set aside" in e for e in v.evidence), v.evidence

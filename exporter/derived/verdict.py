@@ -85,18 +85,31 @@ def link_peak(view: GpuView, capacity: float | None) -> float | None:
     return max(view.rx_peak_bytes_per_s or 0.0, view.tx_peak_bytes_per_s or 0.0) / capacity
 
 
-def corroborated(shape: CpuShape) -> str:
+CACHE_HIT_STORAGE = 1e6  # bytes/s reaching storage below which a workload's reads are page-cache hits
+
+
+def cache_hits(shape: CpuShape, network_fs: bool = False) -> bool:
+    """Whether the workload's reads are page-cache hits: ``read_bytes`` readable and (almost) nothing reaching
+    storage, no thread blocked in D state, and no network filesystem busy on the host (whose reads a kernel
+    may not count in ``read_bytes``). ``rchar``/``syscr`` count cached reads as much as any."""
+    return (shape.storage_read_bytes_per_s is not None and shape.storage_read_bytes_per_s < CACHE_HIT_STORAGE
+            and shape.d_state_threads < 0.5 and not network_fs)
+
+
+def corroborated(shape: CpuShape, network_fs: bool = False) -> str:
     """Why the workload itself shows IO (blocked threads, its own reads, its cgroup's IO pressure), or "".
 
     Host-wide signals -- PSI, a busy disk, an NFS storm -- may come from another job on the host; they count
-    for this GPU only when its own workload shows IO too (DESIGN.md "Workloads")."""
+    for this GPU only when its own workload shows IO too (DESIGN.md "Workloads"). Reads served from the page
+    cache (:func:`cache_hits`) are no IO of its own."""
     if shape.d_state_threads >= 0.5:
         return "threads blocked in D state"
     if (shape.storage_read_bytes_per_s or 0) >= 10e6:
         return "its reads reach storage"
-    if (shape.read_bytes_per_s or 0) >= 10e6 and (shape.read_syscalls_per_s or 0) >= 100:
+    cached = cache_hits(shape, network_fs)
+    if not cached and (shape.read_bytes_per_s or 0) >= 10e6 and (shape.read_syscalls_per_s or 0) >= 100:
         return "it reads"
-    if (shape.read_syscalls_per_s or 0) >= 1000:
+    if not cached and (shape.read_syscalls_per_s or 0) >= 1000:
         return "it reads"
     if (shape.group_io_some or 0) >= 0.1:
         return "its cgroup stalls on IO"
@@ -108,7 +121,9 @@ def io_score(shape: CpuShape, io: IoSignals) -> tuple[int, list[str]]:
     when the workload corroborates them; otherwise one sentence says they were set aside)."""
     score = 0
     why: list[str] = []
-    own = corroborated(shape)
+    network_fs = (io.nfs_ops_per_s or 0) >= 10
+    own = corroborated(shape, network_fs)
+    cached = cache_hits(shape, network_fs)
     if shape.d_state_threads >= 1:
         score += 2
         why.append(f"{shape.d_state_threads:.0f} threads of pid {','.join(map(str, shape.pids))} blocked in D state")
@@ -142,10 +157,13 @@ def io_score(shape: CpuShape, io: IoSignals) -> tuple[int, list[str]]:
             score += points
             why.append(sentence)
     elif host:
-        why.append(f"host-wide IO ({host[0][1]}) set aside: this GPU's workload shows no IO of its own (no blocked "
-                   "threads, no reads) -- another job's")
+        mine = (f"no blocked threads; its {shape.read_syscalls_per_s:.0f} reads/s are page-cache hits, "
+                f"{_rate(shape.storage_read_bytes_per_s or 0)} reached storage"
+                if cached and (shape.read_syscalls_per_s or 0) >= 100 else "no blocked threads, no reads")
+        why.append(f"host-wide IO ({host[0][1]}) set aside: this GPU's workload shows no IO of its own ({mine}) -- "
+                   "another job's")
     size = shape.read_size
-    if size is not None and size < 32 * 1024 and (shape.read_syscalls_per_s or 0) >= 1000:
+    if size is not None and size < 32 * 1024 and (shape.read_syscalls_per_s or 0) >= 1000 and not cached:
         score += 1
         why.append(f"small reads: {shape.read_syscalls_per_s:.0f} read calls/s averaging {_size(size)}")
     return score, why
