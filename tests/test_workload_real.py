@@ -90,12 +90,10 @@ phases:
 
 
 @contextlib.contextmanager
-def trainer(workers: int, cgroup_procs: Sequence[Path] = (), life: float = 0.0) -> Iterator[subprocess.Popen[str]]:
-    """The trainer and its workers (re-forked every ``life`` seconds when given), joined to the cgroups whose
-    ``cgroup.procs`` are given, stopped (SIGKILL to the whole group) when the block ends."""
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(workers), str(DURATION_S),
-                             ",".join(map(str, cgroup_procs)), str(life)],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+def started(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """A helper process in its own session, killed with its group when the block ends."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         yield proc
@@ -103,6 +101,14 @@ def trainer(workers: int, cgroup_procs: Sequence[Path] = (), life: float = 0.0) 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+@contextlib.contextmanager
+def trainer(workers: int, cgroup_procs: Sequence[Path] = (), life: float = 0.0) -> Iterator[subprocess.Popen[str]]:
+    """The trainer and its workers (re-forked every ``life`` seconds when given), joined to the cgroups whose
+    ``cgroup.procs`` are given, stopped (SIGKILL to the whole group) when the block ends."""
+    with started(TRAINER, str(workers), str(DURATION_S), ",".join(map(str, cgroup_procs)), str(life)) as proc:
+        yield proc
 
 
 def diagnose(pid: int, done: Callable[[DerivedState], bool]) -> DerivedState:
@@ -323,15 +329,8 @@ def test_real_memory_limit_of_an_unrecognised_cgroup_path_is_found(tmp_path: Pat
     with made_cgroup(YARN.format(uuid.uuid4().int % 100), memory_max=32 << 20) as procs:
         if not any(p.parent.parent.name == "memory" or "memory" in p.parts for p in procs):
             pytest.skip("no memory controller to limit")
-        proc = subprocess.Popen([sys.executable, "-c", READER, str(shard), str(DURATION_S), ",".join(map(str, procs))],
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        with started(READER, str(shard), str(DURATION_S), ",".join(map(str, procs))) as proc:
             state = diagnose(proc.pid, lambda st: ("memory_pressure", 0) in {(f.check, f.gpu) for f in st.findings})
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
     hit = [f for f in state.findings if f.check == "memory_pressure" and f.gpu == 0]
     assert hit and "hits of its memory limit" in hit[0].detail, state.findings
     assert "hadoop-yarn/container_e17" in hit[0].detail
@@ -358,16 +357,9 @@ def test_real_unrelated_compile_in_the_same_login_session_is_not_the_input_pipel
     # A login session scope holds whatever the user started: a quiet trainer and a compile beside it. Only the
     # GPU process's own tree is its workload; the compile is no data loader.
     scope = f"user.slice/user-4242.slice/session-{uuid.uuid4().int % 10000}.scope"
-    with made_cgroup(scope) as procs, trainer(0, procs) as proc:
-        cc = subprocess.Popen([sys.executable, "-c", COMPILE, str(DURATION_S), ",".join(map(str, procs))],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            assert cc.stdout is not None and cc.stdout.readline().strip() == "ready"
-            state = diagnose(proc.pid, lambda st: False)  # the whole run: a verdict that never comes is the point
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(cc.pid, signal.SIGKILL)
-            cc.wait(10)
+    with made_cgroup(scope) as procs, trainer(0, procs) as proc, \
+            started(COMPILE, str(DURATION_S), ",".join(map(str, procs))):
+        state = diagnose(proc.pid, lambda st: False)  # the whole run: a verdict that never comes is the point
     v = state.gpus[0]
     assert v.cause not in ("input_bound", "launch_bound"), v.evidence
     assert not any("cc1plus" in e for e in v.evidence), v.evidence
@@ -415,16 +407,9 @@ while time.monotonic() < end:
 def test_real_decode_thread_pool_under_a_quota_is_input_bound_not_launch_bound() -> None:
     # Four decode threads of the GPU process under a 0.3-CPU quota: each gets a sliver of a core and waits for
     # the rest (throttled time is run delay). They are a pool by what they want, and the quota binds them.
-    with made_cgroup(f"gpufeed-test-{uuid.uuid4().hex[:8]}.scope", cpu_quota=0.3) as procs:
-        proc = subprocess.Popen([sys.executable, "-c", THREADS, "4", str(DURATION_S), ",".join(map(str, procs))],
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-            state = diagnose(proc.pid, lambda st: _has(st, "input_bound", "decode threads"))
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    with made_cgroup(f"gpufeed-test-{uuid.uuid4().hex[:8]}.scope", cpu_quota=0.3) as procs, \
+            started(THREADS, "4", str(DURATION_S), ",".join(map(str, procs))) as proc:
+        state = diagnose(proc.pid, lambda st: _has(st, "input_bound", "decode threads"))
     v = state.gpus[0]
     assert v.cause == "input_bound", v.evidence
     assert any(f"decode threads of pid {proc.pid}" in e for e in v.evidence), v.evidence
@@ -462,20 +447,6 @@ end = time.monotonic() + duration
 while time.monotonic() < end:  # fio --rw=randread --bs=4k --direct=1 --ioengine=psync: QD1, blocked in D state
     os.preadv(fd, [buf], random.randrange(blocks) * 4096)
 """
-
-
-@contextlib.contextmanager
-def started(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """A helper process in its own session, killed with its group when the block ends."""
-    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
