@@ -208,11 +208,13 @@ class InputSide:
             cores = sum(p.cores for p, _ in lst)
             what = "process" if len(lst) == 1 else "processes"
             out.append(f"{len(lst)} {comm} {what} of pid {ppid} at {cores:.1f} cores"
-                       + ("" if len(lst) > 1 else f" (pid {lst[0][0].pid})"))
+                       + ("" if len(lst) > 1 else f" (pid {lst[0][0].pid})") + _wanting(cores, sum(d for _, d in lst)))
         for comm, pid, ts in self.pools:
             hot = [t for t in ts if t.demand >= SATURATED_CORE]
             if hot:
-                out.append(f"{len(hot)} {comm} threads of pid {pid} at {sum(t.cores for t in hot):.2f} cores")
+                cores = sum(t.cores for t in hot)
+                out.append(f"{len(hot)} {comm} threads of pid {pid} at {cores:.2f} cores"
+                           + _wanting(cores, sum(t.demand for t in hot)))
         return out
 
     def busy(self) -> list[str]:
@@ -226,6 +228,13 @@ class InputSide:
         if idle:
             out.append(f"{len(idle)} worker processes at {sum(p.cores for p, _ in idle):.1f} cores, none saturated")
         return out
+
+
+def _wanting(cores: float, demand: float) -> str:
+    """What makes a stage at a fraction of a core saturated: the CPU it waited for (run delay)."""
+    if demand - cores < 0.1:
+        return ""
+    return f" wanting {demand:.1f} (waiting for a CPU {_pct((demand - cores) / demand)} of their time: run delay)"
 
 
 def _most_demanding_first(t: ThreadLoad) -> tuple[float, int]:
@@ -318,6 +327,10 @@ def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, l
             why = [f"{hot_str}, {starved} -- the submission thread wants a full core"]
         elif hot.system_share < 0.1:
             why.append("little system time: pure-Python overhead between launches")
+        if hot.main and not side.workers and not side.pools and not side.reaped and hot.system_share < 0.5:
+            # From /proc a main thread that decodes batches itself looks the same as one that launches kernels.
+            why.append("or the data loading runs in this thread (DataLoader num_workers=0): the two look alike "
+                       "from the host; a profiler (py-spy dump) tells them apart")
         others = [t for t in side.launch[1:] if t.demand >= LAUNCH_CORE]
         if others:
             why.append(f"{len(others) + 1} submission threads at a full core across "
@@ -331,8 +344,10 @@ def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, l
             return "launch_bound", 0.7, [f"thread {hot.tid} ({hot.comm}) holds {launch_cores:.2f} of them", *why,
                                          *extra]
         if shape.threads or side.workers or side.reaped or side.unseen:
-            return "input_bound", 0.7, [*why, f"preprocessing holds {side.cores:.2f} cores", *side.short_lived(),
-                                        *extra]
+            held = (f"preprocessing holds {side.cores:.2f} cores" if side.cores >= 0.01 else
+                    "no worker process, thread pool or short-lived child holds them: many threads of the GPU "
+                    "processes share them")
+            return "input_bound", 0.7, [*why, held, *side.short_lived(), *extra]
         # No per-thread detail yet: the GPU processes alone fill it.
         cause = "launch_bound" if used < 1.5 else "input_bound"
         return cause, 0.5, [*why, "(per-thread detail not sampled yet)", *extra]
