@@ -471,3 +471,59 @@ def test_real_page_cache_reads_beside_a_neighbours_disk_storm_are_not_the_gpus_i
     v = state.gpus[0]
     assert v.cause != "io_bound", v.evidence
     assert any("page-cache hits" in e and "set aside" in e for e in v.evidence), v.evidence
+
+
+SLOW_STORE = r"""
+import socket, sys, threading, time
+duration = float(sys.argv[1])
+srv = socket.create_server(("127.0.0.1", 0))
+print("ready", srv.getsockname()[1], sep="\n", flush=True)
+
+
+def serve(conn):
+    with conn:
+        while conn.recv(4096):
+            time.sleep(0.3)  # an object store 300 ms away
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4096\r\n\r\n" + b"x" * 4096)
+
+
+srv.settimeout(duration)
+while True:
+    conn, _ = srv.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
+
+HTTP_LOADER = r"""
+import os, socket, sys, time
+n, duration, port = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+end = time.monotonic() + duration
+for _ in range(n):
+    if os.fork() == 0:
+        with open("/proc/self/comm", "w") as f:
+            f.write("pt_data_worker")
+        s = socket.create_connection(("127.0.0.1", port))
+        while time.monotonic() < end:  # fetch the next sample: asleep in recv while the store answers
+            s.sendall(b"GET /shard/0001 HTTP/1.1\r\nHost: store\r\n\r\n")
+            got = 0
+            while got < 4096:
+                got += len(s.recv(65536))
+        os._exit(0)
+with open("/proc/self/comm", "w") as f:
+    f.write("trainer")
+print("ready", flush=True)
+while time.monotonic() < end:
+    time.sleep(0.2)
+"""
+
+
+def test_real_loader_workers_waiting_on_a_remote_store_are_io_bound_naming_it() -> None:
+    # DataLoader workers fetching samples over HTTP from a store 300 ms away: asleep in recv (state S, no CPU,
+    # no D state, no iowait, no IO pressure). The GPU waits on that remote, not on "small batches".
+    with started(SLOW_STORE, str(DURATION_S)) as store:
+        assert store.stdout is not None
+        port = store.stdout.readline().strip()
+        with started(HTTP_LOADER, "4", str(DURATION_S), port) as proc:
+            state = diagnose(proc.pid, lambda st: _has(st, "io_bound", "remote store"))
+    v = state.gpus[0]
+    assert v.cause == "io_bound", v.evidence
+    assert any(f"127.0.0.1:{port}" in e and "asleep receiving" in e for e in v.evidence), v.evidence

@@ -31,8 +31,10 @@ unknown (logged once, named in the sample); an unreadable hierarchy leaves the t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import ipaddress
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -57,6 +59,8 @@ CONTAINER_SCAN_EVERY = 15  # passes between walks of the container hierarchies f
 CONTAINER_ROOTS = ("kubepods.slice", "kubepods", "system.slice", "docker", "machine.slice")
 LIMITS_EVERY = 6  # passes between re-reads of a group's quota and memory limit (30 s at the default interval)
 KINDS = ("container", "slurm_job", "unit")
+MAX_NET_THREADS = 64  # threads of one worker process whose system call is read
+NET_TCP_MAX = 4 << 20  # /proc/net/tcp of a namespace with ~30,000 connections
 
 
 @register
@@ -138,11 +142,13 @@ class WorkloadCollector(Collector):
         keep = self._relevant(roots, groups)
         nodes: dict[int, ProcNode] = {}
         group_of = {pid: path for path, info in groups.items() for pid in info.members}
+        tcp: dict[str, dict[int, str]] = {}  # per network namespace: socket inode -> remote end
         for pid in sorted(keep):
             node = self._table.get(pid)
             if node is None:
                 continue
-            nodes[pid] = ProcNode(node.pid, node.ppid, node.comm, node.start, group_of.get(pid))
+            remotes, waits = ((), 0) if pid in roots else self._network(pid, tcp)
+            nodes[pid] = ProcNode(node.pid, node.ppid, node.comm, node.start, group_of.get(pid), remotes, waits)
         self.ctx.targets.publish_workload(p for p in nodes if p not in roots)
         return WorkloadSample(processes=MappingProxyType(nodes), groups=MappingProxyType(groups),
                               cgroup_version=version, note=note)
@@ -212,6 +218,61 @@ class WorkloadCollector(Collector):
             if log.once(("workload_cgroup_malformed", self._tag, str(pid))):
                 self.log.warning("workload_cgroup_malformed", pid=pid, file=f"/proc/{pid}/cgroup", reason=str(e))
             return None
+
+    # ---- the network side of a worker -------------------------------------------------------------------------
+
+    def _network(self, pid: int, tcp: dict[str, dict[int, str]]) -> tuple[tuple[str, ...], int]:
+        """(remote ends of its established TCP connections, threads waiting to receive) of one process; nothing
+        when its files cannot be read (gone, or not ours)."""
+        socks: dict[int, int] = {}  # fd -> socket inode
+        fd_dir = self.ctx.proc(pid, "fd")
+        try:
+            for name in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(os.path.join(fd_dir, name))
+                    if link.startswith("socket:[") and name.isdigit():
+                        socks[int(name)] = int(link[8:-1])
+        except OSError:
+            return (), 0
+        if not socks:
+            return (), 0
+        try:
+            ns = os.readlink(self.ctx.proc(pid, "ns", "net"))
+        except OSError:
+            ns = f"pid {pid}"
+        conns = tcp.get(ns)
+        if conns is None:
+            conns = tcp[ns] = self._tcp(pid)
+        remotes = tuple(sorted({conns[i] for i in socks.values() if i in conns}))
+        waits = 0
+        try:
+            tids = os.listdir(self.ctx.proc(pid, "task"))
+        except OSError:
+            return remotes, 0
+        for tid in tids[:MAX_NET_THREADS]:
+            try:
+                text = read_text(self.ctx.proc(pid, "task", tid, "syscall"), limit=CHUNK)
+            except OSError:
+                continue
+            call = _blocking_call(text)
+            if call is None:
+                continue
+            nr, arg = call
+            if (nr in _RECV and socks.get(arg) in conns) or (nr in _WAIT and remotes):
+                waits += 1
+        return remotes, waits
+
+    def _tcp(self, pid: int) -> dict[int, str]:
+        """Established TCP connections of ``pid``'s network namespace: socket inode -> remote ``addr:port``
+        (/proc/<pid>/net/tcp and tcp6, Documentation/networking/proc_net_tcp.rst)."""
+        out: dict[int, str] = {}
+        for name in ("tcp", "tcp6"):
+            try:
+                text = read_text(self.ctx.proc(pid, "net", name), limit=NET_TCP_MAX)
+            except OSError:
+                continue
+            out.update(parse_tcp(text))
+        return out
 
     # ---- cgroups ----------------------------------------------------------------------------------------------
 
@@ -480,3 +541,46 @@ def _own(m: cg.Membership | None, controller: str, path: str) -> str:
 def _with_member(info: CgroupInfo, pid: int) -> CgroupInfo:
     """A GPU process's own cgroup, read for another GPU process already: this one is in it too."""
     return dataclasses.replace(info, members=info.members | {pid})
+
+
+# /proc/<pid>/task/<tid>/syscall: "<nr> <arg0> ..." of a thread blocked in a system call (proc(5)). Receives
+# whose first argument is a socket descriptor, and waits on descriptors (poll, select, epoll) -- a socket read
+# with a timeout waits in those -- by architecture (arch/x86/entry/syscalls/syscall_64.tbl,
+# include/uapi/asm-generic/unistd.h).
+_SYSCALLS = {
+    "x86_64": ({0, 17, 19, 45, 47, 299}, {7, 23, 232, 270, 271, 281, 441}),
+    "aarch64": ({63, 65, 67, 207, 212, 243}, {22, 72, 73, 441}),
+}
+_RECV, _WAIT = _SYSCALLS.get(os.uname().machine, (set(), set()))
+
+
+def _blocking_call(text: str) -> tuple[int, int] | None:
+    """(system call number, first argument) of a thread blocked in a call; None when running or not blocked."""
+    parts = text.split()
+    if len(parts) < 2 or not parts[0].isdigit():
+        return None  # "running", or "-1 ..." (blocked, not in a system call)
+    try:
+        return int(parts[0]), int(parts[1], 16)
+    except ValueError:
+        return None
+
+
+def parse_tcp(text: str) -> dict[int, str]:
+    """/proc/net/tcp{,6}: socket inode -> remote ``addr:port`` of each ESTABLISHED (01) connection."""
+    out: dict[int, str] = {}
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 10 or f[3] != "01" or not f[9].isdigit():
+            continue
+        addr, _, port = f[2].partition(":")
+        try:
+            raw = bytes.fromhex(addr)
+            # The address is the kernel's __be32 words printed as host-order hex: reverse each 4-byte word.
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = ipaddress.ip_address(words)
+            mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+            host = str(mapped or ip)
+            out[int(f[9])] = f"[{host}]:{int(port, 16)}" if ":" in host else f"{host}:{int(port, 16)}"
+        except ValueError:
+            continue
+    return out

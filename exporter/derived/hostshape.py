@@ -101,6 +101,8 @@ class CpuShape:
     # process seen (its cpu.stat usage).
     reaped: tuple[tuple[int, float], ...] = ()  # (parent pid, cores its exited children used), busiest first
     unseen_cores: float = 0.0
+    # Worker processes holding TCP connections: (pid, threads waiting to receive, remote ends).
+    network: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
 
     @property
     def reaped_cores(self) -> float:

@@ -265,6 +265,25 @@ def input_side(shape: CpuShape) -> InputSide:
                      shape.unseen_cores)
 
 
+NET_IDLE_CORE = 0.3  # a worker below this while its threads wait on sockets is waiting for the network
+
+
+def network_wait(shape: CpuShape) -> list[str]:
+    """Evidence that the input pipeline waits on the network: worker processes mostly off-CPU (no D state,
+    so no iowait and no IO pressure) with threads asleep receiving on TCP connections -- an object store, an
+    HTTP or a remote data service. Empty when none waits so."""
+    cores = {p.pid: p.cores for p in shape.processes}
+    waiting = [(pid, n, remotes) for pid, n, remotes in shape.network if n > 0 and remotes]
+    if not waiting or any(cores.get(pid, 0.0) >= NET_IDLE_CORE for pid, _, _ in waiting):
+        return []
+    ends = sorted({r for _, _, rs in waiting for r in rs})
+    named = ", ".join(ends[:3]) + (f" and {len(ends) - 3} more" if len(ends) > 3 else "")
+    used = sum(cores.get(pid, 0.0) for pid, _, _ in waiting)
+    return [f"{len(waiting)} worker process{'' if len(waiting) == 1 else 'es'} at {used:.2f} cores with "
+            f"{sum(n for _, n, _ in waiting)} threads asleep receiving from {named}: the data loading waits on a "
+            "remote store (object store, HTTP or a data service), not on the CPU or a local disk"]
+
+
 def _capacity(shape: CpuShape) -> tuple[float, str]:
     """What the workload may use, in cores, and why (quota, cpuset or allowed CPUs)."""
     if shape.capacity_cores is not None:
@@ -408,6 +427,8 @@ def classify(
         wcause, wconf, wwhy = "io_bound", min(0.95, 0.5 + 0.1 * score), io_why
     elif cpu_cause is not None:
         wcause, wconf, wwhy = cpu_cause, cpu_conf, [*cpu_why, *(w for w in io_why if "set aside" in w)]
+    elif net := network_wait(shape):
+        wcause, wconf, wwhy = "io_bound", 0.6, [*net, *(w for w in io_why if "set aside" in w)]
     else:
         wcause, wconf = "latency_bound", 0.7
         wwhy = ["host is quiet: no saturated thread or cores, no IO pressure, PCIe lightly used -- not enough "

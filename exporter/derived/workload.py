@@ -57,6 +57,8 @@ class Workload:
     notes: tuple[str, ...] = ()
     stray: tuple[int, ...] = ()  # NVML processes of this GPU whose own work is on other GPUs
     pooled: bool = False  # every process of ``group`` is in ``members``: its CPU accounting is the workload's
+    # Members without a GPU context that hold TCP connections: (pid, threads waiting to receive, remote ends).
+    network: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
 
     def describe(self) -> str:
         """The group for evidence: ``container 3b2a1c4d5e6f (pod vision/trainer-0)``, ``Slurm job 4242``."""
@@ -204,7 +206,9 @@ def workloads(
                              "is not available or does not name this GPU)")
         out[idx] = Workload(gpu=idx, context=ctx[idx], members=tuple(sorted(members)), group=primary,
                             labels=MappingProxyType({k: labels[k] for k in LABELS if k in labels}),
-                            notes=tuple(notes), stray=stray.get(idx, ()), pooled=pooled)
+                            notes=tuple(notes), stray=stray.get(idx, ()), pooled=pooled,
+                            network=tuple((p, nodes[p].net_waits, nodes[p].remotes) for p in sorted(members)
+                                          if p not in ctx[idx] and p in nodes and nodes[p].remotes))
     return out
 
 
@@ -295,7 +299,7 @@ def enrich(shape: CpuShape, wl: Workload | None, sig: GroupSignals | None) -> Cp
         if extra >= max(UNSEEN_MIN, UNSEEN_SHARE * sig.usage_cores):
             unseen = extra
     return dataclasses.replace(
-        shape, capacity_cores=cap, capacity_why=why, quota_cores=quota, unseen_cores=unseen,
+        shape, capacity_cores=cap, capacity_why=why, quota_cores=quota, unseen_cores=unseen, network=wl.network,
         throttled_ratio=sig.throttled_ratio if sig is not None else None,
         throttled_per_s=sig.throttled_per_s if sig is not None else None,
         group_io_some=sig.psi.get("io_some") if sig is not None else None,
