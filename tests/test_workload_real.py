@@ -527,3 +527,45 @@ def test_real_loader_workers_waiting_on_a_remote_store_are_io_bound_naming_it() 
     v = state.gpus[0]
     assert v.cause == "io_bound", v.evidence
     assert any(f"127.0.0.1:{port}" in e and "asleep receiving" in e for e in v.evidence), v.evidence
+
+
+LAUNCHER = r"""
+import os, sys, time
+duration = float(sys.argv[1])
+end = time.monotonic() + duration
+r, w = os.pipe()  # multiprocessing.Queue: the launcher's pipe between the decode service and the trainer
+pids = []
+for role in ("trainer", "decode_svc"):
+    pid = os.fork()
+    if pid == 0:
+        with open("/proc/self/comm", "w") as f:
+            f.write(role)
+        if role == "trainer":
+            os.close(w)
+            while time.monotonic() < end:
+                os.read(r, 4096)  # takes the decoded batches: quiet
+        os.close(r)
+        x = 0
+        while time.monotonic() < end:  # decodes at a full core, hands a batch over now and then
+            x += 1
+            if x % 200000 == 0:
+                os.write(w, b"batch")
+        os._exit(0)
+    pids.append(pid)
+print("ready", pids[0], sep="\n", flush=True)
+for p in pids:
+    os.waitpid(p, 0)
+"""
+
+
+def test_real_decode_service_beside_the_trainer_on_a_shared_pipe_is_the_input_pipeline() -> None:
+    # A launcher starts the trainer and a decode service side by side (not a descendant of the GPU process, no
+    # container): the pipe between them says the service feeds it.
+    with started(LAUNCHER, str(DURATION_S)) as launcher:
+        assert launcher.stdout is not None
+        pid = int(launcher.stdout.readline())
+        state = diagnose(pid, lambda st: _has(st, "input_bound", "decode_svc"))
+    v = state.gpus[0]
+    assert v.cause == "input_bound", v.evidence
+    assert any("decode_svc" in e for e in v.evidence), v.evidence
+    assert state.workloads[0].processes == 2

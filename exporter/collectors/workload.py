@@ -15,6 +15,11 @@ classifier window, and the cgroup counters give the window at least three sample
   root (``cpu.max`` / ``cpu.cfs_quota_us``) and its throttling (``cpu.stat``), the effective cpuset, the
   memory limit and usage, ``memory.events`` (v1: ``memory.failcnt``, ``memory.oom_control``) and, v2 only,
   ``{cpu,memory,io}.pressure``;
+- for a GPU process whose parent is not init: the pipes it holds beyond stdio (``/proc/<pid>/fd``), and those
+  of its siblings -- a sibling sharing one (a launcher's queue to a decode service) joins its workload;
+- for each worker process (no GPU context): its established TCP connections (``fd`` -> socket inode ->
+  ``/proc/<pid>/net/tcp{,6}``, once per network namespace) and its threads asleep receiving on them
+  (``task/<tid>/syscall``): a loader waiting on an object store;
 - with ``--collector.workload.container-env`` (default on) and a GPU that NVML shows no process for (a
   container in another pid namespace): ``NVIDIA_VISIBLE_DEVICES`` from one process of each container
   (``/proc/<pid>/environ``, once per container; no other variable is kept), so the container the device
@@ -59,6 +64,8 @@ CONTAINER_SCAN_EVERY = 15  # passes between walks of the container hierarchies f
 CONTAINER_ROOTS = ("kubepods.slice", "kubepods", "system.slice", "docker", "machine.slice")
 LIMITS_EVERY = 6  # passes between re-reads of a group's quota and memory limit (30 s at the default interval)
 KINDS = ("container", "slurm_job", "unit")
+MAX_SIBLINGS = 32  # siblings of one GPU process whose descriptors are read
+MAX_FDS = 1024  # descriptors of one process looked at for pipes
 MAX_NET_THREADS = 64  # threads of one worker process whose system call is read
 NET_TCP_MAX = 4 << 20  # /proc/net/tcp of a namespace with ~30,000 connections
 
@@ -140,6 +147,8 @@ class WorkloadCollector(Collector):
         for stale in [p for p in self._limit_cache if p not in groups]:
             del self._limit_cache[stale]
         keep = self._relevant(roots, groups)
+        peers = self._piped_siblings(roots, keep)
+        keep |= self._descendants(peers)
         nodes: dict[int, ProcNode] = {}
         group_of = {pid: path for path, info in groups.items() for pid in info.members}
         tcp: dict[str, dict[int, str]] = {}  # per network namespace: socket inode -> remote end
@@ -148,16 +157,22 @@ class WorkloadCollector(Collector):
             if node is None:
                 continue
             remotes, waits = ((), 0) if pid in roots else self._network(pid, tcp)
-            nodes[pid] = ProcNode(node.pid, node.ppid, node.comm, node.start, group_of.get(pid), remotes, waits)
+            nodes[pid] = ProcNode(node.pid, node.ppid, node.comm, node.start, group_of.get(pid), remotes, waits,
+                                  peers.get(pid, 0))
         self.ctx.targets.publish_workload(p for p in nodes if p not in roots)
         return WorkloadSample(processes=MappingProxyType(nodes), groups=MappingProxyType(groups),
                               cgroup_version=version, note=note)
 
-    def _relevant(self, roots: frozenset[int], groups: Mapping[str, CgroupInfo]) -> set[int]:
-        """The GPU processes, their descendants and their groups' members (and their descendants), bounded."""
+    def _children(self) -> dict[int, list[int]]:
+        """Parent pid -> its children's pids, from the process table."""
         children: dict[int, list[int]] = {}
         for node in self._table.values():
             children.setdefault(node.ppid, []).append(node.pid)
+        return children
+
+    def _relevant(self, roots: frozenset[int], groups: Mapping[str, CgroupInfo]) -> set[int]:
+        """The GPU processes, their descendants and their groups' members (and their descendants), bounded."""
+        children = self._children()
         out: set[int] = set()
         todo = [p for p in sorted(roots) if p in self._table]
         for info in groups.values():
@@ -218,6 +233,58 @@ class WorkloadCollector(Collector):
             if log.once(("workload_cgroup_malformed", self._tag, str(pid))):
                 self.log.warning("workload_cgroup_malformed", pid=pid, file=f"/proc/{pid}/cgroup", reason=str(e))
             return None
+
+    # ---- siblings that feed a GPU process ----------------------------------------------------------------------
+
+    def _piped_siblings(self, roots: frozenset[int], keep: set[int]) -> dict[int, int]:
+        """Siblings of each GPU process (children of its parent, not init's) that share a pipe with it on a
+        descriptor beyond stdio: sibling pid -> GPU pid. A launcher's queue between a decode service and the
+        trainer is such a pipe; a pipe both inherited as stdout (a supervisor's log) is not counted."""
+        out: dict[int, int] = {}
+        children = self._children()
+        for root in sorted(roots):
+            gpu = self._table.get(root)
+            if gpu is None or gpu.ppid <= 1:
+                continue
+            siblings = [p for p in sorted(children.get(gpu.ppid, ())) if p not in keep and p not in roots]
+            if not siblings:
+                continue
+            mine = self._pipes(root)
+            if not mine:
+                continue
+            for sib in siblings[:MAX_SIBLINGS]:
+                if sib not in out and mine & self._pipes(sib):
+                    out[sib] = root
+        return out
+
+    def _pipes(self, pid: int) -> set[int]:
+        """Inodes of the pipes ``pid`` holds on descriptors 3 and up (/proc/<pid>/fd links ``pipe:[N]``)."""
+        fd_dir = self.ctx.proc(pid, "fd")
+        out: set[int] = set()
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            return out
+        for name in names[:MAX_FDS]:
+            if not name.isdigit() or int(name) < 3:
+                continue
+            with contextlib.suppress(OSError):
+                link = os.readlink(os.path.join(fd_dir, name))
+                if link.startswith("pipe:["):
+                    out.add(int(link[6:-1]))
+        return out
+
+    def _descendants(self, pids: Mapping[int, int]) -> set[int]:
+        """``pids`` and their descendants in the process table (bounded like the workload)."""
+        children = self._children()
+        out: set[int] = set()
+        todo = list(pids)
+        while todo and len(out) < self.max_processes:
+            pid = todo.pop()
+            if pid not in out:
+                out.add(pid)
+                todo.extend(children.get(pid, ()))
+        return out
 
     # ---- the network side of a worker -------------------------------------------------------------------------
 

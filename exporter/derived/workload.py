@@ -145,6 +145,16 @@ def workloads(
             seen.add(q)
             todo.extend(children.get(q, ()))
         tree[idx] = seen
+    # A sibling sharing a pipe with a context process (the collector's ``peer``), and its descendants, feed that
+    # process's GPU like its own workers.
+    for idx, pids in ctx.items():
+        todo = [n.pid for n in nodes.values() if n.peer and n.peer in pids]
+        while todo:
+            q = todo.pop()
+            if q in tree[idx] or q in home_of:
+                continue
+            tree[idx].add(q)
+            todo.extend(children.get(q, ()))
     claimed = set().union(*tree.values()) if tree else set()
     groups = wl.groups if wl is not None else {}
     group_gpus: dict[str, set[int]] = {}

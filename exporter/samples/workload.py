@@ -26,6 +26,9 @@ class ProcNode:
     # epoll while it holds one) -- a loader waiting on an object store shows no CPU, no D state and no iowait.
     remotes: tuple[str, ...] = ()
     net_waits: int = 0
+    # A sibling of a GPU process (same parent) sharing a pipe with it beyond stdio -- a decode service a
+    # launcher started beside the trainer, talking over a multiprocessing queue: that GPU process's pid.
+    peer: int = 0
 
 
 @dataclass(frozen=True, slots=True)
