@@ -48,7 +48,7 @@ from types import MappingProxyType
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter import cgroup as cg
-from exporter import log
+from exporter import log, syscalls
 from exporter.collectors import register
 from exporter.collectors.pressure import PressureCollector
 from exporter.cpulist import CpulistError, parse_cpulist
@@ -156,7 +156,7 @@ class WorkloadCollector(Collector):
             node = self._table.get(pid)
             if node is None:
                 continue
-            remotes, waits = ((), 0) if pid in roots else self._network(pid, tcp)
+            remotes, waits = ((), 0) if pid in roots else _network(self.ctx.proc, pid, tcp)
             nodes[pid] = ProcNode(node.pid, node.ppid, node.comm, node.start, group_of.get(pid), remotes, waits,
                                   peers.get(pid, 0))
         self.ctx.targets.publish_workload(p for p in nodes if p not in roots)
@@ -249,29 +249,12 @@ class WorkloadCollector(Collector):
             siblings = [p for p in sorted(children.get(gpu.ppid, ())) if p not in keep and p not in roots]
             if not siblings:
                 continue
-            mine = self._pipes(root)
+            mine = _pipes(self.ctx.proc, root)
             if not mine:
                 continue
             for sib in siblings[:MAX_SIBLINGS]:
-                if sib not in out and mine & self._pipes(sib):
+                if sib not in out and mine & _pipes(self.ctx.proc, sib):
                     out[sib] = root
-        return out
-
-    def _pipes(self, pid: int) -> set[int]:
-        """Inodes of the pipes ``pid`` holds on descriptors 3 and up (/proc/<pid>/fd links ``pipe:[N]``)."""
-        fd_dir = self.ctx.proc(pid, "fd")
-        out: set[int] = set()
-        try:
-            names = os.listdir(fd_dir)
-        except OSError:
-            return out
-        for name in names[:MAX_FDS]:
-            if not name.isdigit() or int(name) < 3:
-                continue
-            with contextlib.suppress(OSError):
-                link = os.readlink(os.path.join(fd_dir, name))
-                if link.startswith("pipe:["):
-                    out.add(int(link[6:-1]))
         return out
 
     def _descendants(self, pids: Mapping[int, int]) -> set[int]:
@@ -286,62 +269,7 @@ class WorkloadCollector(Collector):
                 todo.extend(children.get(pid, ()))
         return out
 
-    # ---- the network side of a worker -------------------------------------------------------------------------
-
-    def _network(self, pid: int, tcp: dict[str, dict[int, str]]) -> tuple[tuple[str, ...], int]:
-        """(remote ends of its established TCP connections, threads waiting to receive) of one process; nothing
-        when its files cannot be read (gone, or not ours)."""
-        socks: dict[int, int] = {}  # fd -> socket inode
-        fd_dir = self.ctx.proc(pid, "fd")
-        try:
-            for name in os.listdir(fd_dir):
-                with contextlib.suppress(OSError):
-                    link = os.readlink(os.path.join(fd_dir, name))
-                    if link.startswith("socket:[") and name.isdigit():
-                        socks[int(name)] = int(link[8:-1])
-        except OSError:
-            return (), 0
-        if not socks:
-            return (), 0
-        try:
-            ns = os.readlink(self.ctx.proc(pid, "ns", "net"))
-        except OSError:
-            ns = f"pid {pid}"
-        conns = tcp.get(ns)
-        if conns is None:
-            conns = tcp[ns] = self._tcp(pid)
-        remotes = tuple(sorted({conns[i] for i in socks.values() if i in conns}))
-        waits = 0
-        try:
-            tids = os.listdir(self.ctx.proc(pid, "task"))
-        except OSError:
-            return remotes, 0
-        for tid in tids[:MAX_NET_THREADS]:
-            try:
-                text = read_text(self.ctx.proc(pid, "task", tid, "syscall"), limit=CHUNK)
-            except OSError:
-                continue
-            call = _blocking_call(text)
-            if call is None:
-                continue
-            nr, arg = call
-            if (nr in _RECV and socks.get(arg) in conns) or (nr in _WAIT and remotes):
-                waits += 1
-        return remotes, waits
-
-    def _tcp(self, pid: int) -> dict[int, str]:
-        """Established TCP connections of ``pid``'s network namespace: socket inode -> remote ``addr:port``
-        (/proc/<pid>/net/tcp and tcp6, Documentation/networking/proc_net_tcp.rst)."""
-        out: dict[int, str] = {}
-        for name in ("tcp", "tcp6"):
-            try:
-                text = read_text(self.ctx.proc(pid, "net", name), limit=NET_TCP_MAX)
-            except OSError:
-                continue
-            out.update(parse_tcp(text))
-        return out
-
-    # ---- cgroups ----------------------------------------------------------------------------------------------
+        # ---- cgroups ----------------------------------------------------------------------------------------------
 
     def _version(self) -> int | None:
         """2 when the unified hierarchy is mounted at the cgroup root, 1 for per-controller mounts, else None."""
@@ -610,15 +538,81 @@ def _with_member(info: CgroupInfo, pid: int) -> CgroupInfo:
     return dataclasses.replace(info, members=info.members | {pid})
 
 
-# /proc/<pid>/task/<tid>/syscall: "<nr> <arg0> ..." of a thread blocked in a system call (proc(5)). Receives
-# whose first argument is a socket descriptor, and waits on descriptors (poll, select, epoll) -- a socket read
-# with a timeout waits in those -- by architecture (arch/x86/entry/syscalls/syscall_64.tbl,
-# include/uapi/asm-generic/unistd.h).
-_SYSCALLS = {
-    "x86_64": ({0, 17, 19, 45, 47, 299}, {7, 23, 232, 270, 271, 281, 441}),
-    "aarch64": ({63, 65, 67, 207, 212, 243}, {22, 72, 73, 441}),
-}
-_RECV, _WAIT = _SYSCALLS.get(os.uname().machine, (set(), set()))
+# ---- the network side of a worker, and pipes ------------------------------------------------------------------
+
+ProcPath = Callable[..., Path]
+
+
+def _network(proc: ProcPath, pid: int, tcp: dict[str, dict[int, str]]) -> tuple[tuple[str, ...], int]:
+    """(remote ends of its established TCP connections, threads waiting to receive) of one process; nothing
+    when its files cannot be read (gone, or not ours)."""
+    socks: dict[int, int] = {}  # fd -> socket inode
+    fd_dir = proc(pid, "fd")
+    try:
+        for name in os.listdir(fd_dir):
+            with contextlib.suppress(OSError):
+                link = os.readlink(os.path.join(fd_dir, name))
+                if link.startswith("socket:[") and name.isdigit():
+                    socks[int(name)] = int(link[8:-1])
+    except OSError:
+        return (), 0
+    if not socks:
+        return (), 0
+    try:
+        ns = os.readlink(proc(pid, "ns", "net"))
+    except OSError:
+        ns = f"pid {pid}"
+    conns = tcp.get(ns)
+    if conns is None:
+        conns = tcp[ns] = _tcp(proc, pid)
+    remotes = tuple(sorted({conns[i] for i in socks.values() if i in conns}))
+    waits = 0
+    try:
+        tids = os.listdir(proc(pid, "task"))
+    except OSError:
+        return remotes, 0
+    for tid in tids[:MAX_NET_THREADS]:
+        try:
+            text = read_text(proc(pid, "task", tid, "syscall"), limit=CHUNK)
+        except OSError:
+            continue
+        call = _blocking_call(text)
+        if call is None:
+            continue
+        nr, arg = call
+        if (nr in syscalls.RECEIVES and socks.get(arg) in conns) or (nr in syscalls.WAITS and remotes):
+            waits += 1
+    return remotes, waits
+
+def _tcp(proc: ProcPath, pid: int) -> dict[int, str]:
+    """Established TCP connections of ``pid``'s network namespace: socket inode -> remote ``addr:port``
+    (/proc/<pid>/net/tcp and tcp6, Documentation/networking/proc_net_tcp.rst)."""
+    out: dict[int, str] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            text = read_text(proc(pid, "net", name), limit=NET_TCP_MAX)
+        except OSError:
+            continue
+        out.update(parse_tcp(text))
+    return out
+
+
+def _pipes(proc: ProcPath, pid: int) -> set[int]:
+    """Inodes of the pipes ``pid`` holds on descriptors 3 and up (/proc/<pid>/fd links ``pipe:[N]``)."""
+    fd_dir = proc(pid, "fd")
+    out: set[int] = set()
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return out
+    for name in names[:MAX_FDS]:
+        if not name.isdigit() or int(name) < 3:
+            continue
+        with contextlib.suppress(OSError):
+            link = os.readlink(os.path.join(fd_dir, name))
+            if link.startswith("pipe:["):
+                out.add(int(link[6:-1]))
+    return out
 
 
 def _blocking_call(text: str) -> tuple[int, int] | None:
