@@ -21,7 +21,7 @@ def test_eight_starved_workers_say_the_cpu_they_want_beside_saturated() -> None:
     workers = tuple(ProcLoad(200 + i, "pt_data_worker", 100, 0.05, False) for i in range(8))
     threads = tuple(ThreadLoad(200 + i, 200 + i, "pt_data_worker", 0.05, 0.02, "R", 0.9, None, False)
                     for i in range(8))
-    s = shape(threads + (ThreadLoad(100, 100, "python", 0.01, 0.1, "S"),),
+    s = shape((*threads, ThreadLoad(100, 100, "python", 0.01, 0.1, "S")),
               (ProcLoad(100, "python", 1, 0.01, True), *workers))
     cause, _, why = _cpu_verdict(s, input_side(s))
     assert cause == "input_bound"
