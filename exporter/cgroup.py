@@ -31,6 +31,7 @@ _UNIT = re.compile(r"^[A-Za-z0-9:_.@\\-]+\.(service|scope)$")
 # systemd slices and scopes that hold many unrelated processes: never a workload's own group.
 _SHARED = frozenset({"init.scope", "system.slice", "user.slice", "machine.slice", "kubepods.slice", "kubepods",
                      "slurmstepd.scope", "containerd.service", "docker.service", "crio.service", "kubelet.service"})
+OWN_CGROUP = "cgroup"  # the kind of a group known only as a GPU process's own cgroup
 RUNTIMES = {"cri-containerd": "containerd", "containerd": "containerd", "crio": "cri-o", "docker": "docker"}
 NO_LIMIT = None
 
@@ -91,7 +92,7 @@ class Owner:
     """Who a cgroup path belongs to, and which ancestor of it is the workload's group (None: none is)."""
 
     group: str | None  # the container / job / unit cgroup: every process below it is in the same workload
-    kind: str | None  # "container", "slurm_job" or "unit"
+    kind: str | None  # "container", "slurm_job", "unit" or "cgroup" (own_group)
     container_id: str | None = None
     runtime: str | None = None
     pod_uid: str | None = None
@@ -124,6 +125,17 @@ def owner_of(path: str) -> Owner:
         if _UNIT.match(part) and not part.endswith(".slice"):
             return Owner("/" + "/".join(parts[:i + 1]), "unit", unit=part)
     return Owner(None, None, pod_uid=pod_uid)
+
+
+def own_group(path: str) -> Owner:
+    """A process's own cgroup as its group when no owner is recognised in the path (:func:`owner_of`): any path
+    below the root and outside the shared slices (``system.slice`` ...), whatever made it -- its CPU quota,
+    cpuset and memory limit apply all the same (YARN ``/hadoop-yarn/container_*``, LXC ``/lxc.payload.c1``,
+    podman on cgroupfs ``/libpod_parent/libpod-<id>``, ``cgcreate -g cpu:/trainer``)."""
+    parts = [p for p in path.split("/") if p]
+    if not parts or parts[-1] in _SHARED or parts[-1].endswith(".slice"):
+        return Owner(None, None)
+    return Owner("/" + "/".join(parts), OWN_CGROUP)
 
 
 def ancestors(path: str) -> list[str]:

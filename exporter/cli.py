@@ -192,6 +192,19 @@ def check_simulation(settings: Settings) -> None:
         raise ConfigError(f"--simulate: {e}") from e
 
 
+def check_simulated_gpu(settings: Settings) -> None:
+    """The GPU file ``--simulate-gpu`` names must load; ConfigError with the loader's message otherwise."""
+    if not settings["simulate-gpu"]:
+        return
+    from exporter.sim import realgpu
+    from exporter.sim.scenario import ScenarioError
+
+    try:
+        realgpu.load(settings["simulate-gpu"])
+    except ScenarioError as e:
+        raise ConfigError(f"--simulate-gpu: {e}") from e
+
+
 def _examples(kind: str | None) -> int:
     for k in sorted(examples.SOURCES) if kind is None else [kind]:
         for f in examples.files(k):
@@ -219,6 +232,7 @@ def _run(argv: Sequence[str] | None) -> int:
     try:
         settings = settings_from_args(ns, collectors)
         check_simulation(settings)
+        check_simulated_gpu(settings)
     except ConfigError as e:
         print(f"gpufeed {ns.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -233,6 +247,12 @@ def _run(argv: Sequence[str] | None) -> int:
         return 0
     from exporter.daemon import run_daemon
 
+    if settings["simulate-gpu"]:
+        # A real host, a simulated GPU: the fake NVML, its state driven from the file (exporter.sim.realgpu).
+        from exporter.sim import realgpu
+
+        fake, driver = realgpu.start(settings["simulate-gpu"])
+        return run_daemon(settings, nvml=fake, cleanup=driver.stop)
     if not settings["simulate"]:
         return run_daemon(settings)
     # --simulate: child processes render the scenario's host; the daemon only reads it (exporter.sim.live).

@@ -88,6 +88,9 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
            "--collector.derived.window, which reads them (raise both together)."),
     Option("simulate", "str", "", "Serve a scenario's simulated host instead of the real one: a file, or the name "
            "of a shipped scenario (gpufeed examples)."),
+    Option("simulate-gpu", "str", "", "Serve this real host with a simulated GPU: utilisation phases and NVML's "
+           "process list (pids of real processes) from this file, through the strict fake NVML "
+           "(docs/simulator.md, \"A simulated GPU on a real host\")."),
     Option("simulate-speed", "float", 1.0, "Play the simulated scenario this many times faster than real time "
            f"(at most {MAX_SIMULATE_SPEED:g}); intervals, rates and windows stay in scenario time."),
     *capture_options.CAPTURE_OPTIONS,
@@ -232,6 +235,9 @@ def resolve(
         # Ignored, it served the real host at its own pace while the operator believed in a 10x replay.
         raise ConfigError("--simulate-speed: needs --simulate (the speed of a simulated scenario; the real host "
                           "runs in real time)")
+    if values["simulate"] and values["simulate-gpu"]:
+        raise ConfigError("--simulate and --simulate-gpu exclude each other (the first simulates the whole host, "
+                          "the second only its GPU)")
     if values["simulate"]:
         from exporter.examples import ExampleError, scenario
 

@@ -15,6 +15,11 @@ classifier window, and the cgroup counters give the window at least three sample
   root (``cpu.max`` / ``cpu.cfs_quota_us``) and its throttling (``cpu.stat``), the effective cpuset, the
   memory limit and usage, ``memory.events`` (v1: ``memory.failcnt``, ``memory.oom_control``) and, v2 only,
   ``{cpu,memory,io}.pressure``;
+- for a GPU process whose parent is not init: the pipes it holds beyond stdio (``/proc/<pid>/fd``), and those
+  of its siblings -- a sibling sharing one (a launcher's queue to a decode service) joins its workload;
+- for each worker process (no GPU context): its established TCP connections (``fd`` -> socket inode ->
+  ``/proc/<pid>/net/tcp{,6}``, once per network namespace) and its threads asleep receiving on them
+  (``task/<tid>/syscall``): a loader waiting on an object store;
 - with ``--collector.workload.container-env`` (default on) and a GPU that NVML shows no process for (a
   container in another pid namespace): ``NVIDIA_VISIBLE_DEVICES`` from one process of each container
   (``/proc/<pid>/environ``, once per container; no other variable is kept), so the container the device
@@ -31,7 +36,10 @@ unknown (logged once, named in the sample); an unreadable hierarchy leaves the t
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
+import ipaddress
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -40,7 +48,7 @@ from types import MappingProxyType
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter import cgroup as cg
-from exporter import log
+from exporter import log, syscalls
 from exporter.collectors import register
 from exporter.collectors.pressure import parse_psi
 from exporter.cpulist import CpulistError, parse_cpulist
@@ -58,6 +66,10 @@ LIMITS_EVERY = 6  # passes between re-reads of a group's quota and memory limit 
 KINDS = ("container", "slurm_job", "unit")
 # The largest number a cgroup counter or limit holds (the kernel's are u64); past it a value is unknown.
 COUNTER_MAX = 1 << 64
+MAX_SIBLINGS = 32  # siblings of one GPU process whose descriptors are read
+MAX_FDS = 1024  # descriptors of one process looked at for pipes
+MAX_NET_THREADS = 64  # threads of one worker process whose system call is read
+NET_TCP_MAX = 4 << 20  # /proc/net/tcp of a namespace with ~30,000 connections
 
 
 @register
@@ -119,8 +131,15 @@ class WorkloadCollector(Collector):
             if version is None:
                 continue
             owner = cg.owner_of(m.path)
+            if owner.group is None:
+                # A path no orchestrator's naming is recognised in (YARN, LXC, podman on cgroupfs, a hand-made
+                # group): its limits apply all the same. The process's own cgroup is read for them; its other
+                # processes are not taken as the workload's (nothing says they are the job's).
+                owner = cg.own_group(m.path)
+                if owner.group is not None and owner.group in groups:
+                    groups[owner.group] = _with_member(groups[owner.group], pid)
             if owner.group is not None and owner.group not in groups:
-                groups[owner.group] = self._group(owner, m, version)
+                groups[owner.group] = self._group(owner, m, version, root=pid)
         if version is not None and self.container_env and any(not v for v in by_gpu.values()):
             for path in self._gpu_containers(version):
                 if path not in groups:
@@ -132,22 +151,32 @@ class WorkloadCollector(Collector):
         keep = self._relevant(roots, groups)
         if self._reused(keep - fresh):  # a pid of the workload is another process now: follow the new tree
             keep = self._relevant(roots, groups)
+        peers = self._piped_siblings(roots, keep)
+        keep |= self._descendants(peers)
         nodes: dict[int, ProcNode] = {}
         group_of = {pid: path for path, info in groups.items() for pid in info.members}
+        tcp: dict[str, dict[int, str]] = {}  # per network namespace: socket inode -> remote end
         for pid in sorted(keep):
             node = self._table.get(pid)
             if node is None:
                 continue
-            nodes[pid] = ProcNode(node.pid, node.ppid, node.comm, node.start, group_of.get(pid))
+            remotes, waits = ((), 0) if pid in roots else _network(self.ctx.proc, pid, tcp)
+            nodes[pid] = ProcNode(node.pid, node.ppid, node.comm, node.start, group_of.get(pid), remotes, waits,
+                                  peers.get(pid, 0))
         self.ctx.targets.publish_workload(p for p in nodes if p not in roots)
         return WorkloadSample(processes=MappingProxyType(nodes), groups=MappingProxyType(groups),
                               cgroup_version=version, note=note)
 
-    def _relevant(self, roots: frozenset[int], groups: Mapping[str, CgroupInfo]) -> set[int]:
-        """The GPU processes, their descendants and their groups' members (and their descendants), bounded."""
+    def _children(self) -> dict[int, list[int]]:
+        """Parent pid -> its children's pids, from the process table."""
         children: dict[int, list[int]] = {}
         for node in self._table.values():
             children.setdefault(node.ppid, []).append(node.pid)
+        return children
+
+    def _relevant(self, roots: frozenset[int], groups: Mapping[str, CgroupInfo]) -> set[int]:
+        """The GPU processes, their descendants and their groups' members (and their descendants), bounded."""
+        children = self._children()
         out: set[int] = set()
         todo = [p for p in sorted(roots) if p in self._table]
         for info in groups.values():
@@ -225,7 +254,42 @@ class WorkloadCollector(Collector):
                 self.log.warning("workload_cgroup_malformed", pid=pid, file=f"/proc/{pid}/cgroup", reason=str(e))
             return None
 
-    # ---- cgroups ----------------------------------------------------------------------------------------------
+    # ---- siblings that feed a GPU process ----------------------------------------------------------------------
+
+    def _piped_siblings(self, roots: frozenset[int], keep: set[int]) -> dict[int, int]:
+        """Siblings of each GPU process (children of its parent, not init's) that share a pipe with it on a
+        descriptor beyond stdio: sibling pid -> GPU pid. A launcher's queue between a decode service and the
+        trainer is such a pipe; a pipe both inherited as stdout (a supervisor's log) is not counted."""
+        out: dict[int, int] = {}
+        children = self._children()
+        for root in sorted(roots):
+            gpu = self._table.get(root)
+            if gpu is None or gpu.ppid <= 1:
+                continue
+            siblings = [p for p in sorted(children.get(gpu.ppid, ())) if p not in keep and p not in roots]
+            if not siblings:
+                continue
+            mine = _pipes(self.ctx.proc, root)
+            if not mine:
+                continue
+            for sib in siblings[:MAX_SIBLINGS]:
+                if sib not in out and mine & _pipes(self.ctx.proc, sib):
+                    out[sib] = root
+        return out
+
+    def _descendants(self, pids: Mapping[int, int]) -> set[int]:
+        """``pids`` and their descendants in the process table (bounded like the workload)."""
+        children = self._children()
+        out: set[int] = set()
+        todo = list(pids)
+        while todo and len(out) < self.max_processes:
+            pid = todo.pop()
+            if pid not in out:
+                out.add(pid)
+                todo.extend(children.get(pid, ()))
+        return out
+
+        # ---- cgroups ----------------------------------------------------------------------------------------------
 
     def _version(self) -> int | None:
         """2 when the unified hierarchy is mounted at the cgroup root, 1 for per-controller mounts, else None."""
@@ -276,12 +340,16 @@ class WorkloadCollector(Collector):
                 del got[key]
         return got
 
-    def _group(self, owner: cg.Owner, m: cg.Membership | None, version: int) -> CgroupInfo:
-        """The group's members, limits, counters and pressure; failures leave values unknown (logged once)."""
+    def _group(self, owner: cg.Owner, m: cg.Membership | None, version: int, root: int | None = None) -> CgroupInfo:
+        """The group's members, limits, counters and pressure; failures leave values unknown (logged once). A
+        group known only as a GPU process's own cgroup (kind ``cgroup``) lists that process alone."""
         assert owner.group is not None and owner.kind is not None
         path = owner.group
         errors: list[str] = []
-        members = self._members(self._dir(version, "cpu", path, m), errors)
+        if owner.kind == cg.OWN_CGROUP:
+            members = {root} if root is not None else set()
+        else:
+            members = self._members(self._dir(version, "cpu", path, m), errors)
         info = self._v2(path, errors) if version == 2 else self._v1(path, m, errors)
         env = self._visible(path, members) if owner.kind == "container" and self.container_env else None
         for err in errors:
@@ -359,6 +427,10 @@ class WorkloadCollector(Collector):
                 "memory_max": min(mem) if mem else None}
 
     def _limits_v1(self, path: str, m: cg.Membership | None, errors: list[str]) -> dict[str, object]:
+        # On v1 each controller has its own hierarchy: a process's cpu and memory paths may differ (a group made
+        # in one only). The path named is its cpu path; the memory limit is read on its memory path.
+        mem_path = _own(m, "memory", path)
+
         def quota(p: str, errs: list[str]) -> object | None:
             d = self._dir(1, "cpu", p, m)
             qt, pt = self._read(d / "cpu.cfs_quota_us", errs), self._read(d / "cpu.cfs_period_us", errs)
@@ -376,7 +448,7 @@ class WorkloadCollector(Collector):
         if cpus is None:
             cpus = self._parsed(sdir / "cpuset.cpus", errors, lambda t: parse_cpulist(t.strip()))
         limits = [self._parsed(self._dir(1, "memory", p, m) / "memory.limit_in_bytes", errors,
-                               lambda t: cg.parse_memory_limit(t, 1)) for p in cg.ancestors(path)]
+                               lambda t: cg.parse_memory_limit(t, 1)) for p in cg.ancestors(mem_path)]
         mem = [x for x in limits if isinstance(x, int)]
         return {"cpuset": cpus if cpus else None, "quota_cores": q, "quota_path": qpath,
                 "memory_max": min(mem) if mem else None}
@@ -401,13 +473,14 @@ class WorkloadCollector(Collector):
         lim = self._limits(path, 1, m, errors)
         qpath = lim["quota_path"]
         stat = self._parsed(self._dir(1, "cpu", str(qpath or path), m) / "cpu.stat", errors, cg.parse_flat_keyed)
-        usage = self._parsed(self._dir(1, "cpuacct", path, m) / "cpuacct.usage", errors, lambda t: int(t.strip()))
+        usage = self._parsed(self._dir(1, "cpuacct", _own(m, "cpuacct", path), m) / "cpuacct.usage", errors,
+                             lambda t: int(t.strip()))
         cpu = None
         if isinstance(stat, dict):
             thr = stat.get("throttled_time")  # nanoseconds (Documentation/scheduler/sched-bwc.rst)
             cpu = CgroupCpu(usage_s=usage / 1e9 if isinstance(usage, int) else None, nr_periods=stat.get("nr_periods"),
                             nr_throttled=stat.get("nr_throttled"), throttled_s=None if thr is None else thr / 1e9)
-        mdir = self._dir(1, "memory", path, m)
+        mdir = self._dir(1, "memory", _own(m, "memory", path), m)
         current = self._parsed(mdir / "memory.usage_in_bytes", errors, lambda t: int(t.strip()))
         ev: dict[str, int] = {}
         failcnt = self._parsed(mdir / "memory.failcnt", errors, lambda t: int(t.strip()))
@@ -483,3 +556,122 @@ class WorkloadCollector(Collector):
         yield procs
         yield groups
 
+
+def _own(m: cg.Membership | None, controller: str, path: str) -> str:
+    """The process's own path in ``controller``'s v1 hierarchy where it is in a group there, else ``path``."""
+    hit = m.v1(controller) if m is not None else None
+    return hit[1] if hit is not None and hit[1] != "/" else path
+
+
+def _with_member(info: CgroupInfo, pid: int) -> CgroupInfo:
+    """A GPU process's own cgroup, read for another GPU process already: this one is in it too."""
+    return dataclasses.replace(info, members=info.members | {pid})
+
+
+# ---- the network side of a worker, and pipes ------------------------------------------------------------------
+
+ProcPath = Callable[..., Path]
+
+
+def _network(proc: ProcPath, pid: int, tcp: dict[str, dict[int, str]]) -> tuple[tuple[str, ...], int]:
+    """(remote ends of its established TCP connections, threads waiting to receive) of one process; nothing
+    when its files cannot be read (gone, or not ours)."""
+    socks: dict[int, int] = {}  # fd -> socket inode
+    fd_dir = proc(pid, "fd")
+    try:
+        for name in os.listdir(fd_dir):
+            with contextlib.suppress(OSError):
+                link = os.readlink(os.path.join(fd_dir, name))
+                if link.startswith("socket:[") and name.isdigit():
+                    socks[int(name)] = int(link[8:-1])
+    except OSError:
+        return (), 0
+    if not socks:
+        return (), 0
+    try:
+        ns = os.readlink(proc(pid, "ns", "net"))
+    except OSError:
+        ns = f"pid {pid}"
+    conns = tcp.get(ns)
+    if conns is None:
+        conns = tcp[ns] = _tcp(proc, pid)
+    remotes = tuple(sorted({conns[i] for i in socks.values() if i in conns}))
+    waits = 0
+    try:
+        tids = os.listdir(proc(pid, "task"))
+    except OSError:
+        return remotes, 0
+    for tid in tids[:MAX_NET_THREADS]:
+        try:
+            text = read_text(proc(pid, "task", tid, "syscall"), limit=CHUNK)
+        except OSError:
+            continue
+        call = _blocking_call(text)
+        if call is None:
+            continue
+        nr, arg = call
+        if (nr in syscalls.RECEIVES and socks.get(arg) in conns) or (nr in syscalls.WAITS and remotes):
+            waits += 1
+    return remotes, waits
+
+def _tcp(proc: ProcPath, pid: int) -> dict[int, str]:
+    """Established TCP connections of ``pid``'s network namespace: socket inode -> remote ``addr:port``
+    (/proc/<pid>/net/tcp and tcp6, Documentation/networking/proc_net_tcp.rst)."""
+    out: dict[int, str] = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            text = read_text(proc(pid, "net", name), limit=NET_TCP_MAX)
+        except OSError:
+            continue
+        out.update(parse_tcp(text))
+    return out
+
+
+def _pipes(proc: ProcPath, pid: int) -> set[int]:
+    """Inodes of the pipes ``pid`` holds on descriptors 3 and up (/proc/<pid>/fd links ``pipe:[N]``)."""
+    fd_dir = proc(pid, "fd")
+    out: set[int] = set()
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return out
+    for name in names[:MAX_FDS]:
+        if not name.isdigit() or int(name) < 3:
+            continue
+        with contextlib.suppress(OSError):
+            link = os.readlink(os.path.join(fd_dir, name))
+            if link.startswith("pipe:["):
+                out.add(int(link[6:-1]))
+    return out
+
+
+def _blocking_call(text: str) -> tuple[int, int] | None:
+    """(system call number, first argument) of a thread blocked in a call; None when running or not blocked."""
+    parts = text.split()
+    if len(parts) < 2 or not parts[0].isdigit():
+        return None  # "running", or "-1 ..." (blocked, not in a system call)
+    try:
+        return int(parts[0]), int(parts[1], 16)
+    except ValueError:
+        return None
+
+
+def parse_tcp(text: str) -> dict[int, str]:
+    """/proc/net/tcp{,6}: socket inode -> remote ``addr:port`` of each ESTABLISHED (01) connection."""
+    out: dict[int, str] = {}
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 10 or f[3] != "01" or not f[9].isdigit():
+            continue
+        addr, _, port = f[2].partition(":")
+        try:
+            raw = bytes.fromhex(addr)
+            # The address is the kernel's __be32 words printed as host-order hex: reverse each 4-byte word.
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = ipaddress.ip_address(words)
+            mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+            host = str(mapped or ip)
+            out[int(f[9])] = f"[{host}]:{int(port, 16)}" if ":" in host else f"{host}:{int(port, 16)}"
+        except ValueError:
+            continue
+    return out

@@ -46,7 +46,7 @@ from exporter.derived.workload import workloads
 from exporter.names import STATES, WAITING_CAUSES
 from exporter.samples.capture import CaptureNote, CaptureStats
 from exporter.samples.derived import GAP_BUCKETS, DerivedState, Finding, GpuActivity, GpuVerdict, WorkloadSummary
-from exporter.samples.gpu import GpuFast, GpuIdentity, GpuKey, GpuSample
+from exporter.samples.gpu import GpuFast, GpuIdentity, GpuKey, GpuSample, GpuSlow
 from exporter.sampling import CPU_WINDOW_MAX, UNCHANGED, NoDataError, Option, SamplerSpec, Stage, Targets, Unchanged
 from exporter.snapshot import Snapshot, Stamped
 
@@ -114,6 +114,7 @@ class _Judged:
     util: float | None  # mean utilisation over the window: the tripwire's baselines (with the two below)
     shape_mean: float  # mean of the burstiness points (SM activity with GPM)
     idle_ratio: float
+    processes: frozenset[int] = frozenset()  # NVML's processes of the GPU it judged (a change is a tripwire)
 
 
 @dataclass
@@ -349,7 +350,8 @@ class Analyzer(Stage):
                                     busy=ev.busy, waiting=ev.waiting, waiting_pids=frozenset(pids),
                                     agreed=cand.cause == st.settled.cause and st.settled.pending is None,
                                     util=view.util, shape_mean=view.burst.mean,
-                                    idle_ratio=view.burst.idle_ratio)
+                                    idle_ratio=view.burst.idle_ratio,
+                                    processes=_nvml_pids(snap.value(names.GPU_SLOW), idx))
             if keys[0].mig is not None:
                 gpu_found, links = mig_gpu_findings(idx, w, views)
                 found.extend(gpu_found)
@@ -392,7 +394,8 @@ class Analyzer(Stage):
         has not changed within the window, it was evaluated less than --stable-interval ago -- and its newest
         activity has not moved from what that evaluation saw. That holds for a waiting GPU too, once its
         cause has held for the window: its waiting seconds then advance at each evaluation (integrals, exact
-        whenever they are read), its deep evidence keeps being sampled, and a change of shape trips it. A GPU
+        whenever they are read), its deep evidence keeps being sampled, and a change of shape or of the GPU's
+        NVML processes (a job that ends, another that starts) trips it. A GPU
         in MIG mode (judged per instance), a lost one and a new one are evaluated every run."""
         if idx in lost or keys[0].mig is not None:
             return True
@@ -402,6 +405,8 @@ class Analyzer(Stage):
             return True
         if now - st.evaluated_t >= self.stable_s - 1e-9 or now - st.settled.since < self.window_s:
             return True
+        if _nvml_pids(self._engine.snapshot.value(names.GPU_SLOW) if self._engine else None, idx) != j.processes:
+            return True  # a job ended or another started: its verdict must not name the one that left
         return self._moved(idx, ident, j, st.evaluated_t, now)
 
     def _moved(self, idx: int, ident: GpuIdentity, j: _Judged, since: float, now: float) -> bool:
@@ -557,3 +562,9 @@ def _captures(snap: Snapshot) -> Mapping[int, CaptureNote]:
     """Each GPU's newest capture (the capture stage's sample; {} when captures are off)."""
     stats = snap.value(names.CAPTURE)
     return stats.newest if isinstance(stats, CaptureStats) else {}
+
+
+def _nvml_pids(slow: object, idx: int) -> frozenset[int]:
+    """The pids NVML lists on GPU ``idx`` in the newest slow sample (empty when none is there)."""
+    g = slow.gpus.get(idx) if isinstance(slow, GpuSample) else None
+    return frozenset(p.pid for p in g.processes) if isinstance(g, GpuSlow) else frozenset()

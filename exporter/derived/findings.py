@@ -350,9 +350,13 @@ def quota_throttled(index: int, shape: CpuShape, waiting: bool) -> Finding | Non
 
 def cpu_contention(index: int, shape: CpuShape, waiting: bool) -> Finding | None:
     """A workload thread that wants to run waits for a CPU (schedstat run delay) while the GPU waits, and not
-    because of its own quota: other jobs hold its CPUs."""
+    because of its own quota nor its own threads outnumbering its CPUs (``num_workers`` above the cores):
+    other jobs hold its CPUs."""
     if not waiting or (shape.throttled_ratio or 0.0) >= 0.1:
         return None
+    cap = shape.capacity_cores if shape.capacity_cores is not None else float(max(1, shape.allowed_cpus))
+    if shape.oversubscribed(cap):
+        return None  # its own threads queue for its CPUs: the verdict says so, no neighbour is to blame
     worst = max((t for t in shape.threads if t.cores + t.run_delay >= 0.5), key=lambda t: t.run_delay, default=None)
     if worst is None or worst.run_delay < CONTENTION_RUN_DELAY:
         return None
@@ -397,7 +401,8 @@ def workload_memory_pressure(index: int, who: str, events: Mapping[str, int], ps
         why.append(f"{events['oom_kill']} OOM kills")
         severity = "critical"
     if events.get("max", 0) >= MEMORY_EVENTS_MIN:
-        lim = "" if limit is None else f" of {limit / (1 << 30):.1f} GiB"
+        lim = "" if limit is None else (f" of {limit / (1 << 30):.1f} GiB" if limit >= 1 << 30
+                                        else f" of {limit / (1 << 20):.0f} MiB")
         why.append(f"{events['max']} hits of its memory limit{lim}")
     if events.get("high", 0) >= MEMORY_EVENTS_MIN:
         why.append(f"{events['high']} memory.high throttling events")

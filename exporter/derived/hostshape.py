@@ -24,6 +24,9 @@ from exporter.snapshot import Stamped
 # A data-loader worker at >= 0.6 core in mostly user time is "busy"; a core >= 85% busy is saturated.
 WORKER_CORE = 0.6
 SATURATED_CORE = 0.85
+# A workload whose threads want this many cores more than it may use fills its CPUs by itself: one thread
+# waiting behind a neighbour on its only CPU wants 1.0 of 1, four workers on two CPUs want 4 of 2.
+OVERSUBSCRIBED_MARGIN = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +93,35 @@ class CpuShape:
     group_io_some: float | None = None  # the workload cgroup's io.pressure "some" share
     group: str = ""  # the workload's container / job / unit, for evidence ("" when none)
     notes: tuple[str, ...] = ()  # what the workload view could not see
+    # CPU of processes no sample saw twice: children its processes reaped in the window (cutime + cstime:
+    # data-loader workers re-forked every short epoch), and what the workload's own cgroup used beyond every
+    # process seen (its cpu.stat usage).
+    reaped: tuple[tuple[int, float], ...] = ()  # (parent pid, cores its exited children used), busiest first
+    unseen_cores: float = 0.0
+    # Worker processes holding TCP connections: (pid, threads waiting to receive, remote ends).
+    network: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
+
+    @property
+    def reaped_cores(self) -> float:
+        return sum(c for _, c in self.reaped)
 
     @property
     def used_cores(self) -> float | None:
-        """CPU the whole workload uses (its processes), else the GPU processes', else None."""
+        """CPU the whole workload uses (its processes, their reaped children, what its own cgroup used beyond
+        them), else the GPU processes', else None."""
         if self.processes:
-            return sum(p.cores for p in self.processes)
+            return sum(p.cores for p in self.processes) + self.reaped_cores + self.unseen_cores
         return self.process_cores
+
+    @property
+    def own_demand(self) -> float:
+        """Cores the workload's threads want (CPU used plus time runnable but waiting): with more of them busy
+        than it has CPUs, its run delay is its own run queue, whoever else runs there."""
+        return sum(t.demand for t in self.threads)
+
+    def oversubscribed(self, capacity: float) -> bool:
+        """Whether its threads alone want at least half a core more than ``capacity``."""
+        return self.own_demand >= capacity + OVERSUBSCRIBED_MARGIN
 
     @property
     def hot(self) -> ThreadLoad | None:
@@ -244,6 +269,42 @@ def process_loads(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[P
     return tuple(out)
 
 
+def reaped_loads(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[ProcSample]],
+                 pids: Collection[int]) -> tuple[tuple[int, float], ...]:
+    """Per process of ``pids``: the cores its children that exited in the window used (the growth of its
+    cutime + cstime), less what was already counted for the children sampled before they exited (their CPU
+    up to their last sample); busiest first, processes under 0.05 core left out."""
+    out: list[tuple[int, float]] = []
+    for pid in pids:
+        seen = _seen(procs, deep, pid)
+        if len(seen) < 2 or seen[-1][0] <= seen[0][0]:
+            continue
+        (t0, p0), (t1, p1) = seen[0], seen[-1]
+        reaped = p1.children_cpu - p0.children_cpu
+        if reaped <= 0:
+            continue
+        # Children sampled in the window and gone by its end were counted up to their last sample already.
+        alive = {q for w in (procs, deep) if w for q in w[-1].value.processes}
+        gone = {c.pid for w in (procs, deep) for st in w for c in st.value.processes.values()
+                if c.ppid == pid and c.pid in pids and c.pid not in alive}
+        reaped -= sum(_last_cpu(procs, deep, c, t1) for c in gone)
+        cores = max(0.0, reaped) / (t1 - t0)
+        if cores >= 0.05:
+            out.append((pid, cores))
+    out.sort(key=lambda x: (-x[1], x[0]))
+    return tuple(out)
+
+
+def _last_cpu(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[ProcSample]], pid: int,
+              until: float) -> float:
+    """A process's cumulative CPU (its own and its reaped children's) at its last sample up to ``until``."""
+    seen = [(t, p) for t, p in _seen(procs, deep, pid) if t <= until]
+    if not seen:
+        return 0.0
+    p = seen[-1][1]
+    return p.utime + p.stime + p.children_cpu
+
+
 def storage_reads(procs: Sequence[Stamped[ProcSample]], deep: Sequence[Stamped[ProcSample]],
                   pids: Collection[int]) -> float | None:
     """Bytes per second the processes read from storage (read_bytes), None when no process shows it."""
@@ -378,6 +439,7 @@ def cpu_shape(
         read_syscalls_per_s=rcalls if have_io else None,
         processes=process_loads(procs, deep, pids, context) if context is not None else (),
         storage_read_bytes_per_s=storage_reads(procs, deep, pids),
+        reaped=reaped_loads(procs, deep, pids) if context is not None else (),
     )
 
 

@@ -92,18 +92,31 @@ def link_peak(view: GpuView, capacity: float | None) -> float | None:
     return max(view.rx_peak_bytes_per_s or 0.0, view.tx_peak_bytes_per_s or 0.0) / capacity
 
 
-def corroborated(shape: CpuShape) -> str:
+CACHE_HIT_STORAGE = 1e6  # bytes/s reaching storage below which a workload's reads are page-cache hits
+
+
+def cache_hits(shape: CpuShape, network_fs: bool = False) -> bool:
+    """Whether the workload's reads are page-cache hits: ``read_bytes`` readable and (almost) nothing reaching
+    storage, no thread blocked in D state, and no network filesystem busy on the host (whose reads a kernel
+    may not count in ``read_bytes``). ``rchar``/``syscr`` count cached reads as much as any."""
+    return (shape.storage_read_bytes_per_s is not None and shape.storage_read_bytes_per_s < CACHE_HIT_STORAGE
+            and shape.d_state_threads < 0.5 and not network_fs)
+
+
+def corroborated(shape: CpuShape, network_fs: bool = False) -> str:
     """Why the workload itself shows IO (blocked threads, its own reads, its cgroup's IO pressure), or "".
 
     Host-wide signals -- PSI, a busy disk, an NFS storm -- may come from another job on the host; they count
-    for this GPU only when its own workload shows IO too (DESIGN.md "Workloads")."""
+    for this GPU only when its own workload shows IO too (DESIGN.md "Workloads"). Reads served from the page
+    cache (:func:`cache_hits`) are no IO of its own."""
     if shape.d_state_threads >= 0.5:
         return "threads blocked in D state"
     if (shape.storage_read_bytes_per_s or 0) >= 10e6:
         return "its reads reach storage"
-    if (shape.read_bytes_per_s or 0) >= 10e6 and (shape.read_syscalls_per_s or 0) >= 100:
+    cached = cache_hits(shape, network_fs)
+    if not cached and (shape.read_bytes_per_s or 0) >= 10e6 and (shape.read_syscalls_per_s or 0) >= 100:
         return "it reads"
-    if (shape.read_syscalls_per_s or 0) >= 1000:
+    if not cached and (shape.read_syscalls_per_s or 0) >= 1000:
         return "it reads"
     if (shape.group_io_some or 0) >= 0.1:
         return "its cgroup stalls on IO"
@@ -115,7 +128,9 @@ def io_score(shape: CpuShape, io: IoSignals) -> tuple[int, list[str]]:
     when the workload corroborates them; otherwise one sentence says they were set aside)."""
     score = 0
     why: list[str] = []
-    own = corroborated(shape)
+    network_fs = (io.nfs_ops_per_s or 0) >= 10
+    own = corroborated(shape, network_fs)
+    cached = cache_hits(shape, network_fs)
     if shape.d_state_threads >= 1:
         score += 2
         why.append(f"{shape.d_state_threads:.0f} threads of pid {','.join(map(str, shape.pids))} blocked in D state")
@@ -149,16 +164,19 @@ def io_score(shape: CpuShape, io: IoSignals) -> tuple[int, list[str]]:
             score += points
             why.append(sentence)
     elif host:
-        why.append(f"host-wide IO ({host[0][1]}) set aside: this GPU's workload shows no IO of its own (no blocked "
-                   "threads, no reads) -- another job's")
+        mine = (f"no blocked threads; its {shape.read_syscalls_per_s:.0f} reads/s are page-cache hits, "
+                f"{_rate(shape.storage_read_bytes_per_s or 0)} reached storage"
+                if cached and (shape.read_syscalls_per_s or 0) >= 100 else "no blocked threads, no reads")
+        why.append(f"host-wide IO ({host[0][1]}) set aside: this GPU's workload shows no IO of its own ({mine}) -- "
+                   "another job's")
     size = shape.read_size
-    if size is not None and size < 32 * 1024 and (shape.read_syscalls_per_s or 0) >= 1000:
+    if size is not None and size < 32 * 1024 and (shape.read_syscalls_per_s or 0) >= 1000 and not cached:
         score += 1
         why.append(f"small reads: {shape.read_syscalls_per_s:.0f} read calls/s averaging {_size(size)}")
     return score, why
 
 
-POOL_CORE = 0.3  # a thread at >= 0.3 core counts in a pool of same-named threads of its process
+POOL_CORE = 0.3  # a thread wanting >= 0.3 core counts in a pool of same-named threads of its process
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,10 +187,22 @@ class InputSide:
     workers: tuple[tuple[ProcLoad, float], ...]  # (process, demand: cores + run delay), busiest first
     pools: tuple[tuple[str, int, tuple[ThreadLoad, ...]], ...]  # (name, pid, threads)
     launch: tuple[ThreadLoad, ...]  # busiest (by demand) first
+    reaped: tuple[tuple[int, float], ...] = ()  # (parent pid, cores): its children that exited in the window
+    unseen: float = 0.0  # the workload's own cgroup used this many cores beyond every process seen
 
     @property
     def cores(self) -> float:
-        return sum(p.cores for p, _ in self.workers) + sum(t.cores for _, _, ts in self.pools for t in ts)
+        return (sum(p.cores for p, _ in self.workers) + sum(t.cores for _, _, ts in self.pools for t in ts)
+                + sum(c for _, c in self.reaped) + self.unseen)
+
+    def short_lived(self) -> list[str]:
+        """The CPU of processes too short-lived to be sampled twice, one sentence each."""
+        out = [f"children of pid {pid} that exited within the window used {c:.2f} cores (their parent's cutime + "
+               "cstime: workers re-forked every epoch, DataLoader persistent_workers=False)" for pid, c in self.reaped]
+        if self.unseen:
+            out.append(f"its cgroup used {self.unseen:.2f} cores more than every process seen (cpu.stat usage: "
+                       "short-lived processes)")
+        return out
 
     def saturated(self) -> list[str]:
         """One sentence per saturated stage: a worker process at a full core, a thread of a pool at one."""
@@ -185,11 +215,13 @@ class InputSide:
             cores = sum(p.cores for p, _ in lst)
             what = "process" if len(lst) == 1 else "processes"
             out.append(f"{len(lst)} {comm} {what} of pid {ppid} at {cores:.1f} cores"
-                       + ("" if len(lst) > 1 else f" (pid {lst[0][0].pid})"))
+                       + ("" if len(lst) > 1 else f" (pid {lst[0][0].pid})") + _wanting(cores, sum(d for _, d in lst)))
         for comm, pid, ts in self.pools:
             hot = [t for t in ts if t.demand >= SATURATED_CORE]
             if hot:
-                out.append(f"{len(hot)} {comm} threads of pid {pid} at {sum(t.cores for t in hot):.2f} cores")
+                cores = sum(t.cores for t in hot)
+                out.append(f"{len(hot)} {comm} threads of pid {pid} at {cores:.2f} cores"
+                           + _wanting(cores, sum(t.demand for t in hot)))
         return out
 
     def busy(self) -> list[str]:
@@ -205,6 +237,13 @@ class InputSide:
         return out
 
 
+def _wanting(cores: float, demand: float) -> str:
+    """What makes a stage at a fraction of a core saturated: the CPU it waited for (run delay)."""
+    if demand - cores < 0.1:
+        return ""
+    return f" wanting {demand:.1f} (waiting for a CPU {_pct((demand - cores) / demand)} of their time: run delay)"
+
+
 def _most_demanding_first(t: ThreadLoad) -> tuple[float, int]:
     return -t.demand, t.tid
 
@@ -217,7 +256,9 @@ def input_side(shape: CpuShape) -> InputSide:
     ctx_threads = [t for t in shape.threads if t.context]
     named: dict[tuple[int, str], list[ThreadLoad]] = {}
     for t in ctx_threads:
-        if not t.main and t.cores >= POOL_CORE:
+        # By CPU wanted, not used: under a quota, or with more threads than cores, each decode thread gets a
+        # fraction of a core and waits the rest (run delay) -- still a pool.
+        if not t.main and t.demand >= POOL_CORE:
             named.setdefault((t.pid, t.comm), []).append(t)
     pools = tuple((comm, pid, tuple(ts)) for (pid, comm), ts in sorted(named.items()) if len(ts) >= 2)
     in_pool = {t.tid for _, _, ts in pools for t in ts}
@@ -227,7 +268,27 @@ def input_side(shape: CpuShape) -> InputSide:
             delay[t.pid] = delay.get(t.pid, 0.0) + t.run_delay
     workers = tuple((p, p.cores + delay.get(p.pid, 0.0)) for p in shape.processes if not p.context)
     launch = tuple(sorted((t for t in ctx_threads if t.tid not in in_pool), key=_most_demanding_first))
-    return InputSide(tuple(sorted(workers, key=lambda x: (-x[1], x[0].pid))), pools, launch)
+    return InputSide(tuple(sorted(workers, key=lambda x: (-x[1], x[0].pid))), pools, launch, shape.reaped,
+                     shape.unseen_cores)
+
+
+NET_IDLE_CORE = 0.3  # a worker below this while its threads wait on sockets is waiting for the network
+
+
+def network_wait(shape: CpuShape) -> list[str]:
+    """Evidence that the input pipeline waits on the network: worker processes mostly off-CPU (no D state,
+    so no iowait and no IO pressure) with threads asleep receiving on TCP connections -- an object store, an
+    HTTP or a remote data service. Empty when none waits so."""
+    cores = {p.pid: p.cores for p in shape.processes}
+    waiting = [(pid, n, remotes) for pid, n, remotes in shape.network if n > 0 and remotes]
+    if not waiting or any(cores.get(pid, 0.0) >= NET_IDLE_CORE for pid, _, _ in waiting):
+        return []
+    ends = sorted({r for _, _, rs in waiting for r in rs})
+    named = ", ".join(ends[:3]) + (f" and {len(ends) - 3} more" if len(ends) > 3 else "")
+    used = sum(cores.get(pid, 0.0) for pid, _, _ in waiting)
+    return [f"{len(waiting)} worker process{'' if len(waiting) == 1 else 'es'} at {used:.2f} cores with "
+            f"{sum(n for _, n, _ in waiting)} threads asleep receiving from {named}: the data loading waits on a "
+            "remote store (object store, HTTP or a data service), not on the CPU or a local disk"]
 
 
 def _capacity(shape: CpuShape) -> tuple[float, str]:
@@ -260,17 +321,27 @@ def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, l
     throttled = shape.throttled_ratio is not None and shape.throttled_ratio >= 0.2
     quota_note = (f"throttled by the quota: {_pct(shape.throttled_ratio or 0)} of CFS periods "
                   f"({shape.quota_cores:.2g}-CPU limit)") if throttled and shape.quota_cores else ""
-    cap_bound = used is not None and used >= SATURATED_CORE * cap
+    # At its capacity: using nearly all of it, or -- what the kernel counted -- throttled by a quota that is
+    # the capacity (on a busy host the group may use less than its quota in the window and still hit it).
+    cap_bound = used is not None and (used >= SATURATED_CORE * cap
+                                      or (throttled and shape.quota_cores is not None and shape.quota_cores <= cap))
     group = f" of {shape.group}" if shape.group else ""
     sat = side.saturated()
     hot = side.launch[0] if side.launch else None
-    launch_sat = hot is not None and hot.demand >= LAUNCH_CORE
-    extra = [x for x in (quota_note,) if x]
+    # A quota the workload fills puts every runnable thread in run delay: the capacity, not one thread, binds
+    # then, unless that thread holds most of what the workload uses.
+    launch_sat = hot is not None and hot.demand >= LAUNCH_CORE and not (
+        cap_bound and throttled and used is not None and hot.cores < 0.5 * used)
+    own_queue = (f"its threads want {shape.own_demand:.1f} cores on {cap_why}: the workload's own run queue "
+                 "(more busy workers or threads than CPUs -- lower num_workers, or give it more CPUs)"
+                 ) if not throttled and shape.oversubscribed(cap) else ""
+    extra = [x for x in (quota_note, own_queue) if x]
     if sat and (not launch_sat or len(sat) >= 2 or len([w for w, d in side.workers if d >= SATURATED_CORE]) >= 2):
         why = [f"{'; '.join(sat)}{group}, in {'user' if _user_heavy(shape) else 'CPU'} time: the input pipeline "
                "(data loading / preprocessing) is saturated"]
         if used is not None:
             why.append(f"the workload uses {used:.1f} cores of {cap_why}")
+        why.extend(side.short_lived())
         n_stages = len([w for w, d in side.workers if d >= SATURATED_CORE]) + sum(
             1 for _, _, ts in side.pools for t in ts if t.demand >= SATURATED_CORE)
         return "input_bound", 0.9 if n_stages >= 2 or cap_bound else 0.8, [*why, *extra]
@@ -282,19 +353,27 @@ def _cpu_verdict(shape: CpuShape, side: InputSide) -> tuple[str | None, float, l
             why = [f"{hot_str}, {starved} -- the submission thread wants a full core"]
         elif hot.system_share < 0.1:
             why.append("little system time: pure-Python overhead between launches")
+        if hot.main and not side.workers and not side.pools and not side.reaped and hot.system_share < 0.5:
+            # From /proc a main thread that decodes batches itself looks the same as one that launches kernels.
+            why.append("or the data loading runs in this thread (DataLoader num_workers=0): the two look alike "
+                       "from the host; a profiler (py-spy dump) tells them apart")
         others = [t for t in side.launch[1:] if t.demand >= LAUNCH_CORE]
         if others:
             why.append(f"{len(others) + 1} submission threads at a full core across "
                        f"{len({t.pid for t in [hot, *others]})} GPU processes")
         return "launch_bound", 0.9 if not starved else 0.8, [*why, *extra]
     if cap_bound and used is not None:
-        why = [f"the workload{group} uses {used:.2f} cores, all of {cap_why}"]
+        full = "all of" if used >= SATURATED_CORE * cap else "and is held at"
+        why = [f"the workload{group} uses {used:.2f} cores, {full} {cap_why}"]
         launch_cores = hot.cores if hot is not None else 0.0
         if shape.threads and launch_cores >= 0.5 * used and hot is not None:
             return "launch_bound", 0.7, [f"thread {hot.tid} ({hot.comm}) holds {launch_cores:.2f} of them", *why,
                                          *extra]
-        if shape.threads or side.workers:
-            return "input_bound", 0.7, [*why, f"preprocessing holds {side.cores:.2f} cores", *extra]
+        if shape.threads or side.workers or side.reaped or side.unseen:
+            held = (f"preprocessing holds {side.cores:.2f} cores" if side.cores >= 0.01 else
+                    "no worker process, thread pool or short-lived child holds them: many threads of the GPU "
+                    "processes share them")
+            return "input_bound", 0.7, [*why, held, *side.short_lived(), *extra]
         # No per-thread detail yet: the GPU processes alone fill it.
         cause = "launch_bound" if used < 1.5 else "input_bound"
         return cause, 0.5, [*why, "(per-thread detail not sampled yet)", *extra]
@@ -360,6 +439,8 @@ def classify(
         wcause, wconf, wwhy = "io_bound", min(0.95, 0.5 + 0.1 * score), io_why
     elif cpu_cause is not None:
         wcause, wconf, wwhy = cpu_cause, cpu_conf, [*cpu_why, *(w for w in io_why if "set aside" in w)]
+    elif net := network_wait(shape):
+        wcause, wconf, wwhy = "io_bound", 0.6, [*net, *(w for w in io_why if "set aside" in w)]
     else:
         wcause, wconf = "latency_bound", 0.7
         wwhy = ["host is quiet: no saturated thread or cores, no IO pressure, PCIe lightly used -- not enough "
@@ -374,6 +455,7 @@ def classify(
         elif shape.process_cores is not None:
             wwhy.append(f"GPU processes use {shape.process_cores:.2f} cores of {shape.allowed_cpus} allowed")
         wwhy.extend(side.busy())
+        wwhy.extend(side.short_lived())
         wwhy.extend(w for w in io_why if "set aside" in w)
         if link_util is not None:
             wwhy.append(f"PCIe at {_pct(link_util)} of the current {link_name} link")

@@ -8,8 +8,10 @@ collector's process tree and groups, and the kubelet's device assignments:
   ``cuda:0``), and the process feeds its own GPU, not this one. Without memory figures, a process listed on
   several GPUs belongs to those where it is the only process.
 - **Members**: the context processes, their descendants (not descending into another GPU's context
-  process: a rank's workers are its own), and the other processes of their container / job / unit group when
-  that group serves this GPU alone -- a launcher that serves eight GPUs is pooled with none of them.
+  process: a rank's workers are its own), and the other processes of their container or Slurm job when that
+  group serves this GPU alone -- a launcher that serves eight GPUs is pooled with none of them. A systemd unit
+  (a login session, a shared service) and a cgroup known only as the process's own (an unrecognised path)
+  lend their limits and identity, never their other processes (``POOLED_KINDS``).
 - A GPU NVML shows no process for (a container in another pid namespace) takes the processes of the one
   container whose ``NVIDIA_VISIBLE_DEVICES`` names it.
 - **Labels** of ``gpufeed_workload_info``: ``container_id`` / ``slurm_job_id`` / ``unit`` from the group's
@@ -25,12 +27,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exporter.cgroup import OWN_CGROUP
 from exporter.derived.hostshape import CpuShape
 from exporter.samples.gpu import GpuIdentity, GpuSample, GpuSlow
 from exporter.samples.workload import CgroupInfo, KubernetesSample, WorkloadSample
 from exporter.snapshot import Stamped
 
 STRAY_MEMORY_RATIO = 4.0  # a context with 4x less memory than the same process holds elsewhere is stray
+# Groups whose every process is the workload's: a container, a Slurm job. A systemd unit may be a login
+# session or a shared service (session-3.scope, jupyter.service: an unrelated compile in the same session is
+# no data loader), and a cgroup known only by its limits says nothing about its other processes: for those the
+# workload is the GPU processes' own trees, and the group lends its limits and identity only.
+POOLED_KINDS = frozenset({"container", "slurm_job"})
+UNSEEN_MIN = 0.25  # cores of a group's usage no process accounts for, before they count
+UNSEEN_SHARE = 0.2  # ... and at least this share of its usage
 LABELS = ("container_id", "namespace", "pod", "container", "slurm_job_id", "unit")
 
 
@@ -46,6 +56,9 @@ class Workload:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     notes: tuple[str, ...] = ()
     stray: tuple[int, ...] = ()  # NVML processes of this GPU whose own work is on other GPUs
+    pooled: bool = False  # every process of ``group`` is in ``members``: its CPU accounting is the workload's
+    # Members without a GPU context that hold TCP connections: (pid, threads waiting to receive, remote ends).
+    network: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
 
     def describe(self) -> str:
         """The group for evidence: ``container 3b2a1c4d5e6f (pod vision/trainer-0)``, ``Slurm job 4242``."""
@@ -59,6 +72,8 @@ class Workload:
             return f"container {lb['container_id'][:12]}"
         if "unit" in lb:
             return f"unit {lb['unit']}"
+        if self.group is not None and self.group.kind == OWN_CGROUP:
+            return f"cgroup {self.group.path}"
         return ""
 
 
@@ -130,6 +145,16 @@ def workloads(
             seen.add(q)
             todo.extend(children.get(q, ()))
         tree[idx] = seen
+    # A sibling sharing a pipe with a context process (the collector's ``peer``), and its descendants, feed that
+    # process's GPU like its own workers.
+    for idx, pids in ctx.items():
+        todo = [n.pid for n in nodes.values() if n.peer and n.peer in pids]
+        while todo:
+            q = todo.pop()
+            if q in tree[idx] or q in home_of:
+                continue
+            tree[idx].add(q)
+            todo.extend(children.get(q, ()))
     claimed = set().union(*tree.values()) if tree else set()
     groups = wl.groups if wl is not None else {}
     group_gpus: dict[str, set[int]] = {}
@@ -151,12 +176,14 @@ def workloads(
             if node is not None and node.group is not None and node.group in groups:
                 primary = groups[node.group]
                 break
+        pooled = False
         for path, gpus in group_gpus.items():
             info = groups.get(path)
             if info is None or idx not in gpus:
                 continue
-            if len(gpus) == 1:
+            if len(gpus) == 1 and info.kind in POOLED_KINDS:
                 members |= {m for m in info.members if m not in claimed and m in nodes}
+                pooled = pooled or (primary is not None and path == primary.path)
         uuid = identities[idx].uuid if idx in identities else ""
         if not ctx[idx]:
             hit = [g for g in groups.values() if g.visible_devices and _sees(g.visible_devices, idx, uuid)]
@@ -189,7 +216,9 @@ def workloads(
                              "is not available or does not name this GPU)")
         out[idx] = Workload(gpu=idx, context=ctx[idx], members=tuple(sorted(members)), group=primary,
                             labels=MappingProxyType({k: labels[k] for k in LABELS if k in labels}),
-                            notes=tuple(notes), stray=stray.get(idx, ()))
+                            notes=tuple(notes), stray=stray.get(idx, ()), pooled=pooled,
+                            network=tuple((p, nodes[p].net_waits, nodes[p].remotes) for p in sorted(members)
+                                          if p not in ctx[idx] and p in nodes and nodes[p].remotes))
     return out
 
 
@@ -271,8 +300,16 @@ def enrich(shape: CpuShape, wl: Workload | None, sig: GroupSignals | None) -> Cp
     quota = g.quota_cores if g is not None else None
     if quota is not None and (cap is None or quota < cap):
         cap, why = quota, f"its {quota:.3g}-CPU quota"
+    unseen = 0.0
+    if wl.pooled and sig is not None and sig.usage_cores is not None and shape.processes:
+        # The group's own CPU accounting beyond every process seen (workers forked and gone between two
+        # samples, and not yet reaped); a margin for the group's and the processes' windows not lining up.
+        seen = sum(p.cores for p in shape.processes) + shape.reaped_cores
+        extra = sig.usage_cores - seen
+        if extra >= max(UNSEEN_MIN, UNSEEN_SHARE * sig.usage_cores):
+            unseen = extra
     return dataclasses.replace(
-        shape, capacity_cores=cap, capacity_why=why, quota_cores=quota,
+        shape, capacity_cores=cap, capacity_why=why, quota_cores=quota, unseen_cores=unseen, network=wl.network,
         throttled_ratio=sig.throttled_ratio if sig is not None else None,
         throttled_per_s=sig.throttled_per_s if sig is not None else None,
         group_io_some=sig.psi.get("io_some") if sig is not None else None,

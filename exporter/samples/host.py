@@ -121,6 +121,7 @@ class ProcessSample:
     io_read_bytes: int | None = None  # /proc/<pid>/io read_bytes: bytes that reached the block layer
     ppid: int = 0
     start: int = 0  # /proc/<pid>/stat (22) starttime, clock ticks after boot: with the pid, the process's identity
+    children_cpu: float = 0.0  # cutime + cstime (s): CPU of the children it has reaped
 
 
 @dataclass(frozen=True, slots=True)

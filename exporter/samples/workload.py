@@ -21,6 +21,14 @@ class ProcNode:
     comm: str
     start: int
     group: str | None = None
+    # A worker process's network side (read for processes without a GPU context): its established TCP
+    # connections' remote ends, and how many of its threads sleep in a receive on a socket (or in poll/select/
+    # epoll while it holds one) -- a loader waiting on an object store shows no CPU, no D state and no iowait.
+    remotes: tuple[str, ...] = ()
+    net_waits: int = 0
+    # A sibling of a GPU process (same parent) sharing a pipe with it beyond stdio -- a decode service a
+    # launcher started beside the trainer, talking over a multiprocessing queue: that GPU process's pid.
+    peer: int = 0
 
 
 @dataclass(frozen=True, slots=True)

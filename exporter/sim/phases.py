@@ -172,7 +172,7 @@ def _proc_partial(r: Reader, v: object, path: str, proc: Process, host: Host) ->
                                           r.value(gm.get("system", 0.0), gp + ".system", FRACTION), state,
                                           **v2.thread_group_v2(r, gm, gp)))
             out[k] = tuple(groups)
-        elif k in ("read_bytes_per_s", "read_syscalls_per_s", "storage_read_bytes_per_s"):
+        elif k in ("read_bytes_per_s", "read_syscalls_per_s", "storage_read_bytes_per_s", "children_cpu"):
             out[k] = r.value(raw, kp, NONNEG)
         elif k == "cpus_allowed":
             out[k] = r.cpulist(raw, kp, host.cpus)
@@ -374,7 +374,7 @@ def _proc_state(s: Partial, proc: Process) -> ProcessState:
         threads_cpu=s.get("threads_cpu", ()), read_bytes_per_s=s.get("read_bytes_per_s", 0.0),
         read_syscalls_per_s=s.get("read_syscalls_per_s", 0.0),
         cpus_allowed=s.get("cpus_allowed", proc.cpus_allowed), mems_allowed=s.get("mems_allowed", proc.mems_allowed),
-        storage_read_bytes_per_s=s.get("storage_read_bytes_per_s", 0.0),
+        storage_read_bytes_per_s=s.get("storage_read_bytes_per_s", 0.0), children_cpu=s.get("children_cpu", 0.0),
     )
 
 

@@ -246,7 +246,8 @@ class Renderer:
             leader = plans[0]
             self.write(base / "stat", _stat_line(p.pid, p, state=leader.state, utime=sum(x[0] for x in tticks),
                                                  stime=sum(x[1] for x in tticks), threads=p.threads,
-                                                 cpu=leader.processor, ppid=ppid, comm=leader.comm))
+                                                 cpu=leader.processor, ppid=ppid, comm=leader.comm,
+                                                 cutime=int(m.workloads.reaped[p.pid].integral(t) * USER_HZ)))
             switches = wl.switches(p, 0, t)
             self.write(base / "status", _status(p, leader.state, m.cpus_allowed(p.pid, t), m.mems_allowed(p.pid, t),
                                                 ppid=ppid, switches=switches, comm=leader.comm))
@@ -369,14 +370,14 @@ def _aer(sev: str, total: int) -> str:
 
 
 def _stat_line(pid: int, p: Process, *, state: str, utime: int, stime: int, threads: int, cpu: int, ppid: int = 1,
-               comm: str | None = None) -> str:
+               comm: str | None = None, cutime: int = 0) -> str:
     """A /proc/<pid>/stat line with every field through (52) exit_code; see proc(5). ``comm`` is the thread's
     name (SPEC v2 ``threads_cpu[].comm``), the process's by default; (22) starttime is when it appeared."""
     start = int((BOOT_OFFSET_S / 2 + (p.start_s or 0.0)) * USER_HZ)
     fields = [
         str(pid), f"({comm or p.comm})", state, str(ppid), str(p.pid), str(p.pid), "0", "-1", "4194560", "1000", "0",
         "10", "0",
-        str(utime), str(stime), "0", "0", "20", "0", str(threads), "0", str(start), "10000000000", "2000000",
+        str(utime), str(stime), str(cutime), "0", "20", "0", str(threads), "0", str(start), "10000000000", "2000000",
         "18446744073709551615", "1", "1", "0", "0", "0", "0", "0", "16781312", "17642", "0", "0", "0", "17",
         str(cpu), "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0", "0",
     ]

@@ -333,6 +333,7 @@ def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple
                 raise r.fail(item(p + ".gpus", j), f"GPU {idx} listed twice")
             gl.append(idx)
         ppid, group, start_s, exit_s = v2.process_tree(r, m, p, host.cgroups)
+        remotes, pipes, receiving = v2.process_links(r, m, p, threads)
         if ppid == pid:
             raise r.fail(p + ".ppid", f"process {pid} cannot be its own parent")
         cpuset = host.cgroups[group].cpuset if group is not None else None
@@ -347,7 +348,8 @@ def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple
                 raise r.fail(p + ".pid", f"tids {lo}..{hi} overlap process {other.pid} (tids {olo}..{ohi})")
         out.append(Process(pid=pid, comm=comm, gpus=tuple(gl), cpus_allowed=cpus, mems_allowed=mems, threads=threads,
                            mig=_process_mig(r, m, p, gl, gpus),
-                           ppid=ppid, cgroup=group, start_s=start_s, exit_s=exit_s))
+                           ppid=ppid, cgroup=group, start_s=start_s, exit_s=exit_s,
+                           tcp_remotes=remotes, pipes=pipes, receiving_threads=receiving))
     v2.check_tree(r, tuple(out))
     return tuple(out)
 

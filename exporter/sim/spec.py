@@ -156,6 +156,11 @@ class Process:
     cgroup: str | None = None
     start_s: float | None = None
     exit_s: float | None = None
+    # Project keys (version 2, docs/simulator.md): established TCP connections' remote ends, pipes shared by
+    # name with other processes, and how many of its threads are blocked receiving on its first connection.
+    tcp_remotes: tuple[str, ...] = ()
+    pipes: tuple[str, ...] = ()
+    receiving_threads: int = 0
 
     def alive(self, t: float) -> bool:
         """Whether the process exists at scenario time ``t`` (SPEC v2 ``start_s``/``exit_s``; an ``exit_s``
@@ -352,6 +357,7 @@ class ProcessState:
     cpus_allowed: frozenset[int]
     mems_allowed: frozenset[int]
     storage_read_bytes_per_s: Value = 0.0  # version 2: read_bytes of /proc/<pid>/io
+    children_cpu: Value = 0.0  # version 2 (project key): cores its reaped children used (cutime of /proc/<pid>/stat)
 
 
 @dataclass(frozen=True, slots=True)

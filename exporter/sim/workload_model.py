@@ -48,6 +48,12 @@ class WorkloadTracks:
                                 f"processes.{p.pid}.storage_read_bytes_per_s", NONNEG)
             for p in sc.processes
         }
+        # CPU of children the process reaped (short-lived workers): its cutime, and its cgroup's usage.
+        self.reaped: dict[int, Track] = {
+            p.pid: model._track(lambda ph, q=p.pid: ph.processes[q].children_cpu, f"processes.{p.pid}.children_cpu",
+                                NONNEG)
+            for p in sc.processes
+        }
         # Per thread of each process: (run_delay, voluntary, nonvoluntary) tracks. Built only for processes
         # whose phases give any of them (the benchmark host has 8 x 150 threads that never do).
         self.threads: dict[int, list[tuple[Track, Track, Track]]] = {}
@@ -134,4 +140,5 @@ class WorkloadTracks:
             for u, s in self.model.thread_seconds(p.pid, at):
                 user += u
                 system += s
+            user += self.reaped[p.pid].integral(t)
         return user, system

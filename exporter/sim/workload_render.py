@@ -21,6 +21,7 @@ Laid out as the kernel does (Documentation/admin-guide/cgroup-v2.rst, cgroup-v1/
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import shutil
@@ -28,10 +29,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from exporter import syscalls
 from exporter.cpulist import format_cpulist
 from exporter.sim.model import ThreadPlan
 from exporter.sim.spec import Cgroup, Process
 from exporter.sources import USER_HZ
+
+SOCKET_INODES = 7_000_000  # inodes of the simulated sockets and pipes (any numbers no other file uses)
+PIPE_INODES = 8_000_000
+TCP_HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout "
+              "inode\n")
 
 V1_HIERARCHIES = (("12", "pids"), ("11", "memory"), ("9", "cpuset"), ("4", "cpu,cpuacct"), ("1", "name=systemd"))
 V1_DIRS = ("cpu,cpuacct", "cpuset", "memory", "pids", "systemd")
@@ -65,6 +72,20 @@ class WorkloadRenderer:
             for pod in k8s.pods:
                 for c in pod.containers:
                     self._pod_of[c.cgroup] = (pod.name, tuple(uuids[i] for i in c.gpus))
+        # Project keys tcp_remotes / pipes: one socket inode per connection, one pipe inode per name, and the
+        # namespace's /proc/net/tcp{,6} every process shows.
+        self._sockets: dict[int, list[int]] = {}
+        tcp: dict[str, list[str]] = {"tcp": [], "tcp6": []}
+        inode = SOCKET_INODES
+        for p in self.sc.processes:
+            for remote in p.tcp_remotes:
+                inode += 1
+                self._sockets.setdefault(p.pid, []).append(inode)
+                name, line = _tcp_line(len(tcp["tcp"]) + len(tcp["tcp6"]), remote, inode)
+                tcp[name].append(line)
+        self._net = {k: TCP_HEADER + "".join(v) for k, v in tcp.items()}
+        names = sorted({n for p in self.sc.processes for n in p.pipes})
+        self._pipes = {n: PIPE_INODES + i for i, n in enumerate(names)}
 
     # ---- structure ---------------------------------------------------------------------------------------------
 
@@ -124,6 +145,30 @@ class WorkloadRenderer:
             if pod[1]:
                 env.append(f"NVIDIA_VISIBLE_DEVICES={','.join(pod[1])}")
         self.r.write(base / "environ", "".join(e + "\0" for e in env))
+        self._links(p, base)
+
+    def _links(self, p: Process, base: Path) -> None:
+        """fd/ (its connections' sockets from 3 up, then its pipes), ns/net, net/tcp{,6} and each thread's
+        syscall: the first ``receiving_threads`` blocked in recvfrom on its first connection."""
+        if not (p.tcp_remotes or p.pipes):
+            return
+        fd = 3
+        for inode in self._sockets.get(p.pid, ()):
+            self.r._link(base / "fd" / str(fd), f"socket:[{inode}]")
+            fd += 1
+        for name in p.pipes:
+            self.r._link(base / "fd" / str(fd), f"pipe:[{self._pipes[name]}]")
+            fd += 1
+        self.r._link(base / "ns" / "net", "net:[4026531840]")
+        (base / "net").mkdir(exist_ok=True)
+        for name, text in self._net.items():
+            self.r.write(base / "net" / name, text)
+        recv = syscalls.RECVFROM.get(syscalls.MACHINE, 45)
+        for ti in range(p.threads):
+            blocked = ti < p.receiving_threads
+            self.r.write(base / "task" / str(p.pid + ti) / "syscall",
+                         f"{recv} 0x3 0x7f0000000000 0x10000 0x0 0x0 0x0 0x7ffc00000000 0x7f0000001000\n" if blocked
+                         else "running\n")
 
     def _proc_cgroup(self, p: Process) -> str:
         """/proc/<pid>/cgroup: ``hierarchy-ID:controllers:path`` per hierarchy (v2: the one ``0::`` line)."""
@@ -242,3 +287,17 @@ class WorkloadRenderer:
         w(mem / "memory.usage_in_bytes", f"{int(c['memory_current_bytes'])}\n")
         w(mem / "memory.failcnt", f"{int(c['events.max_per_s'])}\n")
         w(mem / "memory.oom_control", f"oom_kill_disable 0\nunder_oom 0\noom_kill {int(c['events.oom_kill_per_s'])}\n")
+
+
+def _tcp_line(sl: int, remote: str, inode: int) -> tuple[str, str]:
+    """(``tcp`` or ``tcp6``, an ESTABLISHED line of /proc/net/tcp to ``remote``) as the kernel prints it:
+    addresses as 32-bit words in host (little-endian) order, ports in hex
+    (Documentation/networking/proc_net_tcp.rst)."""
+    host, _, port = remote.rpartition(":")
+    ip = ipaddress.ip_address(host.strip("[]"))
+    raw = ip.packed
+    words = "".join(raw[i:i + 4][::-1].hex().upper() for i in range(0, len(raw), 4))
+    local = "0100007F" if ip.version == 4 else "00000000000000000000000001000000"
+    name = "tcp" if ip.version == 4 else "tcp6"
+    return name, (f"{sl:4d}: {local}:{40000 + sl:04X} {words}:{int(port):04X} 01 00000000:00000000 00:00000000 "
+                  f"00000000  1000        0 {inode} 1 0000000000000000 20 4 30 10 -1\n")

@@ -8,6 +8,7 @@ the key and the version that introduces it; everything a version-1 file can say 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -32,8 +33,8 @@ from exporter.sim.spec import (
 
 V2_TOP: tuple[str, ...] = ()
 V2_HOST = ("cgroup_version", "cgroups", "kubernetes")
-V2_PROCESS = ("ppid", "cgroup", "start_s", "exit_s")
-V2_PROCESS_STATE = ("storage_read_bytes_per_s",)
+V2_PROCESS = ("ppid", "cgroup", "start_s", "exit_s", "tcp_remotes", "pipes", "receiving_threads")
+V2_PROCESS_STATE = ("storage_read_bytes_per_s", "children_cpu")
 V2_THREAD_GROUP = ("comm", "run_delay", "voluntary_switches_per_s", "nonvoluntary_switches_per_s")
 V2_HOST_STATE = ("cgroups",)
 V2_EXPECT = ("within_s", "no_findings_anytime", "evidence_contains", "workload")
@@ -193,6 +194,28 @@ def process_tree(r: Reader, m: Mapping[Any, Any], path: str, groups: Mapping[str
     if start is not None and end is not None and end <= start:
         raise r.fail(path + ".exit_s", f"{end:g} is not after start_s {start:g}")
     return ppid, group, start, end
+
+
+def process_links(r: Reader, m: Mapping[Any, Any], path: str, threads: int,
+                  ) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """``tcp_remotes`` (``addr:port``), ``pipes`` (names) and ``receiving_threads`` of one process entry."""
+    remotes: list[str] = []
+    for j, raw in enumerate(r.seq(m.get("tcp_remotes", []), path + ".tcp_remotes")):
+        s = r.string(raw, f"{path}.tcp_remotes[{j}]")
+        host, _, port = s.rpartition(":")
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+            ok = port.isdigit() and 0 < int(port) < 65536
+        except ValueError:
+            ok = False
+        if not ok:
+            raise r.fail(f"{path}.tcp_remotes[{j}]", f"not an address:port: {s!r}")
+        remotes.append(s)
+    pipes = tuple(r.string(x, f"{path}.pipes[{j}]") for j, x in enumerate(r.seq(m.get("pipes", []), path + ".pipes")))
+    waiting = r.integer(m.get("receiving_threads", 0), path + ".receiving_threads", 0, threads)
+    if waiting and not remotes:
+        raise r.fail(path + ".receiving_threads", "needs tcp_remotes (the connection its threads receive on)")
+    return tuple(remotes), pipes, waiting
 
 
 def check_tree(r: Reader, procs: tuple[Process, ...]) -> None:

@@ -21,7 +21,7 @@ from exporter.engine import Engine, RealClock
 from exporter.samples.derived import DerivedState
 from exporter.sim.fakenvml import FakeNvml
 from tests.capture.conftest import line_of
-from tests.test_workload_real import _Gpu
+from tests.test_workload_real import gpu_driver
 
 Start = Callable[..., subprocess.Popen[bytes]]
 RUN_S = 40.0  # engine time at most; the test ends once the capture is written and its line published
@@ -31,7 +31,7 @@ def test_waiting_gpu_is_captured_on_its_verdict_and_sampling_stays_on_time(workl
     proc = workload("queue_wait", seconds=90.0)
     out = tmp_path / "captures"
     fake = FakeNvml()
-    gpu = _Gpu(fake, proc.pid)
+    gpu = gpu_driver(fake, proc.pid)
     settings = resolve(pipeline.registry(), {}, {
         "path.procfs": "/proc", "path.sysfs": "/sys",
         "collector.derived.window": "6s", "collector.proc.threads-interval": "1s",
@@ -60,8 +60,7 @@ def test_waiting_gpu_is_captured_on_its_verdict_and_sampling_stays_on_time(workl
 
     with contextlib.ExitStack() as cleanup:  # in reverse: stop the fake GPU's driver, then close the pipeline
         cleanup.callback(pipe.close)
-        cleanup.callback(gpu.join, 5)
-        cleanup.callback(gpu.stop.set)
+        cleanup.callback(gpu.stop)
         gpu.start()
         asyncio.run(run())
     bundles = list(out.iterdir()) if out.is_dir() else []

@@ -23,7 +23,7 @@ from exporter.diagnose import report
 from exporter.diagnose.command import run_diagnose
 from exporter.sim.fakenvml import FakeNvml
 from tests.capture.conftest import line_of
-from tests.test_workload_real import _Gpu
+from tests.test_workload_real import gpu_driver
 
 Start = Callable[..., subprocess.Popen[bytes]]
 
@@ -39,7 +39,7 @@ def _diagnose(workload: Start, monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
               **flags: object) -> tuple[int, str]:
     proc = workload("queue_wait", seconds=90.0)
     fake = FakeNvml()
-    gpu = _Gpu(fake, proc.pid)
+    gpu = gpu_driver(fake, proc.pid)
     monkeypatch.setattr(pipeline, "build", functools.partial(pipeline.build, nvml=fake))
     ns = argparse.Namespace(**{"scenario": None, "duration": "8s", "json": True, "check": False,
                                "timeline": False, "path.procfs": "/proc", "path.sysfs": "/sys", "log.level": None,
@@ -48,8 +48,7 @@ def _diagnose(workload: Start, monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     try:
         code = run_diagnose(ns)
     finally:
-        gpu.stop.set()
-        gpu.join(5)
+        gpu.stop()
     return code, capsys.readouterr().out
 
 

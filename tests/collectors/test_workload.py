@@ -253,3 +253,18 @@ def test_a_cgroup_procs_over_64_kib_still_gives_the_members(tmp_path: Path) -> N
     procs.write_text("7100\n" + "".join(f"{p}\n" for p in range(1_000_000, 1_012_000)))
     g = next(iter(_collector(root, {"0": [7100]}).update().groups.values()))
     assert 7100 in g.members and len(g.members) == 12_001 and not g.errors
+
+
+def test_proc_net_tcp_gives_the_remote_end_of_each_established_connection() -> None:
+    from exporter.collectors.workload import parse_tcp
+
+    text = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:9BC0 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 440423 1 0\n"
+        "   1: 0500000A:D2F0 0A00000A:01BB 01 00000000:00000000 00:00000000 00000000  1000        0 512345 1 0\n"
+        "   2: 00000000000000000000000001000000:A000 0000000000000000FFFF00000500000A:0050 01 00000000:00000000"
+        " 00:00000000 00000000 0 0 777 1 0\n"
+        "   3: 00000000000000000000000001000000:A001 B80D0120000000000000000001000000:0050 01 00000000:00000000"
+        " 00:00000000 00000000 0 0 778 1 0\n"
+    )
+    assert parse_tcp(text) == {512345: "10.0.0.10:443", 777: "10.0.0.5:80", 778: "[2001:db8::1]:80"}

@@ -130,3 +130,35 @@ def test_a_stable_gpu_waits_its_stable_interval_while_host_findings_keep_their_o
     late = [t for t in host_at if t >= 40.0]
     assert all(b - a <= HOST_FINDINGS_S + 1e-9 for a, b in pairwise(late))
     assert len(late) > len(settled)
+
+
+def test_a_change_of_the_gpus_processes_evaluates_a_stable_gpu_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job ends and the next starts with the GPU as busy as before (a restart looks like that): its
+    # activity does not move, but its verdict must not keep naming the process that left.
+    import dataclasses
+
+    from exporter.derived import evaluate
+    from exporter.samples.gpu import GpuSlow
+
+    gpu_at: list[float] = []
+    real_gpu = evaluate.evaluate_gpu
+
+    def gpu(*args: Any, **kwargs: Any) -> Any:
+        gpu_at.append(eng.t)
+        return real_gpu(*args, **kwargs)
+
+    monkeypatch.setattr("exporter.derived.analyzer.evaluate_gpu", gpu)
+    an, eng = make(GpuSpec(util=const(0.95), sm=const(0.7)), [ThreadSpec(1, 0.3, 0.02)], 90.0)
+    swap = 56.5  # the first slow sample after it (60 s) falls between two stable evaluations (55, 65)
+    slow = eng.streams["gpu_slow"]
+    for i, s in enumerate(slow):
+        g = s.value.gpus[0]
+        if s.t >= swap and isinstance(g, GpuSlow):
+            g = dataclasses.replace(g, processes=tuple(dataclasses.replace(p, pid=p.pid + 1) for p in g.processes))
+            slow[i] = Stamped(s.t, dataclasses.replace(s.value, gpus={**s.value.gpus, 0: g}))
+    run(an, eng, [float(t) for t in range(1, 91)])
+    first_seen = min(s.t for s in slow if s.t >= swap)
+    stable = [t for t in gpu_at if 40.0 <= t < first_seen]
+    assert stable and all(b - a == pytest.approx(an.stable_s) for a, b in pairwise(stable))  # stable before
+    after = [t for t in gpu_at if t >= first_seen]
+    assert after and after[0] - first_seen <= 1.0 and after[0] - stable[-1] < an.stable_s
