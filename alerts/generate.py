@@ -382,6 +382,9 @@ OWN_WAITING = "job_rank:gpufeed_gpu_own_waiting:ratio_{rw}"
 JOB_MEDIAN = "job:gpufeed_gpu_own_waiting:median_{rw}"
 JOB_COLLECTIVE = "job:gpufeed_gpus_collective_wait:count"
 COLLECTIVE_WAIT = "collective_wait"
+# The per-job rules' evaluation interval, fixed so that a sum over time of job:gpufeed_gpus_collective_wait:count
+# is GPU-minutes (the fleet dashboard's "GPU-hours lost waiting for a slower rank").
+JOBS_INTERVAL = "1m"
 
 
 def straggler_alerts(cfg: dict[str, Any]) -> list[Rule]:
@@ -719,7 +722,7 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
     ]
     return {"groups": [
         {"name": "gpufeed-gpu-time", "rules": fast},
-        {"name": "gpufeed-jobs", "rules": job_rules(state_rate, rw, b)},
+        {"name": "gpufeed-jobs", "interval": JOBS_INTERVAL, "rules": job_rules(state_rate, rw, b)},
         {"name": "gpufeed-capacity-daily", "interval": cfg["daily_interval"], "rules": daily},
     ]}
 

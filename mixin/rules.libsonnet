@@ -61,6 +61,7 @@
       },
       {
         "name": "gpufeed-jobs",
+        "interval": "1m",
         "rules": [
           {
             "record": "job_rank:gpufeed_gpu_own_waiting:ratio_rate5m",

@@ -369,7 +369,7 @@ def jobs_row(table_opts: dict[str, Any]) -> list[tuple[Panel, int, int]]:
                 "(topk by (job, instance, gpu) (1, instance_gpu_cause:gpufeed_gpu_waiting_time:ratio_rate5m"
                 f'{{cause!="latency_bound", {C}}}) ^ 0))', instant=True, fmt="table"),
          target(f"job:gpufeed_gpu_own_waiting:median_rate5m{{{C}}}", instant=True, fmt="table")],
-        unit="percentunit", options=table_opts, steps=WAITING_SHARE,
+        unit="percentunit", options=table_opts, steps=WAITING_SHARE, minmax=(0, 1),
         field_overrides=[column("Value #B", "percentunit")])
     slowest["transformations"] = [{"id": "merge", "options": {}}, {"id": "organize", "options": {
         "excludeByName": {"Time": True, "job": True, "__name__": True},
@@ -377,10 +377,10 @@ def jobs_row(table_opts: dict[str, Any]) -> list[tuple[Panel, int, int]]:
     host_data_link(slowest)
     lost = panel(
         "bargauge", "GPU-hours lost waiting for a slower rank",
-        "Per job, over the dashboard's range: its GPUs in collective_wait (job:gpufeed_gpus_collective_wait:count) "
-        "x the time they waited -- what its straggler cost the job.",
+        "Per job, over the dashboard's range: its GPUs in collective_wait (job:gpufeed_gpus_collective_wait:count, "
+        "recorded every minute) x the minutes they waited -- what its straggler cost the job.",
         [target("sort_desc(sum by (namespace, job_id) (sum_over_time("
-                f"job:gpufeed_gpus_collective_wait:count{{{C}}}[$__range:1m])) / 60)",
+                f"job:gpufeed_gpus_collective_wait:count{{{C}}}[$__range])) / 60)",
                 "{{namespace}} {{job_id}}", instant=True)],
         unit="h", options={"orientation": "horizontal", "displayMode": "gradient"})
     waiting = panel(
@@ -484,6 +484,13 @@ def gpu_state_row() -> tuple[str, list[tuple[Panel, int, int]]]:
                [target(f"sum by (gpu, reason) (rate(gpufeed_gpu_throttle_seconds_total{{{HG}}}[{RI}])) or "
                        f"max by (gpu) (0 * gpufeed_gpu_info{{{HG}}})",
                        "GPU {{gpu}} {{reason}}")], unit="percentunit", minmax=(0, 1)), 12, 8),
+        (panel("timeseries", "GPM DRAM and tensor activity",
+               "GPM's DRAM-bandwidth and tensor-pipe utilisation per GPU (Hopper and newer): near zero on a busy GPU "
+               "whose SMs are nearly idle is a collective waiting for a slower rank (collective_wait) when the "
+               "process is one rank of a job.",
+               [target(f"gpufeed_gpu_dram_active_ratio{{{HG}}}", "GPU {{gpu}} DRAM"),
+                target(f"gpufeed_gpu_tensor_active_ratio{{{HG}}}", "GPU {{gpu}} tensor")], unit="percentunit",
+               minmax=(0, 1)), 24, 7),
         (panel("state-timeline", "GPU lost", "1 while NVML answers GPU_IS_LOST (fell off the bus): GpufeedGPULost. "
                "The flag is absent while the GPU answers; shown as 0.",
                [target(f"max by (gpu) (gpufeed_gpu_lost{{{HG}}}) or max by (gpu) (0 * gpufeed_gpu_info{{{HG}}})",
