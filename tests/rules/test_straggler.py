@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from tests.rules import test_integration as shrinking
+from tests.rules.conftest import starter
 from tests.rules.test_integration import _binary, free_port, http_get, shrunk_rule_files, stop, wait_until
 
 pytestmark = pytest.mark.integration
@@ -107,12 +108,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
 
-    def start(name: str, argv: list[str]) -> None:
-        log = tmp / f"{name}.log"
-        logs.append(log)
-        with log.open("wb") as fh:
-            procs.append(subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          cwd=tmp))
+    start = starter(tmp, procs, logs)
 
     try:
         instances: dict[str, str] = {}
