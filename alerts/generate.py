@@ -403,6 +403,52 @@ def workload_alerts(cfg: dict[str, Any]) -> list[Rule]:
     ]
 
 
+# Distributed jobs (docs/runbooks.md "GpufeedJobStraggler"): a rank's waiting on its own host's causes against the
+# job's median rank; the job is gpufeed_workload_info's (namespace, job_id).
+JOB = "namespace, job_id"
+OWN_WAITING = "job_rank:gpufeed_gpu_own_waiting:ratio_{rw}"
+JOB_MEDIAN = "job:gpufeed_gpu_own_waiting:median_{rw}"
+JOB_COLLECTIVE = "job:gpufeed_gpus_collective_wait:count"
+COLLECTIVE_WAIT = "collective_wait"
+# The per-job rules' evaluation interval, fixed so that a sum over time of job:gpufeed_gpus_collective_wait:count
+# is GPU-minutes (the fleet dashboard's "GPU-hours lost waiting for a slower rank").
+JOBS_INTERVAL = "1m"
+
+
+def straggler_alerts(cfg: dict[str, Any]) -> list[Rule]:
+    """GpufeedJobStraggler: the rank of a distributed job that waits on its own host while the others do not."""
+    c = cfg["job_straggler"]
+    rw = f"rate{cfg['recording_window']}"
+    own, median = OWN_WAITING.format(rw=rw), JOB_MEDIAN.format(rw=rw)
+    cause_ratio = f"instance_gpu_cause:gpufeed_gpu_waiting_time:ratio_{rw}"
+    gpu, job = by(cfg, "job, instance, gpu"), by(cfg, *JOB.split(", "))
+    expr = f"""(
+  {own} >= {_num(c["min_waiting_ratio"])}
+and on ({gpu})
+  ({own} - on ({job}) group_left {median}) >= {_num(c["min_excess_ratio"])}
+and on ({job})
+  ({median} < {_num(c["min_waiting_ratio"])})
+)
+* on ({gpu}) group_left (cause)
+  (topk by ({gpu}) (1, {cause_ratio}{{cause!="{LATENCY_BOUND}"}}) ^ 0)"""
+    median_ev = evidence(f"{median}{{job_id=%q}}", "$labels.job_id",
+                         " The job's median rank waited {{ . | first | value | humanizePercentage }}.")
+    others = evidence(f"{JOB_COLLECTIVE}{{job_id=%q}}", "$labels.job_id",
+                      f" {{{{ . | first | value }}}} of its GPUs wait in collectives ({COLLECTIVE_WAIT}).")
+    host = evidence("gpufeed_finding{instance=%q} == 1", "$labels.instance",
+                    " Active findings on this host: {{ range $i, $f := . }}{{ if $i }}, {{ end }}{{ $f.Labels.check }}"
+                    "{{ if $f.Labels.gpu }} (GPU {{ $f.Labels.gpu }}){{ end }}{{ end }}.")
+    return [alert(
+        cfg, "GpufeedJobStraggler", "job_straggler", expr,
+        "Rank {{ $labels.rank }} of job {{ $labels.job_id }} on {{ $labels.instance }} GPU {{ $labels.gpu }} holds "
+        "the job back: {{ $labels.cause }}",
+        "Rank {{ $labels.rank }} of job {{ $labels.job_id }} (GPU {{ $labels.gpu }} on {{ $labels.instance }}) "
+        f"waited {{{{ $value | humanizePercentage }}}} of the last {cfg['recording_window']} on "
+        "{{ $labels.cause }}, a cause on its own host." + median_ev + others + host
+        + " Fix this host first: the other ranks only wait for it.",
+    )]
+
+
 def gpu_alerts(cfg: dict[str, Any]) -> list[Rule]:
     t = cfg["gpu_throttled"]
     w = t["window"]
@@ -608,6 +654,7 @@ def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
          + gpu_health_alerts(cfg) + host_alerts(cfg)},
         {"name": "gpufeed-starvation", "rules": starved_alerts(cfg)},
         {"name": "gpufeed-workloads", "rules": workload_alerts(cfg)},
+        {"name": "gpufeed-jobs", "rules": straggler_alerts(cfg)},
         {"name": "gpufeed-exporter", "rules": self_alerts(cfg)},
     ]}
 
@@ -704,9 +751,31 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
     ]
     return {"groups": [
         {"name": "gpufeed-gpu-time", "rules": fast},
+        {"name": "gpufeed-jobs", "interval": JOBS_INTERVAL, "rules": job_rules(state_rate, rw, b)},
         {"name": "gpufeed-capacity-daily", "interval": cfg["daily_interval"], "rules": daily},
         *energy_groups(cfg, b),
     ]}
+
+
+def job_rules(state_rate: str, rw: str, b: Callable[[str], str]) -> list[Rule]:
+    """Per rank of a distributed job, its waiting on its own host's causes (every cause but latency_bound; 0 when
+    it has none), and per job the median rank and how many of its GPUs wait in collectives. One series per GPU
+    of a job (gpufeed_workload_info{job_id}) plus two per job: at 4,096 GPUs in jobs, at most 4,096 + 2 x 2,048
+    (docs/runbooks.md "GpufeedJobStraggler")."""
+    gpu, job = b("job, instance, gpu"), b(JOB)
+    cause_ratio = f"instance_gpu_cause:gpufeed_gpu_waiting_time:ratio_{rw}"
+    ranks = f"topk by ({gpu}) (1, gpufeed_workload_info{{job_id!=\"\"}})"
+    own, median = OWN_WAITING.format(rw=rw), JOB_MEDIAN.format(rw=rw)
+    return [
+        {"record": own,
+         "expr": f"(\n  sum by ({gpu}) ({cause_ratio}{{cause!=\"{LATENCY_BOUND}\"}})\nor\n"
+                 f"  sum by ({gpu}) ({state_rate}) * 0\n)\n* on ({gpu}) group_left ({JOB}, rank)\n  {ranks}\n"},
+        {"record": median,
+         "expr": f"quantile by ({job}) (0.5, {own})\nand on ({job})\n(count by ({job}) ({own}) > 1)\n"},
+        {"record": JOB_COLLECTIVE,
+         "expr": f"count by ({job}) (\n  gpufeed_gpu_bottleneck{{cause=\"{COLLECTIVE_WAIT}\"}}\n"
+                 f"* on ({gpu}) group_left ({JOB})\n  {ranks}\n)\n"},
+    ]
 
 
 # Per-owner rollups (DESIGN.md "Workloads"): GPU time by state and waiting time by cause per Kubernetes namespace

@@ -121,6 +121,16 @@ VERDICT_LIST = (
             "tune batch size and precision; fix memory layouts and access patterns.",
             "gpu_inefficient (GPU-side inefficiency)",
             evidence=("gpufeed_gpu_sm_active_seconds_total", "gpufeed_gpu_busy_seconds_total")),
+    # One rank of a distributed job whose GPU spins in collectives (NCCL kernels resident, a few SMs) waiting
+    # for a slower peer: the cause is on another rank's host (GpufeedJobStraggler names it), not here.
+    Verdict("collective_wait", "waiting for a slower rank", "working", "#ad1457",
+            "the job's slowest rank: the GpufeedJobStraggler alert or the fleet dashboard's Jobs row names its host "
+            "and cause; run gpufeed diagnose there",
+            "Nothing to fix on this GPU: its collectives wait for a slower rank. Fix the straggler's cause on its "
+            "host (GpufeedJobStraggler names it), then measure again.",
+            "GpufeedJobStraggler",
+            evidence=("gpufeed_gpu_sm_active_seconds_total", "gpufeed_gpu_busy_seconds_total",
+                      "gpufeed_gpu_dram_active_ratio", "gpufeed_gpu_tensor_active_ratio", "gpufeed_workload_info")),
     Verdict("latency_bound", "too little parallel work", "waiting", "#00838f",
             "nvidia-smi dmon -s u: the load is small; batch requests, or accept it for a p99 SLA",
             "Batch or queue requests, or accept the low utilisation as the price of a p99 latency target: do not "

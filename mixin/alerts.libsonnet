@@ -385,6 +385,24 @@
         ],
       },
       {
+        "name": "gpufeed-jobs",
+        "rules": [
+          {
+            "alert": "GpufeedJobStraggler",
+            "expr": ("(\n  job_rank:gpufeed_gpu_own_waiting:ratio_rate5m >= %(num_job_straggler_min_waiting_ratio)g\nand on (%(aggregationPrefix)sjob, instance, gpu)\n  (job_rank:gpufeed_gpu_own_waiting:ratio_rate5m - on (%(aggregationPrefix)snamespace, job_id) group_left job:gpufeed_gpu_own_waiting:median_rate5m) >= %(num_job_straggler_min_excess_ratio)g\nand on (%(aggregationPrefix)snamespace, job_id)\n  (job:gpufeed_gpu_own_waiting:median_rate5m < %(num_job_straggler_min_waiting_ratio)g)\n)\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (cause)\n  (topk by (%(aggregationPrefix)sjob, instance, gpu) (1, instance_gpu_cause:gpufeed_gpu_waiting_time:ratio_rate5m{cause!=\"latency_bound\"}) ^ 0)\n" % $._config),
+            "for": ("%(str_job_straggler_for)s" % $._config),
+            "labels": {
+              "severity": ("%(str_job_straggler_severity)s" % $._config),
+            },
+            "annotations": {
+              "summary": "Rank {{ $labels.rank }} of job {{ $labels.job_id }} on {{ $labels.instance }} GPU {{ $labels.gpu }} holds the job back: {{ $labels.cause }}",
+              "description": "Rank {{ $labels.rank }} of job {{ $labels.job_id }} (GPU {{ $labels.gpu }} on {{ $labels.instance }}) waited {{ $value | humanizePercentage }} of the last 5m on {{ $labels.cause }}, a cause on its own host.{{ with printf `job:gpufeed_gpu_own_waiting:median_rate5m{job_id=%q}` $labels.job_id | query }} The job's median rank waited {{ . | first | value | humanizePercentage }}.{{ end }}{{ with printf `job:gpufeed_gpus_collective_wait:count{job_id=%q}` $labels.job_id | query }} {{ . | first | value }} of its GPUs wait in collectives (collective_wait).{{ end }}{{ with printf `gpufeed_finding{instance=%q} == 1` $labels.instance | query }} Active findings on this host: {{ range $i, $f := . }}{{ if $i }}, {{ end }}{{ $f.Labels.check }}{{ if $f.Labels.gpu }} (GPU {{ $f.Labels.gpu }}){{ end }}{{ end }}.{{ end }} Fix this host first: the other ranks only wait for it.",
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedjobstraggler" % $._config),
+            },
+          },
+        ],
+      },
+      {
         "name": "gpufeed-exporter",
         "rules": [
           {

@@ -60,6 +60,24 @@
         ],
       },
       {
+        "name": "gpufeed-jobs",
+        "interval": "1m",
+        "rules": [
+          {
+            "record": "job_rank:gpufeed_gpu_own_waiting:ratio_rate5m",
+            "expr": ("(\n  sum by (%(aggregationPrefix)sjob, instance, gpu) (instance_gpu_cause:gpufeed_gpu_waiting_time:ratio_rate5m{cause!=\"latency_bound\"})\nor\n  sum by (%(aggregationPrefix)sjob, instance, gpu) (instance_gpu_state:gpufeed_gpu_state_seconds:rate5m) * 0\n)\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace, job_id, rank)\n  topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{job_id!=\"\"})\n" % $._config),
+          },
+          {
+            "record": "job:gpufeed_gpu_own_waiting:median_rate5m",
+            "expr": ("quantile by (%(aggregationPrefix)snamespace, job_id) (0.5, job_rank:gpufeed_gpu_own_waiting:ratio_rate5m)\nand on (%(aggregationPrefix)snamespace, job_id)\n(count by (%(aggregationPrefix)snamespace, job_id) (job_rank:gpufeed_gpu_own_waiting:ratio_rate5m) > 1)\n" % $._config),
+          },
+          {
+            "record": "job:gpufeed_gpus_collective_wait:count",
+            "expr": ("count by (%(aggregationPrefix)snamespace, job_id) (\n  gpufeed_gpu_bottleneck{cause=\"collective_wait\"}\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace, job_id)\n  topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{job_id!=\"\"})\n)\n" % $._config),
+          },
+        ],
+      },
+      {
         "name": "gpufeed-capacity-daily",
         "interval": "5m",
         "rules": [

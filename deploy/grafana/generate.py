@@ -301,6 +301,7 @@ def fleet() -> dict[str, Any]:
                            "{{instance}}")], unit="percentunit", minmax=(0, 1), steps=WAITING_SHARE), 24, 8),
         ]),
         ("By team / job", team_row(causes, states, table_opts)),
+        ("Jobs", jobs_row(table_opts)),
         ("Findings and alerts", [
             (findings, 12, 8),
             (alerts, 12, 8),
@@ -351,6 +352,43 @@ def team_row(causes: tuple[str, ...], states: tuple[str, ...],
                [target(f"sum by (namespace, state) (namespace_state:gpufeed_gpu_state_seconds:rate5m{{{C}}})",
                        "{{namespace}} {{state}}")], unit=GPUS, stack=True), 24, 8),
     ]
+
+
+def jobs_row(table_opts: dict[str, Any]) -> list[tuple[Panel, int, int]]:
+    """Distributed jobs (docs/runbooks.md "GpufeedJobStraggler"): each job's slowest rank, its host and its cause,
+    and the GPU-hours the other ranks lost waiting for it in collectives (the gpufeed-jobs recording rules)."""
+    slowest = panel(
+        "table", "Slowest rank of each job now",
+        "Per distributed job (gpufeed_workload_info job_id): the rank waiting most on a cause of its own host "
+        "(job_rank:gpufeed_gpu_own_waiting:ratio_rate5m, any waiting cause but latency_bound), its host, GPU and "
+        "main cause, and the job's median rank. A slowest rank far above the median is a straggler: every other "
+        "rank waits for it (collective_wait).",
+        [target("sort_desc(topk by (namespace, job_id) (1, "
+                f"job_rank:gpufeed_gpu_own_waiting:ratio_rate5m{{{C}}})\n"
+                "* on (job, instance, gpu) group_left (cause)\n"
+                "(topk by (job, instance, gpu) (1, instance_gpu_cause:gpufeed_gpu_waiting_time:ratio_rate5m"
+                f'{{cause!="latency_bound", {C}}}) ^ 0))', instant=True, fmt="table"),
+         target(f"job:gpufeed_gpu_own_waiting:median_rate5m{{{C}}}", instant=True, fmt="table")],
+        unit="percentunit", options=table_opts, steps=WAITING_SHARE, minmax=(0, 1),
+        field_overrides=[column("Value #B", "percentunit")])
+    slowest["transformations"] = [{"id": "merge", "options": {}}, {"id": "organize", "options": {
+        "excludeByName": {"Time": True, "job": True, "__name__": True},
+        "renameByName": {"Value #A": "rank waiting", "Value #B": "job median"}}}]
+    host_data_link(slowest)
+    lost = panel(
+        "bargauge", "GPU-hours lost waiting for a slower rank",
+        "Per job, over the dashboard's range: its GPUs in collective_wait (job:gpufeed_gpus_collective_wait:count, "
+        "recorded every minute) x the minutes they waited -- what its straggler cost the job.",
+        [target("sort_desc(sum by (namespace, job_id) (sum_over_time("
+                f"job:gpufeed_gpus_collective_wait:count{{{C}}}[$__range])) / 60)",
+                "{{namespace}} {{job_id}}", instant=True)],
+        unit="h", options={"orientation": "horizontal", "displayMode": "gradient"})
+    waiting = panel(
+        "timeseries", "GPUs waiting for a slower rank, per job",
+        "job:gpufeed_gpus_collective_wait:count: how many of each job's GPUs spin in collectives (collective_wait).",
+        [target(f"sum by (namespace, job_id) (job:gpufeed_gpus_collective_wait:count{{{C}}})",
+                "{{namespace}} {{job_id}}")], unit=GPUS, color_names=("collective_wait",))
+    return [(slowest, 24, 8), (lost, 12, 8), (waiting, 12, 8)]
 
 
 # ------------------------------------------------------------------------------------------------- host
@@ -446,6 +484,13 @@ def gpu_state_row() -> tuple[str, list[tuple[Panel, int, int]]]:
                [target(f"sum by (gpu, reason) (rate(gpufeed_gpu_throttle_seconds_total{{{HG}}}[{RI}])) or "
                        f"max by (gpu) (0 * gpufeed_gpu_info{{{HG}}})",
                        "GPU {{gpu}} {{reason}}")], unit="percentunit", minmax=(0, 1)), 12, 8),
+        (panel("timeseries", "GPM DRAM and tensor activity",
+               "GPM's DRAM-bandwidth and tensor-pipe utilisation per GPU (Hopper and newer): near zero on a busy GPU "
+               "whose SMs are nearly idle is a collective waiting for a slower rank (collective_wait) when the "
+               "process is one rank of a job.",
+               [target(f"gpufeed_gpu_dram_active_ratio{{{HG}}}", "GPU {{gpu}} DRAM"),
+                target(f"gpufeed_gpu_tensor_active_ratio{{{HG}}}", "GPU {{gpu}} tensor")], unit="percentunit",
+               minmax=(0, 1)), 24, 7),
         (panel("state-timeline", "GPU lost", "1 while NVML answers GPU_IS_LOST (fell off the bus): GpufeedGPULost. "
                "The flag is absent while the GPU answers; shown as 0.",
                [target(f"max by (gpu) (gpufeed_gpu_lost{{{HG}}}) or max by (gpu) (0 * gpufeed_gpu_info{{{HG}}})",

@@ -48,7 +48,7 @@ from types import MappingProxyType
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporter import cgroup as cg
-from exporter import log, syscalls
+from exporter import jobident, log, syscalls
 from exporter.collectors import register
 from exporter.collectors.pressure import parse_psi
 from exporter.cpulist import CpulistError, parse_cpulist
@@ -86,6 +86,9 @@ class WorkloadCollector(Collector):
                "Read NVIDIA_VISIBLE_DEVICES (nothing else) from one process per container, to find the container "
                "of a GPU that NVML lists no process for."),
         Option("max-processes", "int", 2048, "Inspect at most this many workload processes (the rest are logged)."),
+        Option("job-env", "bool", True,
+               "Read the launcher's rank and job variables (an allow-list: RANK, WORLD_SIZE, SLURM_JOB_ID, ...; "
+               "nothing else) once from each GPU process's environment, for its job and rank identity."),
     )
 
     def __init__(self, ctx: CollectorContext) -> None:
@@ -94,6 +97,9 @@ class WorkloadCollector(Collector):
         self.cgroot = Path(root) if root else ctx.sys("fs", "cgroup")
         self.container_env = bool(ctx.options.get("container-env", True))
         self.max_processes = max(1, int(ctx.options.get("max-processes", 2048)))
+        self.job_env = bool(ctx.options.get("job-env", True))
+        # (pid, start time) -> the allow-listed environment's identity, None when unreadable: read once per process.
+        self._ranks: dict[tuple[int, int], jobident.JobIdentity | None] = {}
         self._tag = f"{id(self):x}"
         self._table: dict[int, ProcNode] = {}
         self._env: dict[tuple[str, int], tuple[str, ...] | None] = {}
@@ -123,11 +129,15 @@ class WorkloadCollector(Collector):
         note: str | None = None
         if version is None:
             note = f"no cgroup hierarchy at {self.cgroot} (check --path.sysfs / --collector.workload.cgroupfs)"
+        ranks: dict[int, jobident.JobIdentity] = {}
         for pid in sorted(roots):
             m = self._membership(pid)
             if m is None:
                 continue
             memberships[pid] = m
+            ident = self._identity(pid, m.path)
+            if ident is not None:
+                ranks[pid] = ident
             if version is None:
                 continue
             owner = cg.owner_of(m.path)
@@ -164,8 +174,11 @@ class WorkloadCollector(Collector):
             nodes[pid] = ProcNode(node.pid, node.ppid, node.comm, node.start, group_of.get(pid), remotes, waits,
                                   peers.get(pid, 0))
         self.ctx.targets.publish_workload(p for p in nodes if p not in roots)
+        live = {(p, n.start) for p, n in self._table.items()}
+        for key in [k for k in self._ranks if k not in live]:
+            del self._ranks[key]
         return WorkloadSample(processes=MappingProxyType(nodes), groups=MappingProxyType(groups),
-                              cgroup_version=version, note=note)
+                              cgroup_version=version, note=note, ranks=MappingProxyType(ranks))
 
     def _children(self) -> dict[int, list[int]]:
         """Parent pid -> its children's pids, from the process table."""
@@ -289,7 +302,33 @@ class WorkloadCollector(Collector):
                 todo.extend(children.get(pid, ()))
         return out
 
-        # ---- cgroups ----------------------------------------------------------------------------------------------
+    def _identity(self, pid: int, path: str) -> jobident.JobIdentity | None:
+        """The process's job and rank: its environment's allow-listed variables (read once per process) merged
+        with what its cgroup path says; None when neither names anything."""
+        node = self._table.get(pid)
+        env: jobident.JobIdentity | None = None
+        if self.job_env and node is not None:
+            key = (pid, node.start)
+            if key not in self._ranks:
+                self._ranks[key] = self._environ(pid)
+            env = self._ranks[key]
+        ident = jobident.merge(env, jobident.from_cgroup_path(path))
+        named = ident.job_id or ident.rank is not None or ident.world_size is not None or ident.slurm_step
+        return ident if named else None
+
+    def _environ(self, pid: int) -> jobident.JobIdentity | None:
+        """The allow-listed variables of /proc/<pid>/environ; None when it cannot be read (another uid without
+        CAP_SYS_PTRACE, hidepid, gone, or over ENVIRON_MAX)."""
+        try:
+            raw = read_bytes(self.ctx.proc(pid, "environ"), limit=ENVIRON_MAX)
+        except OSError as e:
+            if e.errno not in GONE and log.once(("workload_environ_unreadable", self._tag, str(pid))):
+                self.log.debug("workload_environ_unreadable", pid=pid, error=e.strerror or str(e),
+                               action="identity from the cgroup path only")
+            return None
+        return jobident.from_environ(jobident.allowed_environ(raw))
+
+    # ---- cgroups ----------------------------------------------------------------------------------------------
 
     def _version(self) -> int | None:
         """2 when the unified hierarchy is mounted at the cgroup root, 1 for per-controller mounts, else None."""

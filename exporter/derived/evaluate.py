@@ -17,10 +17,10 @@ from typing import Any
 from exporter import linkmath
 from exporter.derived import findings as fnd
 from exporter.derived import interconnect as ic
-from exporter.derived.gpuview import GpuView, activity_points, gpu_view
+from exporter.derived.gpuview import GpuView, activity_points, gpm_means, gpu_view
 from exporter.derived.hostshape import CpuShape, IoSignals, cpu_shape
 from exporter.derived.series import IDLE_LEVEL, Point, gaps, mean_and_idle
-from exporter.derived.verdict import WAITING_LEAVE, Candidate, classify
+from exporter.derived.verdict import WAITING_LEAVE, Candidate, classify, collective_wait
 from exporter.derived.workload import GroupSignals, Workload, enrich, group_signals
 from exporter.names import CAPTURE_INPUT, CAPTURE_LAUNCH, CAPTURE_SYNC
 from exporter.samples.capture import CaptureNote
@@ -235,6 +235,9 @@ def evaluate_gpu(
     if covered < span - PARTIAL_SLACK_S and judged.util is not None:
         cand = dataclasses.replace(cand, evidence=(
             *cand.evidence, f"a first reading: {covered:.0f} s of data so far, the window is {span:.0f} s"))
+    if mig is None and workload is not None and workload.rank is not None and cand.cause == "gpu_inefficient":
+        dram, tensor = gpm_means(w.fast if whole else since(w.fast, w.now - span), index)
+        cand = collective_wait(cand, judged, workload.rank, dram=dram, tensor=tensor)
     ident = identity(w, index)
     if mig is None and ident is not None and ident.mig_mode:
         # MIG mode without any GPU instance: nothing can run on the GPU until one is created.

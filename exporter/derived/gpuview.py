@@ -244,3 +244,13 @@ def gpu_view(
         shape_points=shape_pts,
         mig=mig,
     )
+
+
+def gpm_means(fast: Sequence[Stamped[GpuSample]], index: int) -> tuple[float | None, float | None]:
+    """Mean GPM DRAM-bandwidth and tensor-pipe activity of GPU ``index`` over ``fast`` (None without GPM)."""
+    f = _fast(fast, index)
+    out: list[float | None] = []
+    for name in ("dram_active", "tensor_active"):
+        vals = [v for _, v in _gpm_series(f, name)]
+        out.append(sum(vals) / len(vals) if vals else None)
+    return out[0], out[1]

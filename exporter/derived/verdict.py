@@ -4,7 +4,9 @@
    TensorBoard's input-pipeline analysis, >= 20% of the time waiting is "highly" bound (a waiting
    verdict); 5-20% is "moderately" bound and stays a working verdict with a note in the evidence.
 2. If working: is it doing a good job? Clocks pulled down by power/thermal reasons -> gpu_throttled;
-   kernels resident but SMs mostly inactive (GPM) -> gpu_inefficient; else healthy.
+   kernels resident but SMs mostly inactive (GPM) -> gpu_inefficient, or collective_wait when the process is
+   one rank of a multi-rank job, SMs nearly idle, no DRAM or tensor activity and a quiet host (the
+   collectives wait for a slower peer: :func:`collective_wait`); else healthy.
 3. If waiting, on what? Its NVLinks or the network adapter on its PCIe switch near the capacity of their current
    links -> network_bound (a collective waiting on the wire: exporter/derived/interconnect.py says which path);
    PCIe near the current link's capacity -> transfer_bound; threads in D state
@@ -22,6 +24,7 @@ from exporter.clockevents import THERMAL_REASONS
 from exporter.derived.gpuview import GpuView
 from exporter.derived.hostshape import SATURATED_CORE, CpuShape, IoSignals, ProcLoad, ThreadLoad
 from exporter.derived.interconnect import WireLoad
+from exporter.jobident import JobIdentity
 from exporter.names import WAITING_CAUSES
 
 IDLE_UTIL = 0.03  # below this mean utilisation no work is being submitted (DESIGN.md: idle)
@@ -39,6 +42,13 @@ IO_SCORE = 3
 # capacity while the GPU waits: its collectives wait on the wire. Above TRANSFER_LINK: GPUDirect traffic from the
 # adapter also crosses the GPU's PCIe link, and a wire slower than PCIe is the narrower of the two.
 NETWORK_LINK = 0.7
+
+# collective_wait: a collective waiting for a peer keeps NCCL's kernel resident on one CTA per channel (at most
+# 32 by default, NCCL_MAX_CTAS) -- 24% of an H100's 132 SMs, 30% of an A100's 108 -- spinning on flags: SM
+# activity at most this share of the kernel-resident time, with next to no DRAM bandwidth or tensor-pipe use.
+COLLECTIVE_SM = 0.35
+COLLECTIVE_DRAM = 0.10
+COLLECTIVE_TENSOR = 0.05
 
 WAITING_CAUSES_SET = frozenset(WAITING_CAUSES)
 
@@ -496,6 +506,28 @@ def classify(
         ev.append(f"moderately bound: waiting {_pct(waiting)} (5-20%); most likely on {wcause}")
     return Candidate("healthy", round(min(0.95, 0.5 + util / 2), 2), waiting, wcause, tuple(ev))
 
+
+def collective_wait(cand: Candidate, view: GpuView, rank: JobIdentity | None, *, dram: float | None,
+                    tensor: float | None) -> Candidate:
+    """``gpu_inefficient`` turned ``collective_wait`` when the GPU's process is one rank of a multi-rank job, its
+    SMs are nearly idle (:data:`COLLECTIVE_SM`), DRAM and tensor pipes quiet and the host shows no pressure (the
+    best waiting cause is latency_bound): the signature of collectives spinning while a slower peer catches up.
+    Any other candidate is returned as it is -- a single-process job stays gpu_inefficient, a GPU doing real
+    work keeps its verdict, and without GPM's DRAM and tensor activity nothing is claimed."""
+    if cand.cause != "gpu_inefficient" or rank is None or not rank.multi_rank:
+        return cand
+    sm, util = view.sm_active, view.util
+    if cand.waiting_cause != "latency_bound" or sm is None or not util or sm / util > COLLECTIVE_SM:
+        return cand
+    if dram is None or tensor is None or dram >= COLLECTIVE_DRAM or tensor >= COLLECTIVE_TENSOR:
+        return cand
+    return Candidate("collective_wait", 0.75, cand.waiting_ratio, cand.waiting_cause, (
+        f"{view.name} kernels resident {_pct(util)} but SM active only {_pct(sm)}, DRAM {_pct(dram)}, tensor "
+        f"{_pct(tensor)}: kernels spinning on a few SMs, as collectives do while they wait",
+        f"its process is {rank.describe()}; this host shows no pressure (no saturated thread, no IO, PCIe quiet)",
+        "the cause is likely on another rank's host: the slowest rank of the job holds every other one "
+        "(GpufeedJobStraggler names it and its host's cause)",
+    ))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,9 @@ collector's process tree and groups, and the kubelet's device assignments:
   cgroup path, ``namespace`` / ``pod`` / ``container`` from the kubelet's assignment of the GPU's UUID, only
   for a GPU that has a workload. One set per GPU (the join in PromQL needs one series per GPU): the group of
   the context process holding the most GPU memory.
+- **Job and rank** (:mod:`exporter.jobident`): ``job_id`` / ``rank`` / ``world_size`` / ``slurm_step`` of that
+  same context process, from its launcher's variables and its cgroup path; a rank that names no job in a pod
+  takes the pod name's stem.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exporter import jobident
 from exporter.cgroup import OWN_CGROUP
 from exporter.derived.hostshape import CpuShape
 from exporter.samples.gpu import GpuIdentity, GpuSample, GpuSlow
@@ -41,7 +45,7 @@ STRAY_MEMORY_RATIO = 4.0  # a context with 4x less memory than the same process 
 POOLED_KINDS = frozenset({"container", "slurm_job"})
 UNSEEN_MIN = 0.25  # cores of a group's usage no process accounts for, before they count
 UNSEEN_SHARE = 0.2  # ... and at least this share of its usage
-LABELS = ("container_id", "namespace", "pod", "container", "slurm_job_id", "unit")
+LABELS = ("container_id", "namespace", "pod", "container", "slurm_job_id", "unit", *jobident.LABELS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,7 @@ class Workload:
     pooled: bool = False  # every process of ``group`` is in ``members``: its CPU accounting is the workload's
     # Members without a GPU context that hold TCP connections: (pid, threads waiting to receive, remote ends).
     network: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
+    rank: jobident.JobIdentity | None = None  # the distributed job its main context process is one rank of
 
     def describe(self) -> str:
         """The group for evidence: ``container 3b2a1c4d5e6f (pod vision/trainer-0)``, ``Slurm job 4242``."""
@@ -214,12 +219,25 @@ def workloads(
             elif primary is not None and primary.pod_uid:
                 notes.append(f"pod {primary.pod_uid}: namespace and name unknown (the kubelet's pod-resources API "
                              "is not available or does not name this GPU)")
+        rank = _rank(by_mem, wl, labels.get("pod")) if members else None
+        if rank is not None:
+            labels.update(rank.labels())
         out[idx] = Workload(gpu=idx, context=ctx[idx], members=tuple(sorted(members)), group=primary,
                             labels=MappingProxyType({k: labels[k] for k in LABELS if k in labels}),
                             notes=tuple(notes), stray=stray.get(idx, ()), pooled=pooled,
                             network=tuple((p, nodes[p].net_waits, nodes[p].remotes) for p in sorted(members)
-                                          if p not in ctx[idx] and p in nodes and nodes[p].remotes))
+                                          if p not in ctx[idx] and p in nodes and nodes[p].remotes), rank=rank)
     return out
+
+
+def _rank(by_mem: Sequence[int], wl: WorkloadSample | None, pod: str | None) -> jobident.JobIdentity | None:
+    """The job and rank of the first context process (most GPU memory first) that has one."""
+    ranks = wl.ranks if wl is not None else {}
+    for p in by_mem:
+        ident = ranks.get(p)
+        if ident is not None:
+            return jobident.with_pod(ident, pod)
+    return None
 
 
 def _sees(visible: tuple[str, ...], index: int, uuid: str) -> bool:

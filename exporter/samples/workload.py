@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from exporter.jobident import JobIdentity
 from exporter.samples.host import PressureTotals
 
 
@@ -81,16 +82,22 @@ class CgroupInfo:
     errors: tuple[str, ...] = ()
 
 
+def _no_ranks() -> Mapping[int, JobIdentity]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadSample:
     """The GPU processes' tree and groups. ``processes`` holds the GPU processes, their descendants and the
     members of their groups (and of containers that see a GPU); ``groups`` is keyed by cgroup path.
-    ``cgroup_version`` is None when no cgroup hierarchy could be read (then ``note`` says why)."""
+    ``cgroup_version`` is None when no cgroup hierarchy could be read (then ``note`` says why). ``ranks`` holds
+    each GPU process's job and rank identity (:mod:`exporter.jobident`) where anything names one."""
 
     processes: Mapping[int, ProcNode]
     groups: Mapping[str, CgroupInfo]
     cgroup_version: int | None
     note: str | None = None
+    ranks: Mapping[int, JobIdentity] = field(default_factory=_no_ranks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -349,7 +349,7 @@ def _processes(r: Reader, v: object, host: Host, gpus: tuple[Gpu, ...]) -> tuple
         out.append(Process(pid=pid, comm=comm, gpus=tuple(gl), cpus_allowed=cpus, mems_allowed=mems, threads=threads,
                            mig=_process_mig(r, m, p, gl, gpus),
                            ppid=ppid, cgroup=group, start_s=start_s, exit_s=exit_s,
-                           tcp_remotes=remotes, pipes=pipes, receiving_threads=receiving))
+                           tcp_remotes=remotes, pipes=pipes, receiving_threads=receiving, job=v2.rank_of(r, m, p)))
     v2.check_tree(r, tuple(out))
     return tuple(out)
 

@@ -139,6 +139,27 @@ class Gpu:
 
 
 @dataclass(frozen=True, slots=True)
+class RankOf:
+    """One process's place in a distributed job (version-2 key ``processes[].job``): what its launcher puts in
+    its environment -- torchrun's ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` / ``TORCHELASTIC_RUN_ID``, or
+    ``srun``'s ``SLURM_JOB_ID`` / ``SLURM_STEP_ID`` / ``SLURM_PROCID`` / ``SLURM_NTASKS``."""
+
+    id: str
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    launcher: str = "torchrun"  # torchrun | slurm
+
+    def environ(self) -> tuple[str, ...]:
+        """The variables the launcher sets, as ``KEY=value``."""
+        if self.launcher == "slurm":
+            return (f"SLURM_JOB_ID={self.id}", "SLURM_STEP_ID=0", f"SLURM_PROCID={self.rank}",
+                    f"SLURM_LOCALID={self.local_rank}", f"SLURM_NTASKS={self.world_size}")
+        return (f"RANK={self.rank}", f"LOCAL_RANK={self.local_rank}", f"WORLD_SIZE={self.world_size}",
+                f"TORCHELASTIC_RUN_ID={self.id}", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500")
+
+
+@dataclass(frozen=True, slots=True)
 class Process:
     """A process using GPUs; its tids are ``pid .. pid+threads-1``. ``mig`` is the GPU instance it runs on
     when its GPUs are in MIG mode (project key ``processes[].mig``)."""
@@ -161,6 +182,7 @@ class Process:
     tcp_remotes: tuple[str, ...] = ()
     pipes: tuple[str, ...] = ()
     receiving_threads: int = 0
+    job: RankOf | None = None  # version 2: processes[].job, the distributed job it is one rank of
 
     def alive(self, t: float) -> bool:
         """Whether the process exists at scenario time ``t`` (SPEC v2 ``start_s``/``exit_s``; an ``exit_s``
@@ -456,7 +478,8 @@ class Phase:
 
 
 # The attribution labels of gpufeed_workload_info (DESIGN.md "Workloads"), in exposition order.
-WORKLOAD_LABELS = ("container_id", "namespace", "pod", "container", "slurm_job_id", "unit")
+WORKLOAD_LABELS = ("container_id", "namespace", "pod", "container", "slurm_job_id", "unit", "job_id", "rank",
+                   "world_size", "slurm_step")
 
 
 @dataclass(frozen=True, slots=True)

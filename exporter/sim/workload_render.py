@@ -139,6 +139,8 @@ class WorkloadRenderer:
         self.r.write(base / "cmdline", f"{p.comm}\0train.py\0")
         self.r.write(base / "cgroup", self._proc_cgroup(p))
         env = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root"]
+        if p.job is not None:
+            env.extend(p.job.environ())
         pod = self._pod_of.get(p.cgroup or "")
         if pod is not None:
             env.append(f"HOSTNAME={pod[0]}")

@@ -29,11 +29,12 @@ from exporter.sim.spec import (
     Pod,
     PodContainer,
     Process,
+    RankOf,
 )
 
 V2_TOP: tuple[str, ...] = ()
 V2_HOST = ("cgroup_version", "cgroups", "kubernetes")
-V2_PROCESS = ("ppid", "cgroup", "start_s", "exit_s", "tcp_remotes", "pipes", "receiving_threads")
+V2_PROCESS = ("ppid", "cgroup", "start_s", "exit_s", "tcp_remotes", "pipes", "receiving_threads", "job")
 V2_PROCESS_STATE = ("storage_read_bytes_per_s", "children_cpu")
 V2_THREAD_GROUP = ("comm", "run_delay", "voluntary_switches_per_s", "nonvoluntary_switches_per_s")
 V2_HOST_STATE = ("cgroups",)
@@ -216,6 +217,30 @@ def process_links(r: Reader, m: Mapping[Any, Any], path: str, threads: int,
     if waiting and not remotes:
         raise r.fail(path + ".receiving_threads", "needs tcp_remotes (the connection its threads receive on)")
     return tuple(remotes), pipes, waiting
+
+
+LAUNCHERS = ("torchrun", "slurm")
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def rank_of(r: Reader, m: Mapping[Any, Any], path: str) -> RankOf | None:
+    """``processes[].job``: ``{id, rank, world_size, local_rank, launcher}`` -- the distributed job the process is
+    one rank of, written to its environment as its launcher would (exporter/jobident.py reads it back)."""
+    if m.get("job") is None:
+        return None
+    p = path + ".job"
+    jm = r.mapping(m["job"], p)
+    r.keys(jm, p, ("id", "rank", "world_size", "local_rank", "launcher"), ("id", "rank", "world_size"))
+    job_id = r.string(jm["id"], p + ".id")
+    launcher = r.string(jm.get("launcher", "torchrun"), p + ".launcher")
+    if launcher not in LAUNCHERS:
+        raise r.fail(p + ".launcher", f"unknown launcher {launcher!r} (known: {', '.join(LAUNCHERS)})")
+    if not _JOB_ID.match(job_id) or (launcher == "slurm" and not job_id.isdigit()):
+        raise r.fail(p + ".id", f"bad job id {job_id!r} (a Slurm job id is digits; else letters, digits, '._-')")
+    world = r.integer(jm["world_size"], p + ".world_size", 1, 1 << 20)
+    rank = r.integer(jm["rank"], p + ".rank", 0, world - 1)
+    local = r.integer(jm.get("local_rank", 0), p + ".local_rank", 0, world - 1)
+    return RankOf(job_id, rank, world, local, launcher)
 
 
 def check_tree(r: Reader, procs: tuple[Process, ...]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,3 +21,15 @@ def promtool() -> str:
     if path is None:
         pytest.fail("promtool not found: install Debian's prometheus package (tools/ensure-test-deps.sh)")
     return path
+
+
+def starter(tmp: Path, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> Callable[[str, list[str]], None]:
+    """``start(name, argv)``: run ``argv`` in ``tmp`` with its output in ``tmp/<name>.log``, kept in ``procs`` (to
+    stop) and ``logs`` (to show on failure)."""
+    def start(name: str, argv: list[str]) -> None:
+        log = tmp / f"{name}.log"
+        logs.append(log)
+        with log.open("wb") as fh:
+            procs.append(subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          cwd=tmp))
+    return start

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.rules.conftest import REPO
+from tests.rules.conftest import REPO, starter
 from tests.rules.test_helm import _one, render
 from tests.rules.test_integration import (
     SPEED,
@@ -115,12 +115,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[Path] = []
 
-    def start(name: str, argv: list[str]) -> None:
-        log = tmp / f"{name}.log"
-        logs.append(log)
-        with log.open("wb") as fh:
-            procs.append(subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          cwd=tmp))
+    start = starter(tmp, procs, logs)
 
     try:
         target = f"127.0.0.1:{free_port()}"

@@ -50,6 +50,8 @@ class GpuSpec:
     max_link: tuple[int, int] = (5, 16)
     pids: tuple[int, ...] = (4242,)
     max_clock_hz: float = 1.98e9
+    tensor: Fn | None = None  # GPM tensor-pipe and DRAM-bandwidth activity (None: not sampled)
+    dram: Fn | None = None
 
 
 def identity(g: GpuSpec) -> GpuIdentity:
@@ -86,7 +88,9 @@ def gpu_windows(
             # GPM metrics average the interval that ends at the sample, like the collector's pairs.
             sm = g.sm(max(t0, t - dt)) if (g.sm and g.gpm) else None
             per[g.index] = GpuFast(
-                sm_active=sm, sm_occupancy=None, tensor_active=None, dram_active=None,
+                sm_active=sm, sm_occupancy=None,
+                tensor_active=g.tensor(max(t0, t - dt)) if (g.tensor and g.gpm) else None,
+                dram_active=g.dram(max(t0, t - dt)) if (g.dram and g.gpm) else None,
                 pcie_tx_bytes_per_s=g.tx(t), pcie_rx_bytes_per_s=g.rx(t),
                 fields=MappingProxyType({"pcie_tx_bytes": float(int(txt[g.index])),
                                          "pcie_rx_bytes": float(int(rxt[g.index])), "pcie_replays": 0.0}),
