@@ -31,8 +31,10 @@ def test_a_tiny_attack_run_reports_every_phase_for_every_daemon_and_leaves_none_
         for name in targets:
             got = report["phases"][phase][name]
             probe, res = got["probe"], got["resources"]
-            assert probe["total"] >= 5 and 0 <= probe["failed"] <= probe["total"], (phase, name, probe)
-            assert probe["p50_ms"] <= probe["p99_ms"] <= probe["max_ms"], (phase, name, probe)
+            # at least the first request (a starved probe may manage only a few in 2 s: a result, not a fault)
+            assert probe["total"] >= 1 and 0 <= probe["failed"] <= probe["total"], (phase, name, probe)
+            if probe["status"].get("200"):  # latencies are of the 200s (NaN when there were none)
+                assert probe["p50_ms"] <= probe["p99_ms"] <= probe["max_ms"], (phase, name, probe)
             assert 0 < res["rss_start_mib"] <= res["rss_peak_mib"] and res["fds_peak"] > 0, (phase, name, res)
             assert res["cpu_pct"] >= 0 and res["wall_s"] >= 1.5, (phase, name, res)
     for name in targets:
