@@ -644,7 +644,20 @@ def self_alerts(cfg: dict[str, Any]) -> list[Rule]:
         "Prometheus cannot scrape gpufeed on {{ $labels.instance }} (job {{ $labels.job }}) for "
         f"{cfg['target_down']['for']}: no GPU verdicts, findings or alerts for that host until it is back.",
     )
-    return [failing, overruns, stale, down]
+    return [failing, overruns, stale, down, web_config_alert(cfg)]
+
+
+def web_config_alert(cfg: dict[str, Any]) -> Rule:
+    """A refused reload of --web.config.file (the gauges exist only with that flag)."""
+    return alert(
+        cfg, "GpufeedWebConfigReloadFailed", "web_config_reload_failed",
+        "gpufeed_web_config_last_reload_successful == 0",
+        "gpufeed on {{ $labels.instance }} refused its web config file",
+        "gpufeed on {{ $labels.instance }} has refused the last re-read of --web.config.file for "
+        f"{cfg['web_config_reload_failed']['for']}: the file is broken or would turn TLS or basic auth off "
+        "without allow_downgrade: true. The previous TLS and auth stay in force, so a rotated certificate or "
+        "password is not applied. The log has web_config_reload_failed with the reason.",
+    )
 
 
 def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -104,16 +105,19 @@ class Latencies:
 
 
 async def scraper(
-    port: int, stop_at: float, out: Latencies, *, interval: float = 0.0, request: bytes = SCRAPE
+    port: int, stop_at: float, out: Latencies, *, interval: float = 0.0, request: bytes = SCRAPE,
+    tls: ssl.SSLContext | None = None, error_at: list[float] | None = None,
 ) -> None:
-    """One keep-alive scraper: GET /metrics until ``stop_at`` (every ``interval`` s, or back to back)."""
+    """One keep-alive scraper: GET /metrics until ``stop_at`` (every ``interval`` s, or back to back), over TLS
+    with ``tls``; when each failed request was sent (seconds from the start) goes to ``error_at``."""
     reader: asyncio.StreamReader | None = None
     writer: asyncio.StreamWriter | None = None
+    started = time.monotonic()
     while time.monotonic() < stop_at:
         t0 = time.monotonic()
         try:
             if writer is None:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port), 5)
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port, ssl=tls), 5)
             assert reader is not None and writer is not None
             writer.write(request)
             status, _, close = await asyncio.wait_for(read_response(reader), 10)
@@ -125,6 +129,8 @@ async def scraper(
                 writer, reader = None, None
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as e:
             out.errors[type(e).__name__] += 1
+            if error_at is not None:
+                error_at.append(round(t0 - started, 1))
             if writer is not None:
                 writer.close()
             writer = None

@@ -457,6 +457,19 @@
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedtargetdown" % $._config),
             },
           },
+          {
+            "alert": "GpufeedWebConfigReloadFailed",
+            "expr": "gpufeed_web_config_last_reload_successful == 0",
+            "for": ("%(str_web_config_reload_failed_for)s" % $._config),
+            "labels": {
+              "severity": ("%(str_web_config_reload_failed_severity)s" % $._config),
+            },
+            "annotations": {
+              "summary": "gpufeed on {{ $labels.instance }} refused its web config file",
+              "description": ("gpufeed on {{ $labels.instance }} has refused the last re-read of --web.config.file for %(str_web_config_reload_failed_for)s: the file is broken or would turn TLS or basic auth off without allow_downgrade: true. The previous TLS and auth stay in force, so a rotated certificate or password is not applied. The log has web_config_reload_failed with the reason." % $._config),
+              "runbook_url": ("%(runbookBaseUrl)s#gpufeedwebconfigreloadfailed" % $._config),
+            },
+          },
         ],
       },
     ],

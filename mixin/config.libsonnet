@@ -140,6 +140,10 @@
         "severity": "warning",
         "for": "5m",
       },
+      "web_config_reload_failed": {
+        "severity": "warning",
+        "for": "5m",
+      },
     },
     str_pcie_link_downgraded_severity:: self.thresholds["pcie_link_downgraded"]["severity"],
     str_pcie_link_downgraded_for:: self.thresholds["pcie_link_downgraded"]["for"],
@@ -242,5 +246,7 @@
     pct_samples_stale_max_age_seconds:: self.thresholds["samples_stale"]["max_age_seconds"] * 100,
     str_target_down_severity:: self.thresholds["target_down"]["severity"],
     str_target_down_for:: self.thresholds["target_down"]["for"],
+    str_web_config_reload_failed_severity:: self.thresholds["web_config_reload_failed"]["severity"],
+    str_web_config_reload_failed_for:: self.thresholds["web_config_reload_failed"]["for"],
   },
 }
