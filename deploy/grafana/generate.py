@@ -597,6 +597,15 @@ def exporter_row() -> tuple[str, list[tuple[Panel, int, int]]]:
                "running, per second (GpufeedSamplerOverruns at the orange line).",
                [target(f"rate(gpufeed_sampler_overruns_total{{{H}}}[{RI}])", "{{sampler}}")], unit="ops",
                minmax=(0, None), steps=OVERRUNS), 12, 7),
+        (panel("stat", "Web config in force",
+               "With --web.config.file: whether the last reload was applied (GpufeedWebConfigReloadFailed when "
+               "not), and whether TLS and basic auth are on now. Empty without a web config.",
+               [target(f"gpufeed_web_config_last_reload_successful{{{H}}}", "last reload applied", instant=True),
+                target(f"gpufeed_web_config_tls_enabled{{{H}}}", "TLS", instant=True),
+                target(f"gpufeed_web_config_auth_enabled{{{H}}}", "basic auth", instant=True)],
+               mappings=[{"type": "value", "options": {"0": {"text": "no", "color": "red", "index": 0},
+                                                       "1": {"text": "yes", "color": "green", "index": 1}}}],
+               steps=COLLECTOR_OK), 24, 4),
     ])
 
 def host() -> dict[str, Any]:
@@ -645,6 +654,11 @@ def host() -> dict[str, Any]:
             (panel("timeseries", "GPU time waiting, by cause", "GPU-seconds per second waiting on each cause.",
                    [target(f"sum by (gpu, cause) (rate(gpufeed_gpu_waiting_seconds_total{{{HG}}}[{RI}]))",
                            "GPU {{gpu}} {{cause}}")], unit=GPUS, stack=True, minmax=(0, None)), 12, 8),
+            (panel("timeseries", "Power drawn while waiting, by cause",
+                   "Watts each GPU spent while it waited, by cause (gpufeed_gpu_waiting_joules_total): the energy "
+                   "cost of waiting. Only GPUs with an energy counter.",
+                   [target(f"sum by (gpu, cause) (rate(gpufeed_gpu_waiting_joules_total{{{HG}}}[{RI}]))",
+                           "GPU {{gpu}} {{cause}}")], unit="watt", stack=True, minmax=(0, None)), 24, 7),
             (panel("stat", "Verdict confidence", "gpufeed_gpu_bottleneck_confidence.",
                    [target(f"gpufeed_gpu_bottleneck_confidence{{{HG}}}", "GPU {{gpu}}", instant=True)],
                    unit="percentunit", minmax=(0, 1)), 6, 5),
