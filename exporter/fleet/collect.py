@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from typing import Any
 
 from exporter import log
 from exporter import thresholds as judgements
@@ -435,23 +436,27 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
 
     observed = {g: [sum(per[s][i] for s in STATES) for i in range(n)] for g, per in state_s.items()}
     findings = _findings(w, _series(res, "findings"), presence, observed)
+    return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, group_state_s=group_state,
+                     group_cause_s=group_cause, findings=tuple(findings), sources=tuple(sources), notes=tuple(notes),
+                     **_instant_parts(res, by, findings))
+
+
+def _instant_parts(res: Mapping[str, list[Series] | list[Sample]], by: str,
+                   findings: Sequence[FindingTrack]) -> dict[str, Any]:
+    """FleetData's models, links, idle gaps and joules, from their (instant) queries' answers."""
     models: dict[GpuId, str] = {}
     for smp in sorted(_samples(res, "models"), key=lambda x: x.labels.get("name", "")):
         models.setdefault(_gpu(smp.labels), smp.labels.get("name", ""))
-    links = _links(res, {tr.gpu for tr in findings if tr.check == "pcie_link_downgraded"})
-    gaps = _gaps(res)
     cause_j: dict[GpuId, dict[str, float]] = defaultdict(dict)
     for smp in _samples(res, "gpu_joules"):
         if math.isfinite(smp.value):
             cause_j[_gpu(smp.labels)][smp.labels.get("cause", "")] = max(0.0, smp.value)
     group_j: dict[str, dict[str, float]] = defaultdict(dict)
-    if by != "host":
-        for smp in _samples(res, "group_joules"):
-            if math.isfinite(smp.value):
-                group_j[smp.labels.get(BY_LABEL[by], "")][smp.labels.get("cause", "")] = max(0.0, smp.value)
-    return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, models=models, group_state_s=group_state,
-                     group_cause_s=group_cause, findings=tuple(findings), links=links, gaps=gaps,
-                     sources=tuple(sources), notes=tuple(notes), cause_j=dict(cause_j), group_cause_j=dict(group_j))
+    for smp in _samples(res, "group_joules") if by != "host" else []:
+        if math.isfinite(smp.value):
+            group_j[smp.labels.get(BY_LABEL[by], "")][smp.labels.get("cause", "")] = max(0.0, smp.value)
+    return {"models": models, "links": _links(res, {tr.gpu for tr in findings if tr.check == "pcie_link_downgraded"}),
+            "gaps": _gaps(res), "cause_j": dict(cause_j), "group_cause_j": dict(group_j)}
 
 
 def _findings(window: Window, series: Sequence[Series], presence: Mapping[GpuId, Sequence[float]],
@@ -625,21 +630,9 @@ def collect_aggregated(client: PrometheusClient, opts: CollectOptions, progress:
         presence = {_gpu(s.labels): _per_step(w, s.points) for s in _series(more, "presence")}
         observed = {_gpu(s.labels): _per_step(w, s.points) for s in _series(more, "observed")}
         findings = _findings(w, finding_series, presence, observed)
-    models: dict[GpuId, str] = {}
-    for smp in sorted(_samples(res, "models"), key=lambda x: x.labels.get("name", "")):
-        models.setdefault(_gpu(smp.labels), smp.labels.get("name", ""))
-    links = _links(res, {tr.gpu for tr in findings if tr.check == "pcie_link_downgraded"})
-    cause_j: dict[GpuId, dict[str, float]] = defaultdict(dict)
-    for smp in _samples(res, "gpu_joules"):
-        if math.isfinite(smp.value):
-            cause_j[_gpu(smp.labels)][smp.labels.get("cause", "")] = max(0.0, smp.value)
-    group_j: dict[str, dict[str, float]] = defaultdict(dict)
-    for smp in _samples(res, "group_joules") if by != "host" else []:
-        if math.isfinite(smp.value):
-            group_j[smp.labels.get(BY_LABEL[by], "")][smp.labels.get("cause", "")] = max(0.0, smp.value)
     for f in families:
         _log.info("report_source", family=f, kind="rules", note="aggregated")
-    return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, models=models, group_state_s=group_state,
-                     group_cause_s=group_cause, findings=tuple(findings), links=links, gaps=_gaps(res),
-                     sources=sources, notes=tuple(notes), cause_j=dict(cause_j), group_cause_j=dict(group_j),
+    return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, group_state_s=group_state,
+                     group_cause_s=group_cause, findings=tuple(findings), sources=sources, notes=tuple(notes),
+                     **_instant_parts(res, by, findings),
                      fleet_state_s=fleet_state, fleet_cause_s=fleet_cause)
