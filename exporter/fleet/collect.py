@@ -542,8 +542,6 @@ def aggregated_queries(window: Window, by: str, rules: Mapping[str, RuleInfo]) -
                         f"GPU time by {label} per GPU"))
         qs.append(Query(f"{family}:fleet", f"sum by ({label}) (sum_over_time({rule}[{win}])) * {iv}",
                         True, f"fleet GPU time by {label} per step"))
-    qs.append(Query("rule_gpus", f'count(count by (job, instance, gpu) (count_over_time({GPU_STATE_RULE}[{win}])))',
-                    True, "GPUs with rule data per step"))
     qs.append(Query("raw_gpus", f'count(max by (job, instance, gpu) (count_over_time({STATE_METRIC}_total'
                                 f'{{state="idle"}}[{win}])) >= 2)', True, "GPUs with raw data per step"))
     if by != "host":
@@ -579,11 +577,16 @@ def collect_aggregated(client: PrometheusClient, opts: CollectOptions, progress:
                                 "(python3 alerts/generate.py), or use --source auto")
     runner = _Runner(client, w, progress, opts.selector)
     res = runner.run(aggregated_queries(w, by, rules))
-    # The GPU rules must cover the GPU-steps the raw series cover (where this Prometheus holds raw series).
-    rule_n = _per_step(w, next(iter(_series(res, "rule_gpus")), Series({}, ())).points)
+    # The GPU rules must cover the GPU-steps the raw series cover, where this Prometheus holds raw series (a
+    # second round: on a server with the rules only, such as a long-term store, there is nothing to compare).
     raw_n = _per_step(w, next(iter(_series(res, "raw_gpus")), Series({}, ())).points)
     need = sum(raw_n)
-    covered = sum(min(a, b) for a, b in zip(rule_n, raw_n, strict=True)) / need if need else 1.0
+    covered = 1.0
+    if need:
+        rule_q = Query("rule_gpus", f'count(count by (job, instance, gpu) (count_over_time({GPU_STATE_RULE}'
+                                    f'{{state="idle"}}[{left_open(w.step)}])))', True, "GPUs with rule data per step")
+        rule_n = _per_step(w, next(iter(_series(runner.run([rule_q]), "rule_gpus")), Series({}, ())).points)
+        covered = sum(min(a, b) for a, b in zip(rule_n, raw_n, strict=True)) / need
     if covered < MIN_COVERAGE:
         raise MissingRulesError(f"recording rule {GPU_STATE_RULE} has data for only {covered:.0%} of the range "
                                 "(loaded after the range began?): use --source auto to fall back")
