@@ -12,6 +12,12 @@ or from a recording rule of its rate, summed step by step over the range ``(star
 
 A rule is used only where it is loaded, healthy and covers the range as well as the raw series do; otherwise
 the raw series are used and the report says why (``model.Source``). Queries run four at a time.
+
+``--source rules`` reads the aggregated form (``collect_aggregated``): Prometheus sums the rules per GPU over the
+whole range (one number per GPU and state), per owner, and for the fleet per step; no per-GPU series of steps is
+ever asked for, so the answer grows with the GPUs, not with GPUs x steps (4,096 GPUs x 30 days: docs/benchmarks.md).
+The raw series it still reads (models, findings, links, idle gaps) are instant or sparse, and are simply absent
+from a Prometheus (or Thanos, Mimir) that holds the rules only.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from typing import Any
 
 from exporter import log
 from exporter import thresholds as judgements
@@ -328,6 +335,8 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
     """Query everything the review needs; NoDataError when the range holds no gpufeed series, MissingRulesError when
     ``opts.source == "rules"`` and a rule the report needs is unusable."""
     w, by = opts.window, opts.by
+    if opts.source == "rules":
+        return collect_aggregated(client, opts, progress)
     families = ["gpu_state", "gpu_cause"] + (["group_state", "group_cause"] if by != "host" else [])
     rules: dict[str, RuleInfo] = {}
     rules_api = ""
@@ -427,23 +436,27 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
 
     observed = {g: [sum(per[s][i] for s in STATES) for i in range(n)] for g, per in state_s.items()}
     findings = _findings(w, _series(res, "findings"), presence, observed)
+    return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, group_state_s=group_state,
+                     group_cause_s=group_cause, findings=tuple(findings), sources=tuple(sources), notes=tuple(notes),
+                     **_instant_parts(res, by, findings))
+
+
+def _instant_parts(res: Mapping[str, list[Series] | list[Sample]], by: str,
+                   findings: Sequence[FindingTrack]) -> dict[str, Any]:
+    """FleetData's models, links, idle gaps and joules, from their (instant) queries' answers."""
     models: dict[GpuId, str] = {}
     for smp in sorted(_samples(res, "models"), key=lambda x: x.labels.get("name", "")):
         models.setdefault(_gpu(smp.labels), smp.labels.get("name", ""))
-    links = _links(res, {tr.gpu for tr in findings if tr.check == "pcie_link_downgraded"})
-    gaps = _gaps(res)
     cause_j: dict[GpuId, dict[str, float]] = defaultdict(dict)
     for smp in _samples(res, "gpu_joules"):
         if math.isfinite(smp.value):
             cause_j[_gpu(smp.labels)][smp.labels.get("cause", "")] = max(0.0, smp.value)
     group_j: dict[str, dict[str, float]] = defaultdict(dict)
-    if by != "host":
-        for smp in _samples(res, "group_joules"):
-            if math.isfinite(smp.value):
-                group_j[smp.labels.get(BY_LABEL[by], "")][smp.labels.get("cause", "")] = max(0.0, smp.value)
-    return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, models=models, group_state_s=group_state,
-                     group_cause_s=group_cause, findings=tuple(findings), links=links, gaps=gaps,
-                     sources=tuple(sources), notes=tuple(notes), cause_j=dict(cause_j), group_cause_j=dict(group_j))
+    for smp in _samples(res, "group_joules") if by != "host" else []:
+        if math.isfinite(smp.value):
+            group_j[smp.labels.get(BY_LABEL[by], "")][smp.labels.get("cause", "")] = max(0.0, smp.value)
+    return {"models": models, "links": _links(res, {tr.gpu for tr in findings if tr.check == "pcie_link_downgraded"}),
+            "gaps": _gaps(res), "cause_j": dict(cause_j), "group_cause_j": dict(group_j)}
 
 
 def _findings(window: Window, series: Sequence[Series], presence: Mapping[GpuId, Sequence[float]],
@@ -507,3 +520,122 @@ def _gaps(res: Mapping[str, list[Series] | list[Sample]]) -> dict[GpuId, GapHist
         out[g] = GapHistogram(gpu=g, bounds=tuple(les[:-1]), cumulative=tuple(per[le] for le in les),
                               sum_s=sums.get(g, 0.0))
     return out
+
+
+# ------------------------------------------------------------------------------------------ aggregated form
+
+
+def _instance_regex(instances: Sequence[str]) -> str:
+    """A PromQL string literal's content matching exactly ``instances`` (RE2, backslashes doubled)."""
+    return "|".join(re.escape(i) for i in sorted(set(instances))).replace("\\", "\\\\")
+
+
+def aggregated_queries(window: Window, by: str, rules: Mapping[str, RuleInfo]) -> list[Query]:
+    """The queries of the aggregated form: GPU-seconds per GPU over the range and per fleet step from the GPU
+    rules, per owner over the range from the owner rules, and the (instant or sparse) raw series."""
+    rng, win = left_open(window.seconds), left_open(window.step)
+    qs = []
+    for family, rule, label in (("gpu_state", GPU_STATE_RULE, "state"), ("gpu_cause", GPU_CAUSE_RULE, "cause")):
+        iv = f"{rules[rule].interval_s:g}"
+        qs.append(Query(f"{family}:total",
+                        f"sum by (job, instance, gpu, {label}) (sum_over_time({rule}[{rng}])) * {iv}", False,
+                        f"GPU time by {label} per GPU"))
+        qs.append(Query(f"{family}:fleet", f"sum by ({label}) (sum_over_time({rule}[{win}])) * {iv}",
+                        True, f"fleet GPU time by {label} per step"))
+    qs.append(Query("raw_gpus", f'count(max by (job, instance, gpu) (count_over_time({STATE_METRIC}_total'
+                                f'{{state="idle"}}[{win}])) >= 2)', True, "GPUs with raw data per step"))
+    if by != "host":
+        label = BY_LABEL[by]
+        for family, part in (("group_state", "state"), ("group_cause", "cause")):
+            rule = group_rule(by, part)
+            qs.append(Query(f"{family}:total", f"sum by ({label}, {part}) (sum_over_time({rule}[{rng}])) * "
+                                               f"{rules[rule].interval_s:g}", False, f"GPU time by {by} and {part}"))
+    raw = [q for q in base_queries(window, by) if q.key != "presence"]
+    return qs + raw + energy_queries(window, by, rules, True)
+
+
+def finding_queries(window: Window, instances: Sequence[str], rules: Mapping[str, RuleInfo]) -> list[Query]:
+    """Per-step presence and observed seconds of the hosts that had a finding only (the findings' weights)."""
+    win, match = left_open(window.step), f'instance=~"{_instance_regex(instances)}"'
+    return [
+        Query("presence", f'max by (job, instance, gpu) (count_over_time({STATE_METRIC}_total{{state="idle", {match}}}'
+                          f"[{win}]))", True, "scrapes per step of hosts with findings"),
+        Query("observed", f"sum by (job, instance, gpu) (sum_over_time({GPU_STATE_RULE}{{{match}}}[{win}])) * "
+                          f"{rules[GPU_STATE_RULE].interval_s:g}", True, "GPU time per step of hosts with findings"),
+    ]
+
+
+def collect_aggregated(client: PrometheusClient, opts: CollectOptions, progress: Progress | None = None) -> FleetData:
+    """``collect`` for ``--source rules``: the same figures from aggregates Prometheus computes (module doc)."""
+    w, by = opts.window, opts.by
+    families = ["gpu_state", "gpu_cause"] + (["group_state", "group_cause"] if by != "host" else [])
+    names = [GPU_STATE_RULE, GPU_CAUSE_RULE] + [group_rule(by, p) for p in ("state", "cause") if by != "host"]
+    rules = {r.name: r for r in client.rules()}
+    missing = [p for n in names if (p := _rule_problem(rules, n))]
+    if missing:
+        raise MissingRulesError("; ".join(missing) + ": load alerts/gpufeed-recording.yml "
+                                "(python3 alerts/generate.py), or use --source auto")
+    runner = _Runner(client, w, progress, opts.selector)
+    res = runner.run(aggregated_queries(w, by, rules))
+    # The GPU rules must cover the GPU-steps the raw series cover, where this Prometheus holds raw series (a
+    # second round: on a server with the rules only, such as a long-term store, there is nothing to compare).
+    raw_n = _per_step(w, next(iter(_series(res, "raw_gpus")), Series({}, ())).points)
+    need = sum(raw_n)
+    covered = 1.0
+    if need:
+        rule_q = Query("rule_gpus", f'count(count by (job, instance, gpu) (count_over_time({GPU_STATE_RULE}'
+                                    f'{{state="idle"}}[{left_open(w.step)}])))', True, "GPUs with rule data per step")
+        rule_n = _per_step(w, next(iter(_series(runner.run([rule_q]), "rule_gpus")), Series({}, ())).points)
+        covered = sum(min(a, b) for a, b in zip(rule_n, raw_n, strict=True)) / need
+    if covered < MIN_COVERAGE:
+        raise MissingRulesError(f"recording rule {GPU_STATE_RULE} has data for only {covered:.0%} of the range "
+                                "(loaded after the range began?): use --source auto to fall back")
+    totals = {f: _samples(res, f"{f}:total") for f in families}
+    if not totals["gpu_state"]:
+        where = f" matching {{{opts.selector}}}" if opts.selector else ""
+        raise NoDataError(f"no gpufeed data between {iso(w.start)} and {iso(w.end)} on {client.url}: no "
+                          f"{GPU_STATE_RULE} series{where} in that range (are the recording rules loaded and "
+                          "evaluated? are --end and --range right?)")
+    sources = tuple(Source(family=f, kind="rules", series=names[i], note="") for i, f in enumerate(families))
+
+    def per_gpu(smps: Sequence[Sample], key: str, keys: Sequence[str]) -> dict[GpuId, dict[str, tuple[float, ...]]]:
+        out: dict[GpuId, dict[str, tuple[float, ...]]] = {}
+        for smp in smps:
+            out.setdefault(_gpu(smp.labels), dict.fromkeys(keys, (0.0,)))[smp.labels.get(key, "")] = (
+                smp.value if math.isfinite(smp.value) else 0.0,)
+        return out
+
+    state_s = per_gpu(totals["gpu_state"], "state", STATES)
+    cause_s = per_gpu(totals["gpu_cause"], "cause", WAITING_CAUSES)
+    for g in state_s:
+        cause_s.setdefault(g, dict.fromkeys(WAITING_CAUSES, (0.0,)))
+    fleet_state = {s.labels.get("state", ""): tuple(_per_step(w, s.points)) for s in _series(res, "gpu_state:fleet")}
+    fleet_cause = {s.labels.get("cause", ""): tuple(_per_step(w, s.points)) for s in _series(res, "gpu_cause:fleet")}
+
+    group_state: dict[str, dict[str, float]] = {}
+    group_cause: dict[str, dict[str, float]] = {}
+    notes: list[str] = []
+    if by != "host":
+        label = BY_LABEL[by]
+        for fname, target, part in (("group_state", group_state, "state"), ("group_cause", group_cause, "cause")):
+            for smp in totals[fname]:
+                if math.isfinite(smp.value):
+                    target.setdefault(smp.labels.get(label, ""), {})[smp.labels.get(part, "")] = smp.value
+        if not _series(res, "workloads") and not group_state:
+            notes.append(f"No gpufeed_workload_info series with a {label} label in the range: GPU time cannot be "
+                         f"split by {by} (is the workload identity of gpufeed enabled on these hosts?).")
+
+    # Findings are weighed per step by the seconds their GPUs were observed: read for the hosts with one only.
+    finding_series = _series(res, "findings")
+    findings: list[FindingTrack] = []
+    if finding_series:
+        more = runner.run(finding_queries(w, [s.labels.get("instance", "") for s in finding_series], rules))
+        presence = {_gpu(s.labels): _per_step(w, s.points) for s in _series(more, "presence")}
+        observed = {_gpu(s.labels): _per_step(w, s.points) for s in _series(more, "observed")}
+        findings = _findings(w, finding_series, presence, observed)
+    for f in families:
+        _log.info("report_source", family=f, kind="rules", note="aggregated")
+    return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, group_state_s=group_state,
+                     group_cause_s=group_cause, findings=tuple(findings), sources=sources, notes=tuple(notes),
+                     **_instant_parts(res, by, findings),
+                     fleet_state_s=fleet_state, fleet_cause_s=fleet_cause)

@@ -371,11 +371,13 @@ def _timeline(data: FleetData) -> Timeline:
     n = data.window.steps
     state = {s: [0.0] * n for s in STATES}
     cause = {c: [0.0] * n for c in WAITING_CAUSES}
-    for per in data.state_s.values():
+    aggregated = bool(data.fleet_state_s)
+    # Aggregated form: the fleet's steps as Prometheus summed them (state_s then holds range totals per GPU).
+    for per in [data.fleet_state_s] if aggregated else data.state_s.values():
         for s in STATES:
             for i, v in enumerate(per.get(s, ())):
                 state[s][i] += max(0.0, v) / 3600
-    for per in data.cause_s.values():
+    for per in [data.fleet_cause_s] if aggregated else data.cause_s.values():
         for c in WAITING_CAUSES:
             for i, v in enumerate(per.get(c, ())):
                 cause[c][i] += max(0.0, v) / 3600

@@ -96,7 +96,10 @@ class GapHistogram:
 
 @dataclass(frozen=True, slots=True)
 class FleetData:
-    """Everything the figures are computed from. Seconds are GPU-seconds per step of ``window``."""
+    """Everything the figures are computed from. Seconds are GPU-seconds per step of ``window``, except in the
+    aggregated form (``fleet_state_s`` set: ``collect_aggregated``), where ``state_s`` and ``cause_s`` hold one
+    value per GPU, its GPU-seconds over the whole range, and the fleet's per-step figures are in ``fleet_state_s``
+    and ``fleet_cause_s`` (summed by Prometheus, so the report never holds a per-GPU series of steps)."""
 
     window: Window
     by: str  # a key of BY_LABEL
@@ -114,3 +117,6 @@ class FleetData:
     # namespace / Slurm job (empty for --by host). A GPU without an energy counter is absent.
     cause_j: Mapping[GpuId, Mapping[str, float]] = field(default_factory=dict)
     group_cause_j: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # The fleet's GPU-seconds per step by state and by cause (aggregated form); empty: summed from state_s.
+    fleet_state_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    fleet_cause_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)

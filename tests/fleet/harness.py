@@ -95,12 +95,12 @@ class PromServer:
 
 
 def start_prometheus(binary: str, data: Path, rule_files: Sequence[Path], workdir: Path, *, name: str,
-                     port: int | None = None) -> PromServer:
+                     port: int | None = None, eval_interval_s: int = EVAL_INTERVAL_S) -> PromServer:
     """Start prometheus over ``data`` with ``rule_files``; returns once /-/ready answers (30 s at most)."""
     port = port or free_port()
     config = workdir / f"{name}.yml"
     config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1m", "evaluation_interval": f"{EVAL_INTERVAL_S}s"},
+        "global": {"scrape_interval": "1m", "evaluation_interval": f"{eval_interval_s}s"},
         "rule_files": [str(f) for f in rule_files],
         "scrape_configs": [],
     }))

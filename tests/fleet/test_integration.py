@@ -322,3 +322,80 @@ def test_page_renders_in_headless_chromium_with_every_section_and_plot(namespace
     # The page is taller than one screen but not empty below the fold: its last section painted too.
     rows = [y for y in range(0, 7200, 40) if img.crop((0, y, 1280, y + 40)).convert("L").getextrema()[0] < 100]
     assert rows and rows[-1] > 4000
+
+
+def _same(a: dict[str, Any], b: dict[str, Any], what: str, abs_h: float = 0.01) -> None:
+    for part in ("state_hours", "cause_hours"):
+        for k, v in b[part].items():
+            close(a[part][k], v, f"{what} {k}", abs_h=abs_h)
+
+
+def test_source_rules_reads_aggregates_and_gives_the_raw_paths_figures(fleet_servers: Backfilled, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--by", "namespace", "--price-per-gpu-hour", "2.5", "--price-per-kwh", "0.3")
+    agg = report(fleet_servers, "rules", tmp_path, capsys, "--source", "rules", *args)
+    raw = report(fleet_servers, "raw", tmp_path, capsys, "--source", "raw", *args)
+    assert agg.rc == 0 and raw.rc == 0, agg.stderr + raw.stderr
+    a, r = agg.json, raw.json
+    check_figures(a, fleet_servers.fleet)
+    check_groups(a, fleet_servers.fleet, "namespace")
+    assert {s["kind"] for s in a["sources"]} == {"rules"} and {s["kind"] for s in r["sources"]} == {"raw"}
+    _same(a["fleet"]["breakdown"], r["fleet"]["breakdown"], "fleet")
+    assert (a["fleet"]["gpus"], a["fleet"]["hosts"]) == (r["fleet"]["gpus"], r["fleet"]["hosts"])
+    assert [h["instance"] for h in a["hosts"]] == [h["instance"] for h in r["hosts"]]
+    for ha, hr in zip(a["hosts"], r["hosts"], strict=True):
+        _same(ha["breakdown"], hr["breakdown"], ha["instance"])
+        assert ha["models"] == hr["models"] and ha["findings"] == hr["findings"]
+    assert [g["name"] for g in a["groups"]] == [g["name"] for g in r["groups"]]
+    for ga, gr in zip(a["groups"], r["groups"], strict=True):
+        # The raw path joins owners on 5-minute increases, the rules on rate5m: a workload change lands in
+        # either side's 5 minutes (both are checked against the truth above).
+        _same(ga["breakdown"], gr["breakdown"], ga["name"], abs_h=ABS_H)
+    assert [(f["instance"], f["check"], f["episodes"]) for f in a["findings"]] == [
+        (f["instance"], f["check"], f["episodes"]) for f in r["findings"]]
+    for fa, fr in zip(a["findings"], r["findings"], strict=True):
+        close(fa["hours"], fr["hours"], f"finding {fa['instance']} {fa['check']}")
+    assert [m["name"] for m in a["models"]] == [m["name"] for m in r["models"]]
+    assert [(g["instance"], g["gpu"], g["counts"]) for g in a["idle_gaps"]] == [
+        (g["instance"], g["gpu"], g["counts"]) for g in r["idle_gaps"]]
+    close(a["cost"]["total"]["cost"], r["cost"]["total"]["cost"], "cost of waiting")
+
+
+def test_source_rules_asks_for_aggregates_not_per_gpu_steps(fleet_servers: Backfilled) -> None:
+    """Count what each query returns: the range queries (per step) return a series per state, cause or host with
+    a finding, never one per GPU; per-GPU figures come from instant queries, one number per GPU and label."""
+    from exporter.fleet.collect import CollectOptions, collect
+    from exporter.fleet.model import Window
+    from exporter.fleet.promapi import HttpOptions, PrometheusClient, Sample, Series
+
+    asked: list[tuple[str, bool, int, int]] = []  # expr, ranged, series, points
+
+    class Counting(PrometheusClient):
+        def query(self, expr: str, at: float) -> list[Sample]:
+            res = super().query(expr, at)
+            asked.append((expr, False, len(res), len(res)))
+            return res
+
+        def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
+            res = super().query_range(expr, start, end, step)
+            asked.append((expr, True, len(res), sum(len(s.points) for s in res)))
+            return res
+
+    fleet = fleet_servers.fleet
+    gpus = sum(len(p.gpus) for p in fleet.plans)
+    window = Window(fleet.start, fleet.end, 3600)
+    data = collect(Counting(fleet_servers.rules.url, HttpOptions()),
+                   CollectOptions(window=window, by="namespace", source="rules"))
+    assert len(data.state_s) == gpus and all(len(v) == 1 for per in data.state_s.values() for v in per.values())
+    ranged = [(e, n) for e, is_range, n, _ in asked if is_range]
+    finding_hosts = {tr.gpu.instance for tr in data.findings}
+    for expr, n in ranged:
+        if "gpufeed_finding" in expr or "instance=~" in expr:
+            # Sparse: the findings, and the per-step weights of the hosts that had one only.
+            assert "instance=~" not in expr or n <= sum(len(p.gpus) for p in fleet.plans
+                                                        if fleet.instance(p) in finding_hosts)
+        else:
+            assert n <= max(len(STATES), len(WAITING_CAUSES)), expr
+    assert any(not r and "sum by (job, instance, gpu, state)" in e for e, r, _, _ in asked)
+    # Fewer points than one per-GPU series of steps per state would be.
+    assert sum(p for _, r, _, p in asked if r) < gpus * len(STATES) * window.steps
