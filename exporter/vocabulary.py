@@ -123,7 +123,7 @@ VERDICT_LIST = (
             evidence=("gpufeed_gpu_sm_active_seconds_total", "gpufeed_gpu_busy_seconds_total")),
     # One rank of a distributed job whose GPU spins in collectives (NCCL kernels resident, a few SMs) waiting
     # for a slower peer: the cause is on another rank's host (GpufeedJobStraggler names it), not here.
-    Verdict("collective_wait", "waiting for a slower rank", "working", "#ad1457",
+    Verdict("collective_wait", "waiting for a slower rank", "working", "#455a64",
             "the job's slowest rank: the GpufeedJobStraggler alert or the fleet dashboard's Jobs row names its host "
             "and cause; run gpufeed diagnose there",
             "Nothing to fix on this GPU: its collectives wait for a slower rank. Fix the straggler's cause on its "

@@ -161,8 +161,9 @@ class WorkloadCollector(Collector):
         keep = self._relevant(roots, groups)
         if self._reused(keep - fresh):  # a pid of the workload is another process now: follow the new tree
             keep = self._relevant(roots, groups)
-        peers = self._piped_siblings(roots, keep)
-        keep |= self._descendants(peers)
+        children = self._children()
+        peers = _piped_siblings(self.ctx.proc, self._table, children, roots, keep)
+        keep |= _descendants(children, peers, self.max_processes)
         nodes: dict[int, ProcNode] = {}
         group_of = {pid: path for path, info in groups.items() for pid in info.members}
         tcp: dict[str, dict[int, str]] = {}  # per network namespace: socket inode -> remote end
@@ -266,41 +267,6 @@ class WorkloadCollector(Collector):
             if log.once(("workload_cgroup_malformed", self._tag, str(pid))):
                 self.log.warning("workload_cgroup_malformed", pid=pid, file=f"/proc/{pid}/cgroup", reason=str(e))
             return None
-
-    # ---- siblings that feed a GPU process ----------------------------------------------------------------------
-
-    def _piped_siblings(self, roots: frozenset[int], keep: set[int]) -> dict[int, int]:
-        """Siblings of each GPU process (children of its parent, not init's) that share a pipe with it on a
-        descriptor beyond stdio: sibling pid -> GPU pid. A launcher's queue between a decode service and the
-        trainer is such a pipe; a pipe both inherited as stdout (a supervisor's log) is not counted."""
-        out: dict[int, int] = {}
-        children = self._children()
-        for root in sorted(roots):
-            gpu = self._table.get(root)
-            if gpu is None or gpu.ppid <= 1:
-                continue
-            siblings = [p for p in sorted(children.get(gpu.ppid, ())) if p not in keep and p not in roots]
-            if not siblings:
-                continue
-            mine = _pipes(self.ctx.proc, root)
-            if not mine:
-                continue
-            for sib in siblings[:MAX_SIBLINGS]:
-                if sib not in out and mine & _pipes(self.ctx.proc, sib):
-                    out[sib] = root
-        return out
-
-    def _descendants(self, pids: Mapping[int, int]) -> set[int]:
-        """``pids`` and their descendants in the process table (bounded like the workload)."""
-        children = self._children()
-        out: set[int] = set()
-        todo = list(pids)
-        while todo and len(out) < self.max_processes:
-            pid = todo.pop()
-            if pid not in out:
-                out.add(pid)
-                todo.extend(children.get(pid, ()))
-        return out
 
     def _identity(self, pid: int, path: str) -> jobident.JobIdentity | None:
         """The process's job and rank: its environment's allow-listed variables (read once per process) merged
@@ -663,6 +629,42 @@ def _tcp(proc: ProcPath, pid: int) -> dict[int, str]:
         except OSError:
             continue
         out.update(parse_tcp(text))
+    return out
+
+
+# ---- siblings that feed a GPU process ----------------------------------------------------------------------------
+
+def _piped_siblings(proc: ProcPath, table: Mapping[int, ProcNode], children: Mapping[int, list[int]],
+                    roots: frozenset[int], keep: set[int]) -> dict[int, int]:
+    """Siblings of each GPU process (children of its parent, not init's) that share a pipe with it on a
+    descriptor beyond stdio: sibling pid -> GPU pid. A launcher's queue between a decode service and the
+    trainer is such a pipe; a pipe both inherited as stdout (a supervisor's log) is not counted."""
+    out: dict[int, int] = {}
+    for root in sorted(roots):
+        gpu = table.get(root)
+        if gpu is None or gpu.ppid <= 1:
+            continue
+        siblings = [p for p in sorted(children.get(gpu.ppid, ())) if p not in keep and p not in roots]
+        if not siblings:
+            continue
+        mine = _pipes(proc, root)
+        if not mine:
+            continue
+        for sib in siblings[:MAX_SIBLINGS]:
+            if sib not in out and mine & _pipes(proc, sib):
+                out[sib] = root
+    return out
+
+
+def _descendants(children: Mapping[int, list[int]], pids: Mapping[int, int], limit: int) -> set[int]:
+    """``pids`` and their descendants in the process table (at most ``limit``, bounded like the workload)."""
+    out: set[int] = set()
+    todo = list(pids)
+    while todo and len(out) < limit:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(children.get(pid, ()))
     return out
 
 
