@@ -33,6 +33,7 @@ from exporter.fleet.model import (
     FleetData,
     GapHistogram,
     GpuId,
+    JobWaits,
     LinkState,
     Source,
     Window,
@@ -48,6 +49,7 @@ from exporter.fleet.promapi import (
     Series,
     UnreachableError,
 )
+from exporter.fleet.stragglers import LATENCY_BOUND
 from exporter.names import STATES, WAITING_CAUSES
 
 EXIT_NO_DATA = 5
@@ -441,9 +443,47 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
         for smp in _samples(res, "group_joules"):
             if math.isfinite(smp.value):
                 group_j[smp.labels.get(BY_LABEL[by], "")][smp.labels.get("cause", "")] = max(0.0, smp.value)
+    jobs, jobs_source = _stragglers(runner, w, rules if opts.source != "raw" else {})
     return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, models=models, group_state_s=group_state,
                      group_cause_s=group_cause, findings=tuple(findings), links=links, gaps=gaps,
-                     sources=tuple(sources), notes=tuple(notes), cause_j=dict(cause_j), group_cause_j=dict(group_j))
+                     sources=tuple(sources), notes=tuple(notes), cause_j=dict(cause_j), group_cause_j=dict(group_j),
+                     jobs=jobs, jobs_source=jobs_source)
+
+
+# The straggler rules (alerts/generate.py, job_rules): GPUs of each job in collective_wait, recorded every minute;
+# a rank's own waiting is every waiting cause but latency_bound (stragglers.LATENCY_BOUND).
+JOB_COLLECTIVE_RULE = "job:gpufeed_gpus_collective_wait:count"
+
+
+def _stragglers(runner: _Runner, w: Window, rules: Mapping[str, RuleInfo]) -> tuple[tuple[JobWaits, ...], str]:
+    """Per distributed job (gpufeed_workload_info's namespace and job_id) and step: the GPU-seconds its ranks spent
+    in collective_wait -- from the rule job:gpufeed_gpus_collective_wait:count (one sample per evaluation
+    interval: a sum over time times the interval) where loaded and healthy, else the same count of
+    gpufeed_gpu_bottleneck{cause="collective_wait"} on a 1-minute subquery -- and the GPU-seconds its ranks waited
+    on each cause of their own host (raw counters, every cause but latency_bound as the straggler rules count)."""
+    ranks = f'topk by ({_AGG}job, instance, gpu) (1, gpufeed_workload_info{{job_id!=""}})'
+    join = f"* on ({_AGG}job, instance, gpu) group_left (namespace, job_id) {ranks}"
+    if not _rule_problem(rules, JOB_COLLECTIVE_RULE):
+        source = JOB_COLLECTIVE_RULE
+        collective = (f"sum by (namespace, job_id) (sum_over_time({JOB_COLLECTIVE_RULE}[{left_open(w.step)}]))"
+                      f" * {rules[JOB_COLLECTIVE_RULE].interval_s:g}")
+    else:
+        source = 'gpufeed_gpu_bottleneck{cause="collective_wait"}'
+        collective = (f"sum_over_time((count by (namespace, job_id) ({source} {join}))[{left_open(w.step)}:1m])"
+                      " * 60")
+    own = (f'sum by (namespace, job_id, cause) (increase({CAUSE_METRIC}_total{{cause!="{LATENCY_BOUND}"}}'
+           f"[{_ms(w.step)}]) {join})")
+    res = runner.run([Query("job_collective", collective, True, "GPUs waiting for a slower rank"),
+                      Query("job_own_cause", own, True, "ranks' own waiting")])
+    collective_s = {(s.labels.get("namespace", ""), s.labels.get("job_id", "")): tuple(_per_step(w, s.points))
+                    for s in _series(res, "job_collective")}
+    own_s: dict[tuple[str, str], dict[str, tuple[float, ...]]] = defaultdict(dict)
+    for s in _series(res, "job_own_cause"):
+        own_s[(s.labels.get("namespace", ""), s.labels.get("job_id", ""))][s.labels.get("cause", "")] = tuple(
+            _per_step(w, s.points))
+    jobs = tuple(JobWaits(namespace=ns, job_id=jid, collective_s=c, own_cause_s=dict(own_s.get((ns, jid), {})))
+                 for (ns, jid), c in sorted(collective_s.items()) if any(v > 0 for v in c))
+    return jobs, source
 
 
 def _findings(window: Window, series: Sequence[Series], presence: Mapping[GpuId, Sequence[float]],

@@ -15,6 +15,7 @@ from typing import Any
 
 from exporter.fleet.model import FindingTrack, FleetData, GpuId, LinkState, Source, Window, iso
 from exporter.fleet.playbook import CAUSE_LABELS, FINDING_LABELS, finding_fix, fix_for
+from exporter.fleet.stragglers import Stragglers, stragglers
 from exporter.names import STATES, WAITING_CAUSES
 
 SCHEMA_VERSION = 1
@@ -230,6 +231,7 @@ class Report:
     models: tuple[ModelRow, ...]
     idle_gaps: tuple[GapRow, ...]
     cost: Cost
+    stragglers: Stragglers
     comparison: Comparison | None = None
 
 
@@ -705,7 +707,7 @@ def build_report(data: FleetData, *, prometheus: str, generated_at: float, top: 
         by=data.by, top=top, sources=data.sources, notes=data.notes, summary=text,
         fleet=fleet, timeline=_timeline(data), groups=tuple(groups), unattributed=rest, hosts=tuple(hosts),
         findings=tuple(host_findings), finding_details=tuple(finding_rows), models=tuple(models),
-        idle_gaps=tuple(_gaps(data, top_gpus)), cost=cost,
+        idle_gaps=tuple(_gaps(data, top_gpus)), cost=cost, stragglers=stragglers(data, top),
     )
     if previous is None:
         return report
