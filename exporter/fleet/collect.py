@@ -455,12 +455,13 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
 JOB_COLLECTIVE_RULE = "job:gpufeed_gpus_collective_wait:count"
 
 
-def _stragglers(runner: _Runner, w: Window, rules: Mapping[str, RuleInfo]) -> tuple[tuple[JobWaits, ...], str]:
+def straggler_queries(w: Window, rules: Mapping[str, RuleInfo]) -> tuple[list[Query], str]:
     """Per distributed job (gpufeed_workload_info's namespace and job_id) and step: the GPU-seconds its ranks spent
     in collective_wait -- from the rule job:gpufeed_gpus_collective_wait:count (one sample per evaluation
     interval: a sum over time times the interval) where loaded and healthy, else the same count of
     gpufeed_gpu_bottleneck{cause="collective_wait"} on a 1-minute subquery -- and the GPU-seconds its ranks waited
-    on each cause of their own host (raw counters, every cause but latency_bound as the straggler rules count)."""
+    on each cause of their own host (raw counters, every cause but latency_bound as the straggler rules count).
+    Returns the queries and the series the collective_wait count came from."""
     ranks = f'topk by ({_AGG}job, instance, gpu) (1, gpufeed_workload_info{{job_id!=""}})'
     join = f"* on ({_AGG}job, instance, gpu) group_left (namespace, job_id) {ranks}"
     if not _rule_problem(rules, JOB_COLLECTIVE_RULE):
@@ -473,8 +474,14 @@ def _stragglers(runner: _Runner, w: Window, rules: Mapping[str, RuleInfo]) -> tu
                       " * 60")
     own = (f'sum by (namespace, job_id, cause) (increase({CAUSE_METRIC}_total{{cause!="{LATENCY_BOUND}"}}'
            f"[{_ms(w.step)}]) {join})")
-    res = runner.run([Query("job_collective", collective, True, "GPUs waiting for a slower rank"),
-                      Query("job_own_cause", own, True, "ranks' own waiting")])
+    return [Query("job_collective", collective, True, "GPUs waiting for a slower rank"),
+            Query("job_own_cause", own, True, "ranks' own waiting")], source
+
+
+def _stragglers(runner: _Runner, w: Window, rules: Mapping[str, RuleInfo]) -> tuple[tuple[JobWaits, ...], str]:
+    """Each distributed job's waits (``straggler_queries``) that had any rank in collective_wait, and the source."""
+    queries, source = straggler_queries(w, rules)
+    res = runner.run(queries)
     collective_s = {(s.labels.get("namespace", ""), s.labels.get("job_id", "")): tuple(_per_step(w, s.points))
                     for s in _series(res, "job_collective")}
     own_s: dict[tuple[str, str], dict[str, tuple[float, ...]]] = defaultdict(dict)
