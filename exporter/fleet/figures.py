@@ -701,13 +701,19 @@ def build_report(data: FleetData, *, prometheus: str, generated_at: float, top: 
     cost = _cost(data, fb, groups=groups, rest=rest, hosts=hosts, gpu_hour=price_per_gpu_hour, kwh=price_per_kwh)
     text = summary(fleet, w, data.by, groups=groups, findings=host_findings, links=data.links, models=models,
                    unattributed=rest, cost=cost)
+    lost = stragglers(data, top)
+    if lost.jobs:
+        worst, cause = lost.jobs[0], lost.by_cause[0]
+        text += (f" Distributed jobs lost {hours_text(lost.lost_gpu_hours)} GPU-hours waiting for stragglers, most "
+                 f"to {cause.cause} ({hours_text(cause.gpu_hours)}); {worst.job_id} lost most "
+                 f"({hours_text(worst.lost_gpu_hours)}).")
     report = Report(
         schema_version=SCHEMA_VERSION, generated_at=iso(generated_at), prometheus=prometheus,
         range=RangeInfo(start=iso(w.start), end=iso(w.end), seconds=w.seconds, step_seconds=w.step),
         by=data.by, top=top, sources=data.sources, notes=data.notes, summary=text,
         fleet=fleet, timeline=_timeline(data), groups=tuple(groups), unattributed=rest, hosts=tuple(hosts),
         findings=tuple(host_findings), finding_details=tuple(finding_rows), models=tuple(models),
-        idle_gaps=tuple(_gaps(data, top_gpus)), cost=cost, stragglers=stragglers(data, top),
+        idle_gaps=tuple(_gaps(data, top_gpus)), cost=cost, stragglers=lost,
     )
     if previous is None:
         return report

@@ -273,7 +273,10 @@ def test_straggler_loss_is_charged_step_by_step_to_the_cause_the_ranks_waited_on
                    {"transfer_bound": (0.9 * H, 0.1 * H, 0.0), "io_bound": (0.0, 0.5 * H, 0.0)})
     small = JobWaits("llm", "small", (0.0, 0.5 * H, 0.0), {"input_bound": (0.0, 0.2 * H, 0.0)})
     data = dataclasses.replace(fleet(), jobs=(small, big), jobs_source="job:gpufeed_gpus_collective_wait:count")
-    s = build_report(data, prometheus="p", generated_at=1.7e9, top=1).stragglers
+    r = build_report(data, prometheus="p", generated_at=1.7e9, top=1)
+    assert r.summary.endswith(" Distributed jobs lost 5.5 GPU-hours waiting for stragglers, most to transfer_bound "
+                              "(3.0); big lost most (5.0).")
+    s = r.stragglers
     assert [(j.job_id, j.lost_gpu_hours) for j in s.jobs] == [("big", 5.0)]  # --top 1: the larger only
     assert [(c.cause, c.gpu_hours) for c in s.jobs[0].by_cause] == [
         ("transfer_bound", 3.0), ("io_bound", 1.0), ("unknown", 1.0)]
