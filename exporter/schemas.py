@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from exporter.fleet.stragglers import LATENCY_BOUND
+from exporter.fleet.stragglers import UNKNOWN as STRAGGLER_UNKNOWN
 from exporter.names import CAPTURE_LABELS, CAPTURE_TRIGGERS, FINDINGS, SEVERITIES, VERDICTS, WAITING_CAUSES
 from exporter.regen import write_or_check
 
@@ -43,6 +45,9 @@ def fleet_vocabulary(schema: dict[str, Any]) -> dict[str, Any]:
     for choice in defs["breakdown"]["properties"]["dominant_cause"]["oneOf"]:  # null, or one of the causes
         if "enum" in choice:
             choice["enum"] = list(WAITING_CAUSES)
+    if "cause_loss" in defs:  # a straggler's cause (exporter/fleet/stragglers.py): latency_bound is never one
+        defs["cause_loss"]["properties"]["cause"]["enum"] = [
+            *(c for c in WAITING_CAUSES if c != LATENCY_BOUND), STRAGGLER_UNKNOWN]
     return schema
 
 

@@ -40,6 +40,7 @@ from exporter.fleet.model import (
     FleetData,
     GapHistogram,
     GpuId,
+    JobWaits,
     LinkState,
     Source,
     Window,
@@ -55,6 +56,7 @@ from exporter.fleet.promapi import (
     Series,
     UnreachableError,
 )
+from exporter.fleet.stragglers import LATENCY_BOUND
 from exporter.names import STATES, WAITING_CAUSES
 
 EXIT_NO_DATA = 5
@@ -436,9 +438,10 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
 
     observed = {g: [sum(per[s][i] for s in STATES) for i in range(n)] for g, per in state_s.items()}
     findings = _findings(w, _series(res, "findings"), presence, observed)
+    jobs, jobs_source = _stragglers(runner, w, rules if opts.source != "raw" else {})
     return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, group_state_s=group_state,
                      group_cause_s=group_cause, findings=tuple(findings), sources=tuple(sources), notes=tuple(notes),
-                     **_instant_parts(res, by, findings))
+                     jobs=jobs, jobs_source=jobs_source, **_instant_parts(res, by, findings))
 
 
 def _instant_parts(res: Mapping[str, list[Series] | list[Sample]], by: str,
@@ -457,6 +460,49 @@ def _instant_parts(res: Mapping[str, list[Series] | list[Sample]], by: str,
             group_j[smp.labels.get(BY_LABEL[by], "")][smp.labels.get("cause", "")] = max(0.0, smp.value)
     return {"models": models, "links": _links(res, {tr.gpu for tr in findings if tr.check == "pcie_link_downgraded"}),
             "gaps": _gaps(res), "cause_j": dict(cause_j), "group_cause_j": dict(group_j)}
+
+
+# The straggler rules (alerts/generate.py, job_rules): GPUs of each job in collective_wait, recorded every minute;
+# a rank's own waiting is every waiting cause but latency_bound (stragglers.LATENCY_BOUND).
+JOB_COLLECTIVE_RULE = "job:gpufeed_gpus_collective_wait:count"
+
+
+def straggler_queries(w: Window, rules: Mapping[str, RuleInfo]) -> tuple[list[Query], str]:
+    """Per distributed job (gpufeed_workload_info's namespace and job_id) and step: the GPU-seconds its ranks spent
+    in collective_wait -- from the rule job:gpufeed_gpus_collective_wait:count (one sample per evaluation
+    interval: a sum over time times the interval) where loaded and healthy, else the same count of
+    gpufeed_gpu_bottleneck{cause="collective_wait"} on a 1-minute subquery -- and the GPU-seconds its ranks waited
+    on each cause of their own host (raw counters, every cause but latency_bound as the straggler rules count).
+    Returns the queries and the series the collective_wait count came from."""
+    ranks = f'topk by ({_AGG}job, instance, gpu) (1, gpufeed_workload_info{{job_id!=""}})'
+    join = f"* on ({_AGG}job, instance, gpu) group_left (namespace, job_id) {ranks}"
+    if not _rule_problem(rules, JOB_COLLECTIVE_RULE):
+        source = JOB_COLLECTIVE_RULE
+        collective = (f"sum by (namespace, job_id) (sum_over_time({JOB_COLLECTIVE_RULE}[{left_open(w.step)}]))"
+                      f" * {rules[JOB_COLLECTIVE_RULE].interval_s:g}")
+    else:
+        source = 'gpufeed_gpu_bottleneck{cause="collective_wait"}'
+        collective = (f"sum_over_time((count by (namespace, job_id) ({source} {join}))[{left_open(w.step)}:1m])"
+                      " * 60")
+    own = (f'sum by (namespace, job_id, cause) (increase({CAUSE_METRIC}_total{{cause!="{LATENCY_BOUND}"}}'
+           f"[{_ms(w.step)}]) {join})")
+    return [Query("job_collective", collective, True, "GPUs waiting for a slower rank"),
+            Query("job_own_cause", own, True, "ranks' own waiting")], source
+
+
+def _stragglers(runner: _Runner, w: Window, rules: Mapping[str, RuleInfo]) -> tuple[tuple[JobWaits, ...], str]:
+    """Each distributed job's waits (``straggler_queries``) that had any rank in collective_wait, and the source."""
+    queries, source = straggler_queries(w, rules)
+    res = runner.run(queries)
+    collective_s = {(s.labels.get("namespace", ""), s.labels.get("job_id", "")): tuple(_per_step(w, s.points))
+                    for s in _series(res, "job_collective")}
+    own_s: dict[tuple[str, str], dict[str, tuple[float, ...]]] = defaultdict(dict)
+    for s in _series(res, "job_own_cause"):
+        own_s[(s.labels.get("namespace", ""), s.labels.get("job_id", ""))][s.labels.get("cause", "")] = tuple(
+            _per_step(w, s.points))
+    jobs = tuple(JobWaits(namespace=ns, job_id=jid, collective_s=c, own_cause_s=dict(own_s.get((ns, jid), {})))
+                 for (ns, jid), c in sorted(collective_s.items()) if any(v > 0 for v in c))
+    return jobs, source
 
 
 def _findings(window: Window, series: Sequence[Series], presence: Mapping[GpuId, Sequence[float]],
@@ -635,7 +681,8 @@ def collect_aggregated(client: PrometheusClient, opts: CollectOptions, progress:
         findings = _findings(w, finding_series, presence, observed)
     for f in families:
         _log.info("report_source", family=f, kind="rules", note="aggregated")
+    jobs, jobs_source = _stragglers(runner, w, rules)
     return FleetData(window=w, by=by, state_s=state_s, cause_s=cause_s, group_state_s=group_state,
                      group_cause_s=group_cause, findings=tuple(findings), sources=sources, notes=tuple(notes),
-                     **_instant_parts(res, by, findings),
+                     **_instant_parts(res, by, findings), jobs=jobs, jobs_source=jobs_source,
                      fleet_state_s=fleet_state, fleet_cause_s=fleet_cause)

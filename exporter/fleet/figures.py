@@ -15,6 +15,7 @@ from typing import Any
 
 from exporter.fleet.model import FindingTrack, FleetData, GpuId, LinkState, Source, Window, iso
 from exporter.fleet.playbook import CAUSE_LABELS, FINDING_LABELS, finding_fix, fix_for
+from exporter.fleet.stragglers import Stragglers, stragglers
 from exporter.names import STATES, WAITING_CAUSES
 
 SCHEMA_VERSION = 1
@@ -230,6 +231,7 @@ class Report:
     models: tuple[ModelRow, ...]
     idle_gaps: tuple[GapRow, ...]
     cost: Cost
+    stragglers: Stragglers
     comparison: Comparison | None = None
 
 
@@ -701,13 +703,19 @@ def build_report(data: FleetData, *, prometheus: str, generated_at: float, top: 
     cost = _cost(data, fb, groups=groups, rest=rest, hosts=hosts, gpu_hour=price_per_gpu_hour, kwh=price_per_kwh)
     text = summary(fleet, w, data.by, groups=groups, findings=host_findings, links=data.links, models=models,
                    unattributed=rest, cost=cost)
+    lost = stragglers(data, top)
+    if lost.jobs:
+        worst, cause = lost.jobs[0], lost.by_cause[0]
+        text += (f" Distributed jobs lost {hours_text(lost.lost_gpu_hours)} GPU-hours waiting for stragglers, most "
+                 f"to {cause.cause} ({hours_text(cause.gpu_hours)}); {worst.job_id} lost most "
+                 f"({hours_text(worst.lost_gpu_hours)}).")
     report = Report(
         schema_version=SCHEMA_VERSION, generated_at=iso(generated_at), prometheus=prometheus,
         range=RangeInfo(start=iso(w.start), end=iso(w.end), seconds=w.seconds, step_seconds=w.step),
         by=data.by, top=top, sources=data.sources, notes=data.notes, summary=text,
         fleet=fleet, timeline=_timeline(data), groups=tuple(groups), unattributed=rest, hosts=tuple(hosts),
         findings=tuple(host_findings), finding_details=tuple(finding_rows), models=tuple(models),
-        idle_gaps=tuple(_gaps(data, top_gpus)), cost=cost,
+        idle_gaps=tuple(_gaps(data, top_gpus)), cost=cost, stragglers=lost,
     )
     if previous is None:
         return report

@@ -95,6 +95,18 @@ class GapHistogram:
 
 
 @dataclass(frozen=True, slots=True)
+class JobWaits:
+    """One distributed job (gpufeed_workload_info's namespace and job_id), per step: the GPU-seconds its ranks spent
+    in collective_wait (waiting for a slower rank), and the GPU-seconds its ranks waited on each cause of their own
+    host (every waiting cause but latency_bound, as the straggler rules count it)."""
+
+    namespace: str
+    job_id: str
+    collective_s: tuple[float, ...]
+    own_cause_s: Mapping[str, tuple[float, ...]]
+
+
+@dataclass(frozen=True, slots=True)
 class FleetData:
     """Everything the figures are computed from. Seconds are GPU-seconds per step of ``window``, except in the
     aggregated form (``fleet_state_s`` set: ``collect_aggregated``), where ``state_s`` and ``cause_s`` hold one
@@ -120,3 +132,6 @@ class FleetData:
     # The fleet's GPU-seconds per step by state and by cause (aggregated form); empty: summed from state_s.
     fleet_state_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     fleet_cause_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    # Distributed jobs whose ranks waited in collectives, and the series that counted them (a rule or raw).
+    jobs: tuple[JobWaits, ...] = ()
+    jobs_source: str = ""

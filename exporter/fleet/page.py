@@ -9,7 +9,8 @@ from exporter.fleet.figures import Breakdown, Comparison, Cost, Delta, Report, a
 from exporter.fleet.playbook import CAUSE_LABELS, FINDING_FIXES, fix_for
 
 BY_TITLE = {"namespace": "namespaces", "job": "Slurm jobs", "host": "hosts"}
-SECTIONS = ("summary", "compare", "cost", "time", "groups", "hosts", "findings", "models", "gaps", "sources")
+SECTIONS = ("summary", "compare", "cost", "stragglers", "time", "groups", "hosts", "findings", "models", "gaps",
+            "sources")
 PLOT_CAPTIONS = {
     "totals": "Where the GPU-hours went: working, waiting by cause, idle.",
     "state-timeline": "Fleet GPU-hours per step, by state.",
@@ -207,6 +208,28 @@ def _cost(r: Report) -> str:
     return "".join(out)
 
 
+def _stragglers(r: Report) -> str:
+    """GPU-hours distributed jobs lost waiting for a slower rank, per job and by the straggler's cause."""
+    s = r.stragglers
+    out = ['<section id="stragglers"><h2>GPU-hours lost to stragglers</h2>\n']
+    if not s.jobs:
+        return "".join(out) + ('<p class="empty">No rank of a distributed job (gpufeed_workload_info job_id) waited '
+                               "for a slower rank (collective_wait) in the range.</p></section>\n")
+    out.append(f'<p class="meta">While one rank of a job is slow, the others wait for it in their collectives '
+               f"(collective_wait): the job loses those ranks x the time they waited, charged here to the cause the "
+               f"slow rank waited on, on its own host. Counted from {escape(s.source)}.</p>\n")
+    rows = [[f"<code>{escape(c.cause)}</code>", hours_text(c.gpu_hours)] for c in s.by_cause]
+    rows.append(["<b>all</b>", hours_text(s.lost_gpu_hours)])
+    out.append(_table(["straggler's cause", "GPU-hours lost"], rows, numeric=(1,), compact=True))
+    rows = [[escape(j.namespace) or "—", escape(j.job_id), hours_text(j.lost_gpu_hours), f"{j.peak_ranks_waiting:.1f}",
+             ", ".join(f"<code>{escape(c.cause)}</code> {hours_text(c.gpu_hours)}" for c in j.by_cause)]
+            for j in s.jobs]
+    out.append(_table(["namespace", "job", "GPU-hours lost", "most ranks waiting", "by the straggler's cause"], rows,
+                      numeric=(2, 3)))
+    out.append("</section>\n")
+    return "".join(out)
+
+
 def _time(r: Report, plots: Mapping[str, str]) -> str:
     return ('<section id="time"><h2>GPU-hours over time</h2>\n' + _plot(plots, "state-timeline", r.by)
             + _plot(plots, "cause-timeline", r.by) + "</section>\n")
@@ -327,7 +350,7 @@ def render(report: Report, plots: Mapping[str, str]) -> str:
     meta = (f'<header><h1>GPU capacity review</h1><p class="meta">{escape(r.range.start)} to {escape(r.range.end)} '
             f"· Prometheus {escape(r.prometheus)} · by {escape(r.by)} · generated {escape(r.generated_at)}</p>"
             "</header>\n")
-    body = (_summary(r, plots) + _compare(r) + _cost(r) + _time(r, plots) + _groups(r, plots) + _hosts(r, plots)
-            + _findings(r, plots)
+    body = (_summary(r, plots) + _compare(r) + _cost(r) + _stragglers(r) + _time(r, plots) + _groups(r, plots)
+            + _hosts(r, plots) + _findings(r, plots)
             + _models(r, plots) + _gaps(r, plots) + _sources(r))
     return head + meta + body + "</body></html>\n"

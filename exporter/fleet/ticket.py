@@ -67,6 +67,17 @@ def _sections(r: Report) -> list[str]:
         out += _table(["cause", *head], [[f"`{x.name}`", *cells(x)] for x in (*cost.by_cause, cost.total)])
         if cost.by_group:
             out += _table([r.by, *head], [[x.name, *cells(x)] for x in cost.by_group[:r.top]])
+    s = r.stragglers
+    if s.jobs:
+        out += ["## GPU-hours lost to stragglers", "",
+                "Ranks waiting in collectives for a slower rank (collective_wait) x the time they waited, charged to "
+                f"the cause the slow rank waited on, on its own host (from `{s.source}`).", ""]
+        out += _table(["straggler's cause", "GPU-hours lost"],
+                      [*([f"`{c.cause}`", hours_text(c.gpu_hours)] for c in s.by_cause),
+                       ["**all**", hours_text(s.lost_gpu_hours)]])
+        out += _table(["namespace", "job", "GPU-hours lost", "most ranks waiting", "by the straggler's cause"],
+                      [[j.namespace or "—", j.job_id, hours_text(j.lost_gpu_hours), f"{j.peak_ranks_waiting:.1f}",
+                        ", ".join(f"`{c.cause}` {hours_text(c.gpu_hours)}" for c in j.by_cause)] for j in s.jobs])
     return out
 
 

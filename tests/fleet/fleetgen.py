@@ -50,6 +50,7 @@ class Profile:
     gpu_findings: tuple[str, ...]
     host_findings: tuple[str, ...]
     link: tuple[int, int] | None  # (gen, width) while busy; None = the slot's maximum
+    verdict: str = ""  # gpufeed_gpu_bottleneck's cause (written for the ranks of distributed jobs)
 
 
 def _mean(value: Any) -> tuple[float, float | None, float | None]:
@@ -80,7 +81,7 @@ def scenario_profile(file: str, phase: str) -> Profile:
     host_f = tuple(sorted(f["check"] for f in expect.get("findings", []) if "gpu" not in f))
     if verdict == "idle":
         return Profile(f"{file}:{phase}", 0.0, 0.0, 1.0, None, 0.0, 0.0, gpu_f, host_f, (1, link["width"]) if link
-                       else (1, 16))
+                       else (1, 16), verdict)
     # Waiting is the rest of the time while work is submitted; a working verdict's small rest is latency_bound
     # (DESIGN.md: the cause the host evidence best supports, "other wait" when the host is quiet).
     cause = verdict if verdict in WAITING_CAUSES else "latency_bound"
@@ -89,7 +90,12 @@ def scenario_profile(file: str, phase: str) -> Profile:
     else:
         gap_s, rate = max(0.02, 1 - util), 1.0
     return Profile(f"{file}:{phase}", util, 1 - util, 0.0, cause, gap_s, rate, gpu_f, host_f,
-                   (int(link["gen"]), int(link["width"])) if link else None)
+                   (int(link["gen"]), int(link["width"])) if link else None, verdict)
+
+
+# A rank of a distributed job waiting in its collectives for a slower rank: its GPU spins in NCCL kernels (busy,
+# booked as working), its verdict collective_wait (exporter/vocabulary.py); no scenario file has this phase.
+COLLECTIVE_WAIT = Profile("collective_wait", 1.0, 0.0, 0.0, None, 0.0, 0.0, (), (), None, "collective_wait")
 
 
 PROFILES = {
@@ -108,7 +114,7 @@ PROFILES = {
 
 
 def profile(key: str) -> Profile:
-    return scenario_profile(*PROFILES[key])
+    return COLLECTIVE_WAIT if key == COLLECTIVE_WAIT.name else scenario_profile(*PROFILES[key])
 
 
 # --------------------------------------------------------------------------------------------------- plans
@@ -131,6 +137,11 @@ def pod(namespace: str, name: str) -> dict[str, str]:
 
 def slurm(job_id: str) -> dict[str, str]:
     return {"slurm_job_id": job_id, "unit": "slurmstepd.scope"}
+
+
+def rank(namespace: str, job_id: str, r: int) -> dict[str, str]:
+    """Rank ``r`` of a distributed job (gpufeed_workload_info's job identity, docs/metrics.md)."""
+    return {**pod(namespace, f"{job_id}-worker-{r}"), "job_id": job_id, "rank": str(r)}
 
 
 @dataclass(frozen=True)
@@ -179,6 +190,28 @@ def default_plans() -> list[HostPlan]:
             (Segment(0, 5 * D, "healthy", pod("recsys", "ranker-1")), Segment(5 * D, 7 * D, "numa", recsys)),
         ), energy=False),
     ]
+
+
+# The straggler episodes of straggler_plans(), hours from the range start: (start, end, the slow rank, its cause).
+STRAGGLER_EPISODES = ((4.5, 34.5, 0, "transfer_bound"), (40.0, 60.25, 3, "io_bound"))
+
+
+def straggler_plans() -> list[HostPlan]:
+    """One distributed job of four ranks on two hosts (ranks 0-1 on gpu-f, 2-3 on gpu-g), healthy but for the
+    STRAGGLER_EPISODES: then the slow rank waits on its host's cause and the three others in collective_wait, so
+    the job loses 3 x the episode's length. The episodes are long against the 5 minutes a backfilled series stays
+    visible after its last sample (no staleness marker: a few GPU-minutes per episode, well within 1%)."""
+    ranks = [rank("llm", "llm-pretrain", r) for r in range(4)]
+    per_rank = []
+    for r in range(4):
+        segs, t = [], 0.0
+        for a, b, slow, cause in STRAGGLER_EPISODES:
+            segs += [Segment(t, a, "healthy", ranks[r]), Segment(a, b, cause if r == slow else "collective_wait",
+                                                                 ranks[r])]
+            t = b
+        per_rank.append((*segs, Segment(t, 3 * D, "healthy", ranks[r])))
+    return [HostPlan("gpu-f", "NVIDIA H100 80GB HBM3", (5, 16), tuple(per_rank[:2])),
+            HostPlan("gpu-g", "NVIDIA H100 80GB HBM3", (5, 16), tuple(per_rank[2:]))]
 
 
 def scaled_plans(hosts: int, gpus_per_host: int) -> list[HostPlan]:
@@ -365,6 +398,15 @@ class Fleet:
             for ls, times in series.items():
                 out.writelines(f"gpufeed_workload_info{{{ls}}} 1 {t}\n" for t in times)
                 n += len(times)
+        out.write("# TYPE gpufeed_gpu_bottleneck gauge\n")
+        for g in self.gpus:
+            series = {}
+            for m, t, _ in self._scrapes(g):
+                if g.workloads[m].get("job_id"):
+                    series.setdefault(lab(g, cause=g.profiles[m].verdict), []).append(t)
+            for ls, times in series.items():
+                out.writelines(f"gpufeed_gpu_bottleneck{{{ls}}} 1 {t}\n" for t in times)
+                n += len(times)
         out.write("# TYPE gpufeed_finding gauge\n")
         for plan in self.plans:
             host_gpu = next(g for g in self.gpus if g.host is plan)
@@ -462,6 +504,29 @@ class Fleet:
                 for c in checks:
                     out[(plan.name, c)] = out.get((plan.name, c), 0.0) + self._overlap(m, self.start, self.end)
         return {k: v for k, v in out.items() if v > 0}
+
+    def truth_straggler_loss(self) -> dict[tuple[str, str], dict[str, float]]:
+        """GPU-seconds each distributed job (namespace, job_id) lost over the range to a slower rank, by its cause:
+        minute by minute, its ranks in collective_wait x the minute, charged to the waiting cause its ranks spent
+        most on (every cause but latency_bound)."""
+        out: dict[tuple[str, str], dict[str, float]] = {}
+        jobs: dict[tuple[str, str], list[_Gpu]] = {}
+        for g in self.gpus:
+            for w in {(x["namespace"], x["job_id"]) for x in g.workloads if x.get("job_id")}:
+                jobs.setdefault(w, []).append(g)
+        for job, gpus in jobs.items():
+            for m in range(self.minutes):
+                ranks = [g for g in gpus if g.up[m] and (g.workloads[m].get("namespace"),
+                                                           g.workloads[m].get("job_id")) == job]
+                waiting = sum(g.profiles[m].verdict == "collective_wait" for g in ranks)
+                own = {c: sum(self._rate(g.profiles[m], c) for g in ranks) for c in WAITING_CAUSES
+                       if c != "latency_bound"}
+                if not waiting or max(own.values()) <= 0:
+                    continue
+                cause = max(sorted(own), key=lambda c: own[c])
+                per = out.setdefault(job, {})
+                per[cause] = per.get(cause, 0.0) + waiting * self._overlap(m, self.start, self.end)
+        return out
 
     def truth_gaps(self, g: _Gpu) -> list[float]:
         """Idle gaps completed over the range per bucket (non-cumulative; the last is > the largest bound)."""

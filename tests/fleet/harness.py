@@ -48,6 +48,7 @@ REPORT_RULES = (
     "instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m",
     "namespace_cause:gpufeed_gpu_waiting_joules:rate5m",
     "slurm_job_cause:gpufeed_gpu_waiting_joules:rate5m",
+    "job:gpufeed_gpus_collective_wait:count",
 )
 EVAL_INTERVAL_S = 60
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -11,15 +11,20 @@ import jsonschema
 import yaml
 
 from exporter.fleet.collect import (
+    AGGREGATION,
     GPU_STATE_RULE,
+    JOB_COLLECTIVE_RULE,
     gpu_family_query,
     group_family_query,
     left_open,
+    straggler_queries,
     workload_join,
 )
 from exporter.fleet.figures import breakdown, build_report, pct, to_json
-from exporter.fleet.model import FindingTrack, FleetData, GapHistogram, GpuId, LinkState, Source, Window
+from exporter.fleet.model import FindingTrack, FleetData, GapHistogram, GpuId, JobWaits, LinkState, Source, Window
 from exporter.fleet.playbook import CAUSE_LABELS, FINDING_FIXES, FINDING_LABELS, FIXES
+from exporter.fleet.promapi import RuleInfo
+from exporter.fleet.stragglers import stragglers
 from exporter.names import FINDINGS, STATES, VERDICTS, WAITING_CAUSES
 from exporter.samples.derived import GAP_BUCKETS
 from tests.fleet.harness import RECORDING, REPO
@@ -259,3 +264,43 @@ def test_compare_previous_gives_deltas_per_cause_and_per_host() -> None:
     assert "input_bound moved most (+0.9 GPU-hours)" in r.summary
     doc = json.loads(json.dumps(to_json(r)))
     jsonschema.validate(doc, json.loads((REPO / "docs" / "report.schema.json").read_text()))
+
+
+def test_straggler_loss_is_charged_step_by_step_to_the_cause_the_ranks_waited_on() -> None:
+    # Job big: 3 ranks wait all of step 0 (a straggler on transfer_bound), 2 ranks half of step 1 (io_bound beats
+    # transfer_bound there), 1 rank all of step 2 while no rank waits on its own host (unknown). Job small: less.
+    big = JobWaits("llm", "big", (3 * H, 1 * H, 1 * H),
+                   {"transfer_bound": (0.9 * H, 0.1 * H, 0.0), "io_bound": (0.0, 0.5 * H, 0.0)})
+    small = JobWaits("llm", "small", (0.0, 0.5 * H, 0.0), {"input_bound": (0.0, 0.2 * H, 0.0)})
+    data = dataclasses.replace(fleet(), jobs=(small, big), jobs_source="job:gpufeed_gpus_collective_wait:count")
+    r = build_report(data, prometheus="p", generated_at=1.7e9, top=1)
+    assert r.summary.endswith(" Distributed jobs lost 5.5 GPU-hours waiting for stragglers, most to transfer_bound "
+                              "(3.0); big lost most (5.0).")
+    s = r.stragglers
+    assert [(j.job_id, j.lost_gpu_hours) for j in s.jobs] == [("big", 5.0)]  # --top 1: the larger only
+    assert [(c.cause, c.gpu_hours) for c in s.jobs[0].by_cause] == [
+        ("transfer_bound", 3.0), ("io_bound", 1.0), ("unknown", 1.0)]
+    assert s.jobs[0].peak_ranks_waiting == 3.0
+    assert s.lost_gpu_hours == 5.5
+    assert [(c.cause, c.gpu_hours) for c in s.by_cause] == [
+        ("transfer_bound", 3.0), ("io_bound", 1.0), ("unknown", 1.0), ("input_bound", 0.5)]
+    assert stragglers(dataclasses.replace(data, jobs=()), 10).jobs == ()
+    doc = json.loads(json.dumps(to_json(build_report(data, prometheus="p", generated_at=1.7e9))))
+    jsonschema.validate(doc, json.loads((REPO / "docs" / "report.schema.json").read_text()))
+    assert doc["stragglers"]["jobs"][0]["by_cause"][0] == {"cause": "transfer_bound", "gpu_hours": 3.0}
+
+
+def test_straggler_queries_count_collective_wait_as_the_shipped_rule_does() -> None:
+    rules = {r["record"]: r["expr"] for g in yaml.safe_load(RECORDING.read_text())["groups"] for r in g["rules"]}
+    shipped = _squash(rules[JOB_COLLECTIVE_RULE])
+    (raw, own), source = straggler_queries(W, {})
+    assert source == 'gpufeed_gpu_bottleneck{cause="collective_wait"}'
+    agg = f"{AGGREGATION}, " if AGGREGATION else ""  # the shipped aggregation labels (cluster)
+    ranks = _squash(f'topk by ({agg}job, instance, gpu) (1, gpufeed_workload_info{{job_id!=""}})')
+    assert ranks in shipped and ranks in _squash(raw.expr) and ranks in _squash(own.expr)
+    assert _squash(source) in shipped and f"[{left_open(H)}:1m])" in raw.expr and raw.expr.endswith("* 60")
+    assert 'cause!="latency_bound"' in own.expr and "[3600000ms]" in own.expr
+    loaded = {JOB_COLLECTIVE_RULE: RuleInfo(JOB_COLLECTIVE_RULE, "gpufeed-jobs", 60.0, "ok", "")}
+    (rule, _), source = straggler_queries(W, loaded)
+    assert source == JOB_COLLECTIVE_RULE
+    assert rule.expr == f"sum by (namespace, job_id) (sum_over_time({JOB_COLLECTIVE_RULE}[3599999ms])) * 60"
