@@ -947,10 +947,17 @@ def _jsonnet(value: Any, indent: str = "") -> str:
     return json.dumps(value)
 
 
+# Keys the daemon's findings judge (exporter/derived/interconnect.py) and no rule reads: the alert fires on the
+# finding, so a mixin knob for them would change nothing.
+DAEMON_ONLY = {("nvlink_degraded", "min_replay_increase"), ("nvlink_degraded", "min_recovery_increase"),
+               ("nic_link_degraded", "min_error_increase"), ("nic_link_degraded", "min_link_event_increase")}
+
+
 def _alert_thresholds(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The alert sections of the thresholds (``gpu_starved: {for, severity, window, min_waiting_ratio}``...): the
-    mixin's ``_config.thresholds``. Lists (the Xid codes) stay the generator's."""
-    return {section: {k: v for k, v in keys.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
+    mixin's ``_config.thresholds``. Lists (the Xid codes) and the daemon's own keys stay the generator's."""
+    return {section: {k: v for k, v in keys.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                      and (section, k) not in DAEMON_ONLY}
             for section, keys in cfg.items() if isinstance(keys, dict)}
 
 
