@@ -52,6 +52,11 @@ SCENARIOS = {
     "k8s": "workloads/k8s_cpu_quota_v2.yaml",
     # A Slurm job step owning a GPU: the per-Slurm-job GPU-hours rules and the "by Slurm job" panels.
     "slurm": "slurm_job.yaml",
+    # Two ranks of one job, one behind a downgraded link, the other waiting for it in collectives: the Jobs row.
+    "job": "job_two_ranks.yaml",
+    # NVLink on an NVSwitch system, and InfiniBand ports beside the GPUs: the interconnect row.
+    "nvlink": "nvlink_down_one_of_eight.yaml",
+    "nic": "nic_half_rate_under_load.yaml",
 }
 # Measures the test machine (the exporters, Prometheus and Alertmanager on shared CI cores), not the
 # scenario: a sampler overrunning here says nothing about the simulated host.
@@ -61,7 +66,8 @@ _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y"
 
 
 def scenario_path(name: str) -> Path:
-    for base in (REPO / "tests" / "scenarios", HERE / "scenarios", REPO.parent / "shared" / "scenarios"):
+    for base in (REPO / "tests" / "scenarios", HERE / "scenarios", REPO / "tests" / "derived" / "scenarios",
+                 REPO.parent / "shared" / "scenarios"):
         if (base / name).exists():
             return base / name
     pytest.fail(f"scenario {name} not found under tests/scenarios or ../shared/scenarios")
@@ -213,9 +219,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for key, file in SCENARIOS.items():
             port = free_port()
             instances[key] = f"127.0.0.1:{port}"
+            web: list[str] = []
+            if key == "healthy":  # a web config with neither TLS nor users: the "Web config in force" panel's data
+                (tmp / "web.yml").write_text("http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n")
+                web = ["--web.config.file", str(tmp / "web.yml")]
             start(f"gpufeed-{key}", [
                 sys.executable, "-m", "exporter", "serve", "--simulate", str(scenario_path(file)),
-                "--simulate-speed", str(SPEED), "--web.listen-address", instances[key], "--log.level", "warn"])
+                "--simulate-speed", str(SPEED), "--web.listen-address", instances[key], "--log.level", "warn", *web])
 
         # Prometheus starts once every exporter serves: a target still starting must not count as down. A bound,
         # not a measure: eight Python daemons importing at once on two shared cores took over 40 s in CI here.
@@ -398,6 +408,10 @@ def _dashboard_queries() -> Iterator[tuple[str, str, str]]:
 def test_every_dashboard_query_parses_and_returns_data(stack: Stack) -> None:
     # Findings and firing alerts are among the panels: let the riser page first.
     _wait_for_page(stack, "GpufeedPCIeLinkDowngraded", "riser")
+    # The Jobs row's slowest rank needs the straggling rank's waiting booked (once its verdict has held a window)
+    # and rated by the rules: before that every rank of the job waits 0 and the slowest may be the other one.
+    wait_until("the job's straggling rank waits", lambda: bool(stack.query(
+        "job_rank:gpufeed_gpu_own_waiting:ratio_rate5m > 0")["data"]["result"]), time.monotonic() + 90)
     hosts = "|".join(stack.instances.values())  # "." matches itself too; PromQL strings need no escaping
     subst = {"$cluster": ".*", "$host": hosts, "$gpu": ".*", "$__rate_interval": "10s", "$__interval": "5s",
              "$__range": "1m"}
