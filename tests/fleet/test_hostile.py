@@ -74,6 +74,16 @@ class _Handler(socketserver.StreamRequestHandler):
             if not chunk:
                 return
             head += chunk
+        # Read the whole request (a POSTed query's form body) before answering: a socket closed with unread data
+        # sends a reset, which the client may see before the answer and report as a connection error.
+        header, _, body = head.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in header.split(b"\r\n")[1:]
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            chunk = self.connection.recv(65536)
+            if not chunk:
+                return
+            body += chunk
         request_line = head.split(b"\r\n", 1)[0].decode()
         self.server.requests += 1
         path = request_line.split()[1]
