@@ -16,10 +16,11 @@ WORKDIR /src
 RUN python -m venv /opt/gpufeed
 COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY exporter ./exporter
-# What the package ships besides its code (setup.py, `gpufeed examples`): scenarios, rules, dashboards.
+# What the package ships besides its code (setup.py, `gpufeed examples`): scenarios, rules, dashboards, runbooks.
 COPY tests/scenarios/*.yaml ./tests/scenarios/
 COPY alerts/gpufeed-*.yml ./alerts/
 COPY deploy/grafana/dashboards/*.json ./deploy/grafana/dashboards/
+COPY docs/runbooks.md ./docs/
 # Wheels only: a dependency that would need a compiler fails here instead of dragging one in.
 RUN /opt/gpufeed/bin/pip install --only-binary=:all: --no-compile ".${GPUFEED_EXTRAS:+[$GPUFEED_EXTRAS]}" "nvidia-ml-py==${NVIDIA_ML_PY_VERSION}" \
     && /opt/gpufeed/bin/pip uninstall --yes pip setuptools \

@@ -148,7 +148,7 @@ def build_parser(collectors: Mapping[str, type[Stage]]) -> argparse.ArgumentPars
                      description="Check a config file and flags as `gpufeed serve` would read them, and the "
                      "web config and scenario they name, without starting anything (like promtool check "
                      "config). Exit 0 when valid, 2 with the first problem named otherwise.")
-    ex = sub.add_parser("examples", help="list the scenarios, rules and dashboards this installation ships",
+    ex = sub.add_parser("examples", help="list the scenarios, rules, dashboards and runbooks this installation ships",
                         description="List the shipped examples with their paths (copy the rules and dashboards "
                         "from there; pass a scenario's name to diagnose --scenario or serve --simulate).")
     ex.add_argument("kind", nargs="?", choices=sorted(examples.SOURCES), help="only this kind")

@@ -1,4 +1,5 @@
-"""The examples gpufeed ships: scenario files, alert and recording rules, Grafana dashboards.
+"""The examples gpufeed ships: scenario files, alert and recording rules, Grafana dashboards, and the runbooks
+the alerts link to (docs/runbooks.md, which ``gpufeed serve`` renders at ``/runbooks``: exporter/runbooks.py).
 
 An installed gpufeed (a wheel: ``pipx install gpufeed``) carries them in the package, under
 ``exporter/data/<kind>/``, copied there at build time (``setup.py``) from where the source tree keeps them
@@ -18,6 +19,7 @@ SOURCES: dict[str, tuple[str, str]] = {
     "scenarios": ("tests/scenarios", "*.yaml"),
     "rules": ("alerts", "gpufeed-*.yml"),
     "dashboards": ("deploy/grafana/dashboards", "*.json"),
+    "runbooks": ("docs", "runbooks.md"),
 }
 DATA_DIR = "data"  # inside the package
 _PACKAGE = Path(__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""A small, bounded HTTP/1.1 server on asyncio: /metrics, /healthz and a landing page.
+"""A small, bounded HTTP/1.1 server on asyncio: /metrics, /healthz, /runbooks and a landing page.
 
 Bounded like node_exporter's web server, and tighter where an attack found it lacking:
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, Protocol
 
-from exporter import __version__, log
+from exporter import __version__, log, runbooks
 from exporter.exposition import Renderer
 from exporter.sources import BUDGET as KEPT_BUDGET
 from exporter.sources import FD_RESERVE, fd_budget
@@ -644,6 +644,16 @@ class WebServer:
                         "text/plain; charset=utf-8", close=close, head_only=head_only)
         elif req.path == "/":
             self._write(writer, 200, self._landing(), "text/html; charset=utf-8", close=close, head_only=head_only)
+        elif req.path == "/runbooks":
+            # The alerts' default runbook_url (http://<instance>/runbooks#<alert>): behind the same TLS, auth
+            # and rate limit as /metrics.
+            page = runbooks.page()
+            if page is None:
+                self._write(writer, 404, b"this installation ships no runbooks\n", "text/plain; charset=utf-8",
+                            close=close, head_only=head_only)
+            else:
+                self._write(writer, 200, page, "text/html; charset=utf-8", close=close, head_only=head_only,
+                            extra={"Content-Security-Policy": runbooks.CSP})
         elif req.path in self.routes:
             status, body, content_type = self.routes[req.path](req.method, req.query)
             self._write(writer, status, body, content_type, close=close, head_only=head_only)
@@ -656,7 +666,8 @@ class WebServer:
             "<!doctype html><html><head><title>gpufeed</title></head><body>"
             f"<h1>gpufeed {escape(__version__)}</h1>"
             "<p>Is each GPU working, or waiting &mdash; and if waiting, on what?</p>"
-            f'<ul><li><a href="{path}">Metrics</a></li><li><a href="/healthz">Health</a></li></ul>'
+            f'<ul><li><a href="{path}">Metrics</a></li><li><a href="/healthz">Health</a></li>'
+            '<li><a href="/runbooks">Runbooks</a></li></ul>'
             "</body></html>\n"
         ).encode()
 

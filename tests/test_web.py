@@ -1,4 +1,4 @@
-"""Web server: /metrics (text, OpenMetrics, gzip), /healthz, landing page, 404, 405, HEAD, keep-alive."""
+"""Web server: /metrics (text, OpenMetrics, gzip), /healthz, /runbooks, landing page, 404, 405, HEAD, keep-alive."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from exporter import runbooks
 from exporter.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
-from exporter.web import WebServer, WebSettings
+from exporter.web import Auth, WebServer, WebSettings
 from tests.support.hosts import LARGE, make, run_engine
 
 
@@ -184,5 +185,56 @@ async def test_a_scrape_is_told_to_the_pacer_with_its_scraper_and_waits_for_the_
         assert seen == ["127.0.0.1 Prometheus/2.53.0"]
         await request(web, get("/healthz"))
         assert len(seen) == 1  # only scrapes of the telemetry path count
+    finally:
+        await web.stop()
+
+
+async def test_landing_page_links_the_runbooks(server: tuple[WebServer, Health]) -> None:
+    web, _ = server
+    _, _, body = await request(web, get("/"))
+    assert b'href="/runbooks"' in body
+
+
+async def test_runbooks_page_is_the_shipped_runbooks_as_html_with_a_no_script_policy(
+    server: tuple[WebServer, Health],
+) -> None:
+    web, _ = server
+    status, headers, body = await request(web, get("/runbooks"))
+    assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
+    assert headers["content-security-policy"].startswith("default-src 'none'")
+    assert body == runbooks.page()
+    assert b'<h2 id="gpufeedgpulost">GpufeedGPULost</h2>' in body
+
+
+class DenyAll:
+    """An access policy whose basic auth refuses everyone (the web config's, without bcrypt)."""
+
+    def ssl_context(self) -> None:
+        return None
+
+    def peer_allowed(self, peercert: object) -> bool:
+        return True
+
+    def headers(self) -> dict[str, str]:
+        return {"X-Frame-Options": "DENY"}
+
+    def allow(self) -> bool:
+        return True
+
+    async def authorize(self, headers: object) -> Auth:
+        return Auth.DENIED
+
+
+async def test_runbooks_page_needs_the_same_basic_auth_as_metrics() -> None:
+    eng = run_engine(make("memory", LARGE))
+    renderer = Renderer(eng.stages)
+    renderer.render(eng.snapshot)
+    web = WebServer(renderer, WebSettings(host="127.0.0.1", port=0), Health(), policy=DenyAll())
+    await web.start()
+    try:
+        for path in ("/metrics", "/runbooks", "/"):
+            status, _, body = await request(web, get(path))
+            assert status == 401 and b"<h" not in body, path
+        assert (await request(web, get("/healthz")))[0] == 200
     finally:
         await web.stop()
