@@ -45,7 +45,16 @@ HEADER = (
 )
 
 Rule = dict[str, Any]
-PLACEHOLDER_HOST = "gpufeed.invalid"  # the default runbook_base_url's host (exporter/thresholds.yaml)
+# The runbook_base_url that links each alert to the runbooks of the gpufeed it is about (exporter/web.py serves
+# docs/runbooks.md at /runbooks): Prometheus renders the annotation, and an alert's instance label is the address
+# it scraped. The default (exporter/thresholds.yaml); https where the web config turns TLS on.
+INSTANCE = "{{$labels.instance}}"
+INSTANCE_RUNBOOKS = (f"http://{INSTANCE}/runbooks", f"https://{INSTANCE}/runbooks")
+# GpufeedTargetDown's instance is the gpufeed that does not answer: its link names another gpufeed of the same
+# scrape job that is up (the same runbooks), the down one only when none is.
+LIVE_INSTANCE = ("{{ with printf `up{job=%q} == 1` $labels.job | query }}{{ . | first | label `instance` }}"
+                 "{{ else }}{{ $labels.instance }}{{ end }}")
+TARGET_DOWN = "GpufeedTargetDown"
 _DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$")
 
 
@@ -98,13 +107,17 @@ RULE_LABELS = ("job", "instance", "gpu", "state", "cause", "severity")
 
 
 def check_runbook_base_url(value: object, key: str = "runbook_base_url") -> str:
-    """An absolute http(s) URL with a host and no fragment (the rules append ``#<alertname>``)."""
+    """One of :data:`INSTANCE_RUNBOOKS` (the alerting gpufeed's own /runbooks page), or an absolute http(s) URL
+    with a host, no template and no fragment (the rules append ``#<alertname>``)."""
+    if value in INSTANCE_RUNBOOKS:
+        return str(value)
     if not isinstance(value, str) or any(c.isspace() for c in value):
         raise ThresholdError(f"{key!r} must be a URL without spaces, got {value!r}")
     u = urllib.parse.urlsplit(value)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise ThresholdError(f"{key!r} must be an absolute http(s) URL with a host (where your copy of "
-                             f"docs/runbooks.md is rendered), got {value!r}")
+    if u.scheme not in ("http", "https") or not u.hostname or "{" in value or "}" in value:
+        raise ThresholdError(f"{key!r} must be {' or '.join(INSTANCE_RUNBOOKS)} (each gpufeed's own page) or an "
+                             f"absolute http(s) URL with a host (where your copy of docs/runbooks.md is rendered), "
+                             f"got {value!r}")
     if u.fragment or value.endswith("#"):
         raise ThresholdError(f"{key!r} must not have a #fragment (each alert appends its own), got {value!r}")
     return value
@@ -184,7 +197,11 @@ def finding(check: str) -> str:
 
 
 def runbook(cfg: dict[str, Any], alert: str) -> str:
-    return f"{cfg['runbook_base_url']}#{alert.lower()}"
+    """``alert``'s runbook_url: the base (its own gpufeed's page, or the fleet's rendered docs) and its anchor."""
+    base = cfg["runbook_base_url"]
+    if alert == TARGET_DOWN:
+        base = MIXIN_LIVE_URL if base == MIXIN_URL else base.replace(INSTANCE, LIVE_INSTANCE)
+    return f"{base}#{alert.lower()}"
 
 
 def alert(  # noqa: PLR0917 -- the rule fields read best in the order Prometheus lists them
@@ -638,7 +655,7 @@ def self_alerts(cfg: dict[str, Any]) -> list[Rule]:
         "(DeadlineExceededError for a blocked read) -- or the exporter stopped publishing (frozen series).",
     )
     down = alert(
-        cfg, "GpufeedTargetDown", "target_down",
+        cfg, TARGET_DOWN, "target_down",
         f"up{{{cfg['job_selector']}}} == 0",
         "gpufeed on {{ $labels.instance }} is down",
         "Prometheus cannot scrape gpufeed on {{ $labels.instance }} (job {{ $labels.job }}) for "
@@ -907,8 +924,10 @@ def outputs(cfg: dict[str, Any]) -> dict[str, str]:
 
 # The mixin's _config fields: the generator runs once with a marker in each tunable place, and every string
 # holding a marker becomes a jsonnet format string over $._config -- the same rules, with the knobs late-bound.
+MIXIN_URL, MIXIN_LIVE_URL = "@@runbookBaseUrl@@", "@@runbookBaseUrlLive@@"
 MIXIN_MARKERS = {
-    "@@runbookBaseUrl@@": "runbookBaseUrl",
+    MIXIN_URL: "runbookBaseUrl",
+    MIXIN_LIVE_URL: "runbookBaseUrlLive",
     "@@gpufeedSelector@@": "gpufeedSelector",
     "@@aggregationLabels@@, ": "aggregationPrefix",
 }
@@ -964,7 +983,7 @@ def _alert_thresholds(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def mixin_outputs(cfg: dict[str, Any]) -> dict[str, str]:
     """mixin/ file name -> generated jsonnet: the defaults of _config, the alerts, the recording rules."""
     marked = copy.deepcopy(cfg)
-    marked["runbook_base_url"] = "@@runbookBaseUrl@@"
+    marked["runbook_base_url"] = MIXIN_URL
     marked["job_selector"] = "@@gpufeedSelector@@"
     marked["aggregation_labels"] = ["@@aggregationLabels@@"]
     thresholds = _alert_thresholds(cfg)
@@ -987,17 +1006,24 @@ def mixin_outputs(cfg: dict[str, Any]) -> dict[str, str]:
         + "{\n  _config+:: {\n"
         + "    // Selects gpufeed's scrape job (the target-down alert).\n"
         + f"    gpufeedSelector: {json.dumps(cfg['job_selector'])},\n"
-        + "    // Absolute URL of your rendered docs/runbooks.md; each alert appends #<alertname>.\n"
+        + "    // Where runbook_url links: each alert's own gpufeed (" + " or ".join(INSTANCE_RUNBOOKS) + "), or the\n"
+        + "    // absolute URL of your rendered docs/runbooks.md; each alert appends #<alertname>.\n"
         + f"    runbookBaseUrl: {json.dumps(cfg['runbook_base_url'])},\n"
+        + "    // GpufeedTargetDown's: another gpufeed of its job that is up, where the base is a gpufeed's own page.\n"
+        + f"    runbookBaseUrlLive:: std.strReplace(self.runbookBaseUrl, {json.dumps(INSTANCE)}, "
+        + f"{json.dumps(LIVE_INSTANCE)}),\n"
         + "    // Labels every aggregation and join keeps, before its own (job, instance, ...).\n"
         + f"    aggregationLabels: {json.dumps(cfg['aggregation_labels'])},\n"
         + "    aggregationPrefix:: std.join('', [l + ', ' for l in self.aggregationLabels]),\n"
-        + "    assert std.member(['http', 'https'], std.split(self.runbookBaseUrl, ':')[0])\n"
+        + f"    assert std.member({json.dumps(list(INSTANCE_RUNBOOKS))}, self.runbookBaseUrl)\n"
+        + "           || std.member(['http', 'https'], std.split(self.runbookBaseUrl, ':')[0])\n"
         + "           && std.length(std.split(self.runbookBaseUrl, '/')) > 2\n"
         + "           && std.split(self.runbookBaseUrl, '/')[2] != ''\n"
-        + "           && std.length(std.findSubstr('#', self.runbookBaseUrl)) == 0 :\n"
-        + "      'runbookBaseUrl must be an absolute http(s) URL with a host and no #fragment, got '\n"
-        + "      + self.runbookBaseUrl,\n"
+        + "           && std.length(std.findSubstr('#', self.runbookBaseUrl)) == 0\n"
+        + "           && std.length(std.findSubstr('{', self.runbookBaseUrl)) == 0\n"
+        + "           && std.length(std.findSubstr('}', self.runbookBaseUrl)) == 0 :\n"
+        + f"      'runbookBaseUrl must be {' or '.join(INSTANCE_RUNBOOKS)}, or an absolute http(s) URL with a host, '\n"
+        + "      + 'no template and no #fragment, got ' + self.runbookBaseUrl,\n"
         + "    // Per alert, as in exporter/thresholds.yaml; override one key with e.g.\n"
         + "    // thresholds+: {gpu_starved+: {min_waiting_ratio: 0.5}}.\n"
         + "    thresholds: " + _jsonnet(thresholds, "    ") + ",\n"
@@ -1032,9 +1058,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ThresholdError, OSError, yaml.YAMLError) as e:
         print(f"generate.py: {e}", file=sys.stderr)
         return 2
-    if ns.out.resolve() != HERE and urllib.parse.urlsplit(cfg["runbook_base_url"]).hostname == PLACEHOLDER_HOST:
-        print(f"generate.py: note: runbook_url links point at the placeholder {cfg['runbook_base_url']}; set "
-              "runbook_base_url (or --runbook-base-url) to where your docs/runbooks.md is rendered", file=sys.stderr)
     files = {ns.out / name: text for name, text in outputs(cfg).items()}
     if ns.k8s_out is not None:
         files[ns.k8s_out] = render(prometheus_rule(cfg))

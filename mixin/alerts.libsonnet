@@ -454,7 +454,7 @@
             "annotations": {
               "summary": "gpufeed on {{ $labels.instance }} is down",
               "description": ("Prometheus cannot scrape gpufeed on {{ $labels.instance }} (job {{ $labels.job }}) for %(str_target_down_for)s: no GPU verdicts, findings or alerts for that host until it is back." % $._config),
-              "runbook_url": ("%(runbookBaseUrl)s#gpufeedtargetdown" % $._config),
+              "runbook_url": ("%(runbookBaseUrlLive)s#gpufeedtargetdown" % $._config),
             },
           },
           {

@@ -5,17 +5,23 @@
   _config+:: {
     // Selects gpufeed's scrape job (the target-down alert).
     gpufeedSelector: "job=\"gpufeed\"",
-    // Absolute URL of your rendered docs/runbooks.md; each alert appends #<alertname>.
-    runbookBaseUrl: "https://gpufeed.invalid/docs/runbooks.md",
+    // Where runbook_url links: each alert's own gpufeed (http://{{$labels.instance}}/runbooks or https://{{$labels.instance}}/runbooks), or the
+    // absolute URL of your rendered docs/runbooks.md; each alert appends #<alertname>.
+    runbookBaseUrl: "http://{{$labels.instance}}/runbooks",
+    // GpufeedTargetDown's: another gpufeed of its job that is up, where the base is a gpufeed's own page.
+    runbookBaseUrlLive:: std.strReplace(self.runbookBaseUrl, "{{$labels.instance}}", "{{ with printf `up{job=%q} == 1` $labels.job | query }}{{ . | first | label `instance` }}{{ else }}{{ $labels.instance }}{{ end }}"),
     // Labels every aggregation and join keeps, before its own (job, instance, ...).
     aggregationLabels: ["cluster"],
     aggregationPrefix:: std.join('', [l + ', ' for l in self.aggregationLabels]),
-    assert std.member(['http', 'https'], std.split(self.runbookBaseUrl, ':')[0])
+    assert std.member(["http://{{$labels.instance}}/runbooks", "https://{{$labels.instance}}/runbooks"], self.runbookBaseUrl)
+           || std.member(['http', 'https'], std.split(self.runbookBaseUrl, ':')[0])
            && std.length(std.split(self.runbookBaseUrl, '/')) > 2
            && std.split(self.runbookBaseUrl, '/')[2] != ''
-           && std.length(std.findSubstr('#', self.runbookBaseUrl)) == 0 :
-      'runbookBaseUrl must be an absolute http(s) URL with a host and no #fragment, got '
-      + self.runbookBaseUrl,
+           && std.length(std.findSubstr('#', self.runbookBaseUrl)) == 0
+           && std.length(std.findSubstr('{', self.runbookBaseUrl)) == 0
+           && std.length(std.findSubstr('}', self.runbookBaseUrl)) == 0 :
+      'runbookBaseUrl must be http://{{$labels.instance}}/runbooks or https://{{$labels.instance}}/runbooks, or an absolute http(s) URL with a host, '
+      + 'no template and no #fragment, got ' + self.runbookBaseUrl,
     // Per alert, as in exporter/thresholds.yaml; override one key with e.g.
     // thresholds+: {gpu_starved+: {min_waiting_ratio: 0.5}}.
     thresholds: {

@@ -173,15 +173,30 @@ def test_prometheus_rule_carries_the_generated_rules(tmp_path: Path) -> None:
     assert groups == want
 
 
-def test_runbook_base_url_value_rebases_every_runbook_link_and_a_relative_one_fails(tmp_path: Path) -> None:
-    base = "https://git.example.com/ops/gpufeed/-/blob/main/docs/runbooks.md"
+@pytest.mark.parametrize("base", ["https://git.example.com/ops/gpufeed/-/blob/main/docs/runbooks.md",
+                                  "https://{{$labels.instance}}/runbooks", "http://{{$labels.instance}}/runbooks"])
+def test_runbook_base_url_value_gives_the_generators_links(tmp_path: Path, base: str) -> None:
     rule = _one(render(tmp_path, {"prometheusRule": {"runbookBaseUrl": base}}), "PrometheusRule")
-    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
-    assert alerts and all(r["annotations"]["runbook_url"] == f"{base}#{r['alert'].lower()}" for r in alerts)
-    (tmp_path / "v.yaml").write_text("prometheusRule: {runbookBaseUrl: docs/runbooks.md}\n")
+    alerts = {(r["alert"], json.dumps(r["labels"], sort_keys=True)): r["annotations"]["runbook_url"]
+              for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({"runbook_base_url": base}))
+    r = subprocess.run([sys.executable, str(ALERTS / "generate.py"), "--thresholds", str(tmp_path / "mine.yaml"),
+                        "--out", str(tmp_path / "rules")], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    want = {(r["alert"], json.dumps(r["labels"], sort_keys=True)): r["annotations"]["runbook_url"]
+            for g in yaml.safe_load((tmp_path / "rules" / "gpufeed-alerts.yml").read_text())["groups"]
+            for r in g["rules"]}
+    assert alerts == want
+    assert alerts[("GpufeedGPULost", '{"severity": "critical"}')] == base + "#gpufeedgpulost"
+
+
+@pytest.mark.parametrize("base", ["docs/runbooks.md", "https://{{$labels.job}}/runbooks",
+                                  "http://{{$labels.instance}}/docs", "https://wiki/x#top"])
+def test_a_runbook_base_url_that_is_neither_a_gpufeeds_page_nor_absolute_fails(tmp_path: Path, base: str) -> None:
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump({"prometheusRule": {"runbookBaseUrl": base}}))
     r = subprocess.run([_helm(), "template", "x", str(CHART), "-f", str(tmp_path / "v.yaml")], capture_output=True,
                        text=True, timeout=120, check=False)
-    assert r.returncode != 0 and "prometheusRule.runbookBaseUrl must be an absolute" in r.stderr
+    assert r.returncode != 0 and "prometheusRule.runbookBaseUrl must be http(s)://{{$labels.instance}}" in r.stderr
 
 
 def test_extra_labels_reach_the_servicemonitor_and_prometheusrule_kube_prometheus_stack_selects(

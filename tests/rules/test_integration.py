@@ -315,7 +315,10 @@ def test_riser_scenario_pages_pcie_link_downgraded_through_alertmanager(stack: S
     assert alert["bdf"] in ("0000:81:00.0", "0000:82:00.0")
     # The evidence templates found the link series and the info labels: Gen3 x8 (8 GT/s) under a Gen4 x16 limit.
     assert "runs at 8GT/s x8 instead of 16.0 GT/s x16" in alert["annotations:description"]
-    assert alert["annotations:runbook_url"].endswith("#gpufeedpcielinkdowngraded")
+    # The default runbook_url, rendered by Prometheus: the alerting gpufeed's own runbooks page, at the alert's section.
+    url = alert["annotations:runbook_url"]
+    assert url == f"http://{stack.instances['riser']}/runbooks#gpufeedpcielinkdowngraded", url
+    assert b'<h2 id="gpufeedpcielinkdowngraded">' in http_get(url.partition("#")[0])
 
 
 def test_numa_scenario_pages_numa_mismatch_through_alertmanager(stack: Stack) -> None:

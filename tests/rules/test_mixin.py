@@ -4,6 +4,7 @@ _config changes them exactly as the generator's own settings do."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,10 +67,20 @@ def test_mixin_output_passes_promtool_check_rules(promtool: str, tmp_path: Path)
     assert "FAILED" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("url", ["docs/runbooks.md", "ftp://host/x", "https:///x", "https://wiki/x#top"])
-def test_mixin_refuses_a_runbook_base_url_that_is_not_an_absolute_link(url: str) -> None:
-    with pytest.raises(RuntimeError, match="runbookBaseUrl must be an absolute"):
+@pytest.mark.parametrize("url", ["docs/runbooks.md", "ftp://host/x", "https:///x", "https://wiki/x#top",
+                                 "https://{{$labels.job}}/runbooks", "http://{{$labels.instance}}/docs"])
+def test_mixin_refuses_a_runbook_base_url_that_is_not_an_absolute_link_or_a_gpufeeds_page(url: str) -> None:
+    with pytest.raises(RuntimeError, match=re.escape("runbookBaseUrl must be http://{{$labels.instance}}/runbooks or")):
         _evaluate(f"runbookBaseUrl: '{url}'")
+
+
+def test_mixin_https_instance_runbook_url_is_the_generators(tmp_path: Path) -> None:
+    # The down target's link is rebuilt from the base in jsonnet (runbookBaseUrlLive): the same as the generator's.
+    m = _evaluate("runbookBaseUrl: 'https://{{$labels.instance}}/runbooks'")
+    alerts, _ = _generated(tmp_path, "runbook_base_url: 'https://{{$labels.instance}}/runbooks'\n")
+    assert m["alerts"] == alerts
+    urls = {r["alert"]: r["annotations"]["runbook_url"] for g in m["alerts"]["groups"] for r in g["rules"]}
+    assert urls["GpufeedTargetDown"].startswith("https://{{ with printf `up{job=%q} == 1` $labels.job | query }}")
 
 
 def test_mixin_is_self_contained_for_jsonnet_bundler() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import re
 import shutil
@@ -90,9 +91,34 @@ def test_every_alert_has_for_severity_summary_description_and_a_runbook_section(
         assert ann["summary"] and "{{ $labels.instance }}" in ann["description"], name
         url = ann["runbook_url"]
         assert url.endswith("#" + name.lower()), name
-        parts = urllib.parse.urlsplit(url)
-        assert parts.scheme == "https" and parts.hostname, f"{name}: runbook_url {url!r} is not an absolute link"
+        # The default: the alerting gpufeed's own /runbooks page (a down one's: another gpufeed of its job).
+        host = "{{$labels.instance}}" if name != "GpufeedTargetDown" else (
+            "{{ with printf `up{job=%q} == 1` $labels.job | query }}{{ . | first | label `instance` }}"
+            "{{ else }}{{ $labels.instance }}{{ end }}")
+        assert url == f"http://{host}/runbooks#{name.lower()}", name
         assert name.lower() in anchors, f"docs/runbooks.md has no section '## {name}'"
+
+
+def test_every_alert_keeps_instance_and_its_runbook_url_renders_to_that_gpufeeds_page() -> None:
+    """The default runbook_url is http://<instance>/runbooks: an alert whose expression dropped instance (an
+    aggregation without it) would link nowhere. Each alert's firing promtool tests expect its instance label and
+    the rendered link (promtool renders the annotation templates)."""
+    checked: dict[str, int] = {}
+    for f in TEST_FILES:
+        for case in yaml.safe_load(f.read_text())["tests"]:
+            for t in case.get("alert_rule_test", []):
+                for exp in t.get("exp_alerts") or []:
+                    name, instance = t["alertname"], exp["exp_labels"].get("instance")
+                    assert instance, f"{f.name}: {name} fires without an instance label"
+                    url = exp["exp_annotations"]["runbook_url"]
+                    host = urllib.parse.urlsplit(url).netloc
+                    assert url == f"http://{host}/runbooks#{name.lower()}", (f.name, name, url)
+                    if name != "GpufeedTargetDown":
+                        assert host == instance, (f.name, name, url)
+                    checked[name] = checked.get(name, 0) + 1
+    assert set(checked) == {r["alert"] for r in _rules("alert")}
+    rules = collections.Counter(r["alert"] for r in _rules("alert"))
+    assert [n for n, count in rules.items() if checked[n] < count] == [], "a rule of an alert never fires in a test"
 
 
 def test_paging_alerts_wait_long_enough_to_ignore_idle_link_flaps_and_blips() -> None:
@@ -155,15 +181,20 @@ def test_runbook_base_url_is_configurable_and_every_alert_links_below_it(tmp_pat
     assert urls and all(u == f"{base}#{name.lower()}" for name, u in urls.items()), urls
 
 
-def test_generating_for_your_prometheus_with_the_placeholder_runbook_url_says_so(tmp_path: Path) -> None:
-    r = _generate(tmp_path)
-    assert r.returncode == 0 and "runbook_base_url" in r.stderr and "placeholder" in r.stderr, r.stderr
+def test_the_https_form_of_the_instance_runbook_url_is_accepted(tmp_path: Path) -> None:
+    r = _generate(tmp_path, thresholds="runbook_base_url: 'https://{{$labels.instance}}/runbooks'\n")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    urls = {a["alert"]: a["annotations"]["runbook_url"] for a in _generated(tmp_path, "alert")}
+    assert urls["GpufeedGPULost"] == "https://{{$labels.instance}}/runbooks#gpufeedgpulost"
+    assert urls["GpufeedTargetDown"].startswith("https://{{ with printf `up{job=%q} == 1` $labels.job | query }}")
 
 
 def test_relative_or_malformed_runbook_base_url_is_refused_naming_the_key(tmp_path: Path) -> None:
     for value, needle in (("docs/runbooks.md", "absolute"), ("ftp://host/runbooks", "absolute"),
                           ("https:///runbooks", "absolute"), ("https://wiki/runbooks#top", "fragment"),
-                          ("https://wiki/run books", "spaces")):
+                          ("https://wiki/run books", "spaces"), ("https://{{$labels.job}}/runbooks", "absolute"),
+                          ("http://{{$labels.instance}}/docs", "absolute"),
+                          ("http://{{ $labels.instance }}/runbooks", "spaces")):
         r = _generate(tmp_path, thresholds=f"runbook_base_url: '{value}'\n")
         assert r.returncode == 2 and "runbook_base_url" in r.stderr and needle in r.stderr, (value, r.stderr)
     r = _generate(tmp_path, "--runbook-base-url", "runbooks.md")
