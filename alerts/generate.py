@@ -123,6 +123,19 @@ def check_runbook_base_url(value: object, key: str = "runbook_base_url") -> str:
     return value
 
 
+# One label matcher (label, operator, double-quoted value) of a selector like ``cluster="a", env=~"prod|staging"``.
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+_SELECTOR = re.compile(rf"(?:{_MATCHER}(?:,{_MATCHER})*)?")
+
+
+def check_metrics_selector(value: object, key: str = "metrics_selector") -> str:
+    """Label matchers, comma-separated, without braces (``cluster="a"``), or empty."""
+    if not isinstance(value, str) or not _SELECTOR.fullmatch(value) or value.strip() != value:
+        raise ThresholdError(f"{key!r} must be label matchers like 'cluster=\"a\"' (no braces, no outer spaces), "
+                             f"got {value!r}")
+    return value
+
+
 def check_aggregation_labels(value: object, key: str = "aggregation_labels") -> list[str]:
     """Prometheus label names, none of them a label the rules already use, no duplicates."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -141,6 +154,7 @@ def validated(cfg: dict[str, Any]) -> dict[str, Any]:
     """``cfg`` after the checks a key-by-key merge cannot make (URL form, label names)."""
     check_runbook_base_url(cfg["runbook_base_url"])
     check_aggregation_labels(cfg["aggregation_labels"])
+    check_metrics_selector(cfg["metrics_selector"])
     return cfg
 
 
@@ -148,6 +162,68 @@ def by(cfg: dict[str, Any], *labels: str) -> str:
     """A ``by (...)`` / ``on (...)`` label list: the configured aggregation labels (e.g. ``cluster``), then
     ``labels``. Summing by a label a series does not have is harmless, so the default suits one cluster too."""
     return ", ".join((*cfg["aggregation_labels"], *labels))
+
+
+# ------------------------------------------------------------------------------------------- selectors
+
+# PromQL names that are not series: operators and modifiers; the aggregations (``sum by (...) (...)``: a function
+# the ``(`` of its arguments need not follow); the modifiers a label list follows.
+_KEYWORDS = {"and", "or", "unless", "offset", "bool", "atan2", "inf", "nan"}
+_AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
+                 "quantile", "limitk", "limit_ratio"}
+_LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+_PROMQL_TOKEN = re.compile(r"""
+    (?P<marker>@@[^@]*@@)
+  | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+  | (?P<matchers>\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\})
+  | (?P<range>\[[^\]]*\])
+  | (?P<number>[0-9][0-9a-zA-Z_.]*|\.[0-9]+)
+  | (?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)
+  | (?P<other>.)
+""", re.X | re.S)
+# The mixin's markers for _config.gpufeedMetricsSelector (:func:`mixin_outputs`): before a series' own matchers
+# (``sel, ``: PromQL takes the trailing comma of ``up{sel, }``), and as the matchers of a bare name (``{sel}``).
+MIXIN_SELECTOR = "@@gpufeedMetricsSelector@@"
+MIXIN_SELECTOR_LEAD, MIXIN_SELECTOR_BRACES = "@@metricsSelectorLead@@", "@@metricsSelectorBraces@@"
+
+
+def select(expr: str, selector: str) -> str:
+    """``expr`` with ``selector`` (label matchers: ``cluster="a"``) in every series it reads: ``metric`` becomes
+    ``metric{cluster="a"}``, ``metric{x="y"}[5m]`` ``metric{cluster="a", x="y"}[5m]``. Recorded series
+    (``level:metric:operation``, a colon in the name) are left alone: the recording rules computed them from
+    selected series. An empty selector changes nothing."""
+    if not selector:
+        return expr
+    lead, braces = ((MIXIN_SELECTOR_LEAD, MIXIN_SELECTOR_BRACES) if selector == MIXIN_SELECTOR
+                    else (f"{selector}, ", f"{{{selector}}}"))
+    tokens = [(m.lastgroup, m.group()) for m in _PROMQL_TOKEN.finditer(expr)]
+    out: list[str] = []
+    i = 0
+    while i < len(tokens):
+        kind, text = tokens[i]
+        i += 1
+        out.append(text)
+        if kind != "name" or text in _KEYWORDS or text in _AGGREGATIONS:
+            continue
+        after = next((t for _, t in tokens[i:] if not t.isspace()), "")
+        if text in _LABEL_LISTS:
+            while after == "(" and out[-1] != ")":  # the label list, as it is
+                out.append(tokens[i][1])
+                i += 1
+        elif after == "(" or ":" in text:
+            continue  # a function; a recorded series
+        elif i < len(tokens) and tokens[i][0] == "matchers":
+            out.append("{" + lead + tokens[i][1][1:])
+            i += 1
+        else:
+            out.append(braces)
+    return "".join(out)
+
+
+def selected(groups: list[dict[str, Any]], cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """``groups`` with the configured ``metrics_selector`` in every rule's expression."""
+    return [{**g, "rules": [{**r, "expr": select(r["expr"], cfg["metrics_selector"])} for r in g["rules"]]}
+            for g in groups]
 
 
 # ------------------------------------------------------------------------------------------- templates
@@ -678,7 +754,7 @@ def web_config_alert(cfg: dict[str, Any]) -> Rule:
 
 
 def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"groups": [
+    return {"groups": selected([
         {"name": "gpufeed-platform", "rules": pcie_alerts(cfg) + interconnect_alerts(cfg) + numa_alerts(cfg)
          + gpu_alerts(cfg)
          + gpu_health_alerts(cfg) + host_alerts(cfg)},
@@ -686,7 +762,7 @@ def alert_groups(cfg: dict[str, Any]) -> dict[str, Any]:
         {"name": "gpufeed-workloads", "rules": workload_alerts(cfg)},
         {"name": "gpufeed-jobs", "rules": straggler_alerts(cfg)},
         {"name": "gpufeed-exporter", "rules": self_alerts(cfg)},
-    ]}
+    ], cfg)}
 
 
 # -------------------------------------------------------------------------------------------- recording
@@ -779,12 +855,12 @@ def recording_groups(cfg: dict[str, Any]) -> dict[str, Any]:
                  f"sum by ({b('job')}) (instance:gpufeed_gpu_waiting_hours:increase1d)\n"},
         *owner_daily_rules(cfg, b),
     ]
-    return {"groups": [
+    return {"groups": selected([
         {"name": "gpufeed-gpu-time", "rules": fast},
         {"name": "gpufeed-jobs", "interval": JOBS_INTERVAL, "rules": job_rules(state_rate, rw, b)},
         {"name": "gpufeed-capacity-daily", "interval": cfg["daily_interval"], "rules": daily},
         *energy_groups(cfg, b),
-    ]}
+    ], cfg)}
 
 
 def job_rules(state_rate: str, rw: str, b: Callable[[str], str]) -> list[Rule]:
@@ -929,6 +1005,8 @@ MIXIN_MARKERS = {
     MIXIN_URL: "runbookBaseUrl",
     MIXIN_LIVE_URL: "runbookBaseUrlLive",
     "@@gpufeedSelector@@": "gpufeedSelector",
+    MIXIN_SELECTOR_LEAD: "metricsSelectorLead",
+    MIXIN_SELECTOR_BRACES: "metricsSelectorBraces",
     "@@aggregationLabels@@, ": "aggregationPrefix",
 }
 MIXIN_HEADER = "// GENERATED by alerts/generate.py from exporter/thresholds.yaml -- do not edit by hand.\n"
@@ -985,6 +1063,7 @@ def mixin_outputs(cfg: dict[str, Any]) -> dict[str, str]:
     marked = copy.deepcopy(cfg)
     marked["runbook_base_url"] = MIXIN_URL
     marked["job_selector"] = "@@gpufeedSelector@@"
+    marked["metrics_selector"] = MIXIN_SELECTOR
     marked["aggregation_labels"] = ["@@aggregationLabels@@"]
     thresholds = _alert_thresholds(cfg)
     hidden = []
@@ -1006,8 +1085,15 @@ def mixin_outputs(cfg: dict[str, Any]) -> dict[str, str]:
         + "{\n  _config+:: {\n"
         + "    // Selects gpufeed's scrape job (the target-down alert).\n"
         + f"    gpufeedSelector: {json.dumps(cfg['job_selector'])},\n"
-        + "    // Where runbook_url links: each alert's own gpufeed (" + " or ".join(INSTANCE_RUNBOOKS) + "), or the\n"
-        + "    // absolute URL of your rendered docs/runbooks.md; each alert appends #<alertname>.\n"
+        + "    // Label matchers put into every series every alert and recording rule reads, e.g. 'cluster=\"a\"' for\n"
+        + "    // one cluster's rules in a Prometheus that holds several (recorded ones are left alone). Empty: all.\n"
+        + f"    gpufeedMetricsSelector: {json.dumps(cfg['metrics_selector'])},\n"
+        + "    local sel = self.gpufeedMetricsSelector,\n"
+        + "    metricsSelectorLead:: if sel == '' then '' else sel + ', ',\n"
+        + "    metricsSelectorBraces:: if sel == '' then '' else '{%s}' % sel,\n"
+        + "    // Where runbook_url links, each alert appending #<alertname>: the alerting gpufeed's /runbooks page\n"
+        + "    // (https://{{$labels.instance}}/runbooks with TLS on its web config), or the absolute URL of your\n"
+        + "    // rendered docs/runbooks.md.\n"
         + f"    runbookBaseUrl: {json.dumps(cfg['runbook_base_url'])},\n"
         + "    // GpufeedTargetDown's: another gpufeed of its job that is up, where the base is a gpufeed's own page.\n"
         + f"    runbookBaseUrlLive:: std.strReplace(self.runbookBaseUrl, {json.dumps(INSTANCE)}, "

@@ -7,7 +7,7 @@
         "rules": [
           {
             "alert": "GpufeedPCIeLinkDowngraded",
-            "expr": ("gpufeed_pcie_link_downgraded == 1\nand on (%(aggregationPrefix)sinstance, gpu)\n(\n    sum without (state) (rate(gpufeed_gpu_state_seconds_total{state!=\"idle\"}[%(str_pcie_link_downgraded_window)s]))\n  / sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_pcie_link_downgraded_window)s]))\n  >= %(num_pcie_link_downgraded_min_in_use_ratio)g\n)\n" % $._config),
+            "expr": ("gpufeed_pcie_link_downgraded%(metricsSelectorBraces)s == 1\nand on (%(aggregationPrefix)sinstance, gpu)\n(\n    sum without (state) (rate(gpufeed_gpu_state_seconds_total{%(metricsSelectorLead)sstate!=\"idle\"}[%(str_pcie_link_downgraded_window)s]))\n  / sum without (state) (rate(gpufeed_gpu_state_seconds_total%(metricsSelectorBraces)s[%(str_pcie_link_downgraded_window)s]))\n  >= %(num_pcie_link_downgraded_min_in_use_ratio)g\n)\n" % $._config),
             "for": ("%(str_pcie_link_downgraded_for)s" % $._config),
             "labels": {
               "severity": ("%(str_pcie_link_downgraded_severity)s" % $._config),
@@ -20,7 +20,7 @@
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_aer_errors_total{severity=\"correctable\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > %(num_pcie_errors_min_correctable_increase)g" % $._config),
+            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_aer_errors_total{%(metricsSelectorLead)sseverity=\"correctable\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > %(num_pcie_errors_min_correctable_increase)g" % $._config),
             "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
               "severity": ("%(str_pcie_errors_severity)s" % $._config),
@@ -35,7 +35,7 @@
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_aer_errors_total{severity=~\"nonfatal|fatal\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 0" % $._config),
+            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_aer_errors_total{%(metricsSelectorLead)sseverity=~\"nonfatal|fatal\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 0" % $._config),
             "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
               "severity": ("%(str_pcie_errors_uncorrectable_severity)s" % $._config),
@@ -50,7 +50,7 @@
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{severity=\"correctable\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > %(num_pcie_errors_min_correctable_increase)g" % $._config),
+            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{%(metricsSelectorLead)sseverity=\"correctable\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > %(num_pcie_errors_min_correctable_increase)g" % $._config),
             "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
               "severity": ("%(str_pcie_errors_severity)s" % $._config),
@@ -65,7 +65,7 @@
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{severity=~\"nonfatal|fatal\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 0" % $._config),
+            "expr": ("sum without (severity) (label_replace(increase(gpufeed_pcie_chain_aer_errors_total{%(metricsSelectorLead)sseverity=~\"nonfatal|fatal\"}[%(str_pcie_errors_window)s]), \"aer_severity\", \"$1\", \"severity\", \"(.*)\")) > 0" % $._config),
             "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
               "severity": ("%(str_pcie_errors_uncorrectable_severity)s" % $._config),
@@ -80,7 +80,7 @@
           },
           {
             "alert": "GpufeedPCIeErrorsRising",
-            "expr": ("increase(gpufeed_gpu_pcie_replays_total[%(str_pcie_errors_window)s]) > %(num_pcie_errors_min_replay_increase)g" % $._config),
+            "expr": ("increase(gpufeed_gpu_pcie_replays_total%(metricsSelectorBraces)s[%(str_pcie_errors_window)s]) > %(num_pcie_errors_min_replay_increase)g" % $._config),
             "for": ("%(str_pcie_errors_for)s" % $._config),
             "labels": {
               "severity": ("%(str_pcie_errors_severity)s" % $._config),
@@ -94,7 +94,7 @@
           },
           {
             "alert": "GpufeedNVLinkDegraded",
-            "expr": "gpufeed_finding{check=\"nvlink_degraded\"} == 1",
+            "expr": ("gpufeed_finding{%(metricsSelectorLead)scheck=\"nvlink_degraded\"} == 1" % $._config),
             "for": ("%(str_nvlink_degraded_for)s" % $._config),
             "labels": {
               "severity": ("%(str_nvlink_degraded_severity)s" % $._config),
@@ -107,7 +107,7 @@
           },
           {
             "alert": "GpufeedNICLinkDegraded",
-            "expr": "gpufeed_finding{check=\"nic_link_degraded\"} == 1",
+            "expr": ("gpufeed_finding{%(metricsSelectorLead)scheck=\"nic_link_degraded\"} == 1" % $._config),
             "for": ("%(str_nic_link_degraded_for)s" % $._config),
             "labels": {
               "severity": ("%(str_nic_link_degraded_severity)s" % $._config),
@@ -120,7 +120,7 @@
           },
           {
             "alert": "GpufeedNUMAMismatch",
-            "expr": "gpufeed_finding{check=\"numa_mismatch\"} == 1",
+            "expr": ("gpufeed_finding{%(metricsSelectorLead)scheck=\"numa_mismatch\"} == 1" % $._config),
             "for": ("%(str_numa_mismatch_for)s" % $._config),
             "labels": {
               "severity": ("%(str_numa_mismatch_severity)s" % $._config),
@@ -133,7 +133,7 @@
           },
           {
             "alert": "GpufeedGPUThrottled",
-            "expr": ("avg_over_time(gpufeed_gpu_sm_clock_hertz[%(str_gpu_throttled_window)s])\n/ avg_over_time(gpufeed_gpu_sm_clock_max_hertz[%(str_gpu_throttled_window)s])\n< %(num_gpu_throttled_max_clock_ratio)g\nand\nrate(gpufeed_gpu_busy_seconds_total[%(str_gpu_throttled_window)s]) > %(num_gpu_throttled_min_busy_ratio)g\n" % $._config),
+            "expr": ("avg_over_time(gpufeed_gpu_sm_clock_hertz%(metricsSelectorBraces)s[%(str_gpu_throttled_window)s])\n/ avg_over_time(gpufeed_gpu_sm_clock_max_hertz%(metricsSelectorBraces)s[%(str_gpu_throttled_window)s])\n< %(num_gpu_throttled_max_clock_ratio)g\nand\nrate(gpufeed_gpu_busy_seconds_total%(metricsSelectorBraces)s[%(str_gpu_throttled_window)s]) > %(num_gpu_throttled_min_busy_ratio)g\n" % $._config),
             "for": ("%(str_gpu_throttled_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_throttled_severity)s" % $._config),
@@ -146,7 +146,7 @@
           },
           {
             "alert": "GpufeedGPULost",
-            "expr": "gpufeed_gpu_lost == 1",
+            "expr": ("gpufeed_gpu_lost%(metricsSelectorBraces)s == 1" % $._config),
             "for": ("%(str_gpu_lost_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_lost_severity)s" % $._config),
@@ -159,7 +159,7 @@
           },
           {
             "alert": "GpufeedGPUXidError",
-            "expr": ("increase(gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"}[%(str_gpu_xid_error_window)s]) > 0\nor\n(gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"} unless gpufeed_gpu_xid_errors_total{xid=~\"48|64|74|79|95|119|120\"} offset %(str_gpu_xid_error_window)s)\n" % $._config),
+            "expr": ("increase(gpufeed_gpu_xid_errors_total{%(metricsSelectorLead)sxid=~\"48|64|74|79|95|119|120\"}[%(str_gpu_xid_error_window)s]) > 0\nor\n(gpufeed_gpu_xid_errors_total{%(metricsSelectorLead)sxid=~\"48|64|74|79|95|119|120\"} unless gpufeed_gpu_xid_errors_total{%(metricsSelectorLead)sxid=~\"48|64|74|79|95|119|120\"} offset %(str_gpu_xid_error_window)s)\n" % $._config),
             "for": ("%(str_gpu_xid_error_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_xid_error_severity)s" % $._config),
@@ -172,7 +172,7 @@
           },
           {
             "alert": "GpufeedGPUXidError",
-            "expr": ("increase(gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"}[%(str_gpu_xid_error_window)s]) > 0\nor\n(gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"} unless gpufeed_gpu_xid_errors_total{xid=~\"63|92|94\"} offset %(str_gpu_xid_error_window)s)\n" % $._config),
+            "expr": ("increase(gpufeed_gpu_xid_errors_total{%(metricsSelectorLead)sxid=~\"63|92|94\"}[%(str_gpu_xid_error_window)s]) > 0\nor\n(gpufeed_gpu_xid_errors_total{%(metricsSelectorLead)sxid=~\"63|92|94\"} unless gpufeed_gpu_xid_errors_total{%(metricsSelectorLead)sxid=~\"63|92|94\"} offset %(str_gpu_xid_error_window)s)\n" % $._config),
             "for": ("%(str_gpu_xid_error_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_xid_error_warning_severity)s" % $._config),
@@ -185,7 +185,7 @@
           },
           {
             "alert": "GpufeedGPUMemoryErrors",
-            "expr": "gpufeed_gpu_ecc_errors_total{error=\"uncorrected\",counter=\"volatile\"} > 0",
+            "expr": ("gpufeed_gpu_ecc_errors_total{%(metricsSelectorLead)serror=\"uncorrected\",counter=\"volatile\"} > 0" % $._config),
             "for": ("%(str_gpu_memory_errors_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_memory_errors_severity)s" % $._config),
@@ -199,7 +199,7 @@
           },
           {
             "alert": "GpufeedGPUMemoryErrors",
-            "expr": "gpufeed_gpu_row_remap_failure == 1",
+            "expr": ("gpufeed_gpu_row_remap_failure%(metricsSelectorBraces)s == 1" % $._config),
             "for": ("%(str_gpu_memory_errors_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_memory_errors_severity)s" % $._config),
@@ -213,7 +213,7 @@
           },
           {
             "alert": "GpufeedGPUMemoryErrors",
-            "expr": "gpufeed_gpu_row_remap_pending == 1",
+            "expr": ("gpufeed_gpu_row_remap_pending%(metricsSelectorBraces)s == 1" % $._config),
             "for": ("%(str_gpu_memory_errors_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_memory_errors_pending_severity)s" % $._config),
@@ -227,7 +227,7 @@
           },
           {
             "alert": "GpufeedGPUMemoryErrors",
-            "expr": ("increase(gpufeed_gpu_ecc_errors_total{error=\"corrected\",counter=\"volatile\"}[%(str_gpu_memory_errors_window)s]) > %(num_gpu_memory_errors_min_corrected_increase)g" % $._config),
+            "expr": ("increase(gpufeed_gpu_ecc_errors_total{%(metricsSelectorLead)serror=\"corrected\",counter=\"volatile\"}[%(str_gpu_memory_errors_window)s]) > %(num_gpu_memory_errors_min_corrected_increase)g" % $._config),
             "for": ("%(str_gpu_memory_errors_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_memory_errors_corrected_severity)s" % $._config),
@@ -241,7 +241,7 @@
           },
           {
             "alert": "GpufeedCPUGovernorPowersave",
-            "expr": ("gpufeed_cpufreq_governor_cpus{governor=\"powersave\"} > 0\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
+            "expr": ("gpufeed_cpufreq_governor_cpus{%(metricsSelectorLead)sgovernor=\"powersave\"} > 0\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info%(metricsSelectorBraces)s)\n" % $._config),
             "for": ("%(str_cpu_governor_powersave_for)s" % $._config),
             "labels": {
               "severity": ("%(str_cpu_governor_powersave_severity)s" % $._config),
@@ -254,7 +254,7 @@
           },
           {
             "alert": "GpufeedMemoryPressure",
-            "expr": ("gpufeed_memory_available_bytes / gpufeed_memory_total_bytes < %(num_memory_pressure_max_available_ratio)g\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
+            "expr": ("gpufeed_memory_available_bytes%(metricsSelectorBraces)s / gpufeed_memory_total_bytes%(metricsSelectorBraces)s < %(num_memory_pressure_max_available_ratio)g\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info%(metricsSelectorBraces)s)\n" % $._config),
             "for": ("%(str_memory_pressure_for)s" % $._config),
             "labels": {
               "severity": ("%(str_memory_pressure_severity)s" % $._config),
@@ -268,7 +268,7 @@
           },
           {
             "alert": "GpufeedMemoryPressure",
-            "expr": ("rate(gpufeed_pressure_stalled_seconds_total{resource=\"memory\"}[%(str_memory_pressure_window)s]) > %(num_memory_pressure_max_memory_stall_ratio)g\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
+            "expr": ("rate(gpufeed_pressure_stalled_seconds_total{%(metricsSelectorLead)sresource=\"memory\"}[%(str_memory_pressure_window)s]) > %(num_memory_pressure_max_memory_stall_ratio)g\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info%(metricsSelectorBraces)s)\n" % $._config),
             "for": ("%(str_memory_pressure_for)s" % $._config),
             "labels": {
               "severity": ("%(str_memory_pressure_severity)s" % $._config),
@@ -282,7 +282,7 @@
           },
           {
             "alert": "GpufeedMemoryPressure",
-            "expr": ("increase(gpufeed_oom_kills_total[%(str_memory_pressure_oom_window)s]) > 0\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info)\n" % $._config),
+            "expr": ("increase(gpufeed_oom_kills_total%(metricsSelectorBraces)s[%(str_memory_pressure_oom_window)s]) > 0\nand on (%(aggregationPrefix)sinstance) count by (%(aggregationPrefix)sinstance) (gpufeed_gpu_info%(metricsSelectorBraces)s)\n" % $._config),
             "for": "0m",
             "labels": {
               "severity": ("%(str_memory_pressure_severity)s" % $._config),
@@ -296,7 +296,7 @@
           },
           {
             "alert": "GpufeedNFSRetransmissions",
-            "expr": ("rate(gpufeed_nfs_rpc_retransmissions_total[%(str_nfs_retransmissions_window)s])\n/ rate(gpufeed_nfs_rpc_calls_total[%(str_nfs_retransmissions_window)s])\n> %(num_nfs_retransmissions_max_retrans_ratio)g\nand\nrate(gpufeed_nfs_rpc_retransmissions_total[%(str_nfs_retransmissions_window)s]) > %(num_nfs_retransmissions_min_retrans_per_second)g\n" % $._config),
+            "expr": ("rate(gpufeed_nfs_rpc_retransmissions_total%(metricsSelectorBraces)s[%(str_nfs_retransmissions_window)s])\n/ rate(gpufeed_nfs_rpc_calls_total%(metricsSelectorBraces)s[%(str_nfs_retransmissions_window)s])\n> %(num_nfs_retransmissions_max_retrans_ratio)g\nand\nrate(gpufeed_nfs_rpc_retransmissions_total%(metricsSelectorBraces)s[%(str_nfs_retransmissions_window)s]) > %(num_nfs_retransmissions_min_retrans_per_second)g\n" % $._config),
             "for": ("%(str_nfs_retransmissions_for)s" % $._config),
             "labels": {
               "severity": ("%(str_nfs_retransmissions_severity)s" % $._config),
@@ -314,7 +314,7 @@
         "rules": [
           {
             "alert": "GpufeedGPUStarved",
-            "expr": ("(\n  rate(gpufeed_gpu_waiting_seconds_total{cause!=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{cause!=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n" % $._config),
+            "expr": ("(\n  rate(gpufeed_gpu_waiting_seconds_total{%(metricsSelectorLead)scause!=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total%(metricsSelectorBraces)s[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info%(metricsSelectorBraces)s\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{%(metricsSelectorLead)scause!=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total%(metricsSelectorBraces)s[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n" % $._config),
             "for": ("%(str_gpu_starved_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_starved_severity)s" % $._config),
@@ -327,7 +327,7 @@
           },
           {
             "alert": "GpufeedGPUStarved",
-            "expr": ("(\n  rate(gpufeed_gpu_waiting_seconds_total{cause=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{cause=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n" % $._config),
+            "expr": ("(\n  rate(gpufeed_gpu_waiting_seconds_total{%(metricsSelectorLead)scause=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total%(metricsSelectorBraces)s[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info%(metricsSelectorBraces)s\nor on (job, instance, gpu)\n(\n  rate(gpufeed_gpu_waiting_seconds_total{%(metricsSelectorLead)scause=\"latency_bound\"}[%(str_gpu_starved_window)s])\n/ ignoring (cause) group_left\n  sum without (state) (rate(gpufeed_gpu_state_seconds_total%(metricsSelectorBraces)s[%(str_gpu_starved_window)s]))\n> %(num_gpu_starved_min_waiting_ratio)g\n)\n" % $._config),
             "for": ("%(str_gpu_starved_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_starved_latency_bound_severity)s" % $._config),
@@ -345,7 +345,7 @@
         "rules": [
           {
             "alert": "GpufeedCPUQuotaThrottled",
-            "expr": "(gpufeed_finding{check=\"cpu_quota_throttled\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(gpufeed_finding{check=\"cpu_quota_throttled\"} == 1)\n",
+            "expr": ("(gpufeed_finding{%(metricsSelectorLead)scheck=\"cpu_quota_throttled\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info%(metricsSelectorBraces)s\nor on (job, instance, gpu)\n(gpufeed_finding{%(metricsSelectorLead)scheck=\"cpu_quota_throttled\"} == 1)\n" % $._config),
             "for": ("%(str_cpu_quota_throttled_for)s" % $._config),
             "labels": {
               "severity": ("%(str_cpu_quota_throttled_severity)s" % $._config),
@@ -358,7 +358,7 @@
           },
           {
             "alert": "GpufeedCPUContention",
-            "expr": "(gpufeed_finding{check=\"cpu_contention\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(gpufeed_finding{check=\"cpu_contention\"} == 1)\n",
+            "expr": ("(gpufeed_finding{%(metricsSelectorLead)scheck=\"cpu_contention\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info%(metricsSelectorBraces)s\nor on (job, instance, gpu)\n(gpufeed_finding{%(metricsSelectorLead)scheck=\"cpu_contention\"} == 1)\n" % $._config),
             "for": ("%(str_cpu_contention_for)s" % $._config),
             "labels": {
               "severity": ("%(str_cpu_contention_severity)s" % $._config),
@@ -371,7 +371,7 @@
           },
           {
             "alert": "GpufeedGPUMemoryFull",
-            "expr": "(gpufeed_finding{check=\"gpu_memory_full\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info\nor on (job, instance, gpu)\n(gpufeed_finding{check=\"gpu_memory_full\"} == 1)\n",
+            "expr": ("(gpufeed_finding{%(metricsSelectorLead)scheck=\"gpu_memory_full\"} == 1)\n* on (job, instance, gpu) group_left (namespace, pod, container, slurm_job_id, unit)\n  gpufeed_workload_info%(metricsSelectorBraces)s\nor on (job, instance, gpu)\n(gpufeed_finding{%(metricsSelectorLead)scheck=\"gpu_memory_full\"} == 1)\n" % $._config),
             "for": ("%(str_gpu_memory_full_for)s" % $._config),
             "labels": {
               "severity": ("%(str_gpu_memory_full_severity)s" % $._config),
@@ -407,7 +407,7 @@
         "rules": [
           {
             "alert": "GpufeedCollectorFailing",
-            "expr": "gpufeed_collector_success == 0",
+            "expr": ("gpufeed_collector_success%(metricsSelectorBraces)s == 0" % $._config),
             "for": ("%(str_collector_failing_for)s" % $._config),
             "labels": {
               "severity": ("%(str_collector_failing_severity)s" % $._config),
@@ -420,7 +420,7 @@
           },
           {
             "alert": "GpufeedSamplerOverruns",
-            "expr": ("rate(gpufeed_sampler_overruns_total[%(str_sampler_overruns_window)s]) > %(num_sampler_overruns_max_overruns_per_second)g" % $._config),
+            "expr": ("rate(gpufeed_sampler_overruns_total%(metricsSelectorBraces)s[%(str_sampler_overruns_window)s]) > %(num_sampler_overruns_max_overruns_per_second)g" % $._config),
             "for": ("%(str_sampler_overruns_for)s" % $._config),
             "labels": {
               "severity": ("%(str_sampler_overruns_severity)s" % $._config),
@@ -433,7 +433,7 @@
           },
           {
             "alert": "GpufeedSamplesStale",
-            "expr": ("time() - gpufeed_sampler_last_success_timestamp_seconds > %(num_samples_stale_max_age_seconds)g" % $._config),
+            "expr": ("time() - gpufeed_sampler_last_success_timestamp_seconds%(metricsSelectorBraces)s > %(num_samples_stale_max_age_seconds)g" % $._config),
             "for": ("%(str_samples_stale_for)s" % $._config),
             "labels": {
               "severity": ("%(str_samples_stale_severity)s" % $._config),
@@ -446,7 +446,7 @@
           },
           {
             "alert": "GpufeedTargetDown",
-            "expr": ("up{%(gpufeedSelector)s} == 0" % $._config),
+            "expr": ("up{%(metricsSelectorLead)s%(gpufeedSelector)s} == 0" % $._config),
             "for": ("%(str_target_down_for)s" % $._config),
             "labels": {
               "severity": ("%(str_target_down_severity)s" % $._config),
@@ -459,7 +459,7 @@
           },
           {
             "alert": "GpufeedWebConfigReloadFailed",
-            "expr": "gpufeed_web_config_last_reload_successful == 0",
+            "expr": ("gpufeed_web_config_last_reload_successful%(metricsSelectorBraces)s == 0" % $._config),
             "for": ("%(str_web_config_reload_failed_for)s" % $._config),
             "labels": {
               "severity": ("%(str_web_config_reload_failed_severity)s" % $._config),

@@ -5,8 +5,15 @@
   _config+:: {
     // Selects gpufeed's scrape job (the target-down alert).
     gpufeedSelector: "job=\"gpufeed\"",
-    // Where runbook_url links: each alert's own gpufeed (http://{{$labels.instance}}/runbooks or https://{{$labels.instance}}/runbooks), or the
-    // absolute URL of your rendered docs/runbooks.md; each alert appends #<alertname>.
+    // Label matchers put into every series every alert and recording rule reads, e.g. 'cluster="a"' for
+    // one cluster's rules in a Prometheus that holds several (recorded ones are left alone). Empty: all.
+    gpufeedMetricsSelector: "",
+    local sel = self.gpufeedMetricsSelector,
+    metricsSelectorLead:: if sel == '' then '' else sel + ', ',
+    metricsSelectorBraces:: if sel == '' then '' else '{%s}' % sel,
+    // Where runbook_url links, each alert appending #<alertname>: the alerting gpufeed's /runbooks page
+    // (https://{{$labels.instance}}/runbooks with TLS on its web config), or the absolute URL of your
+    // rendered docs/runbooks.md.
     runbookBaseUrl: "http://{{$labels.instance}}/runbooks",
     // GpufeedTargetDown's: another gpufeed of its job that is up, where the base is a gpufeed's own page.
     runbookBaseUrlLive:: std.strReplace(self.runbookBaseUrl, "{{$labels.instance}}", "{{ with printf `up{job=%q} == 1` $labels.job | query }}{{ . | first | label `instance` }}{{ else }}{{ $labels.instance }}{{ end }}"),

@@ -7,15 +7,15 @@
         "rules": [
           {
             "record": "instance:gpufeed_gpus:count",
-            "expr": ("count by (%(aggregationPrefix)sjob, instance) (gpufeed_gpu_info)" % $._config),
+            "expr": ("count by (%(aggregationPrefix)sjob, instance) (gpufeed_gpu_info%(metricsSelectorBraces)s)" % $._config),
           },
           {
             "record": "instance_gpu_state:gpufeed_gpu_state_seconds:rate5m",
-            "expr": ("sum by (%(aggregationPrefix)sjob, instance, gpu, state) (rate(gpufeed_gpu_state_seconds_total[5m]))" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sjob, instance, gpu, state) (rate(gpufeed_gpu_state_seconds_total%(metricsSelectorBraces)s[5m]))" % $._config),
           },
           {
             "record": "instance_gpu_cause:gpufeed_gpu_waiting_seconds:rate5m",
-            "expr": ("sum by (%(aggregationPrefix)sjob, instance, gpu, cause) (rate(gpufeed_gpu_waiting_seconds_total[5m]))" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sjob, instance, gpu, cause) (rate(gpufeed_gpu_waiting_seconds_total%(metricsSelectorBraces)s[5m]))" % $._config),
           },
           {
             "record": "instance_gpu_state:gpufeed_gpu_time:ratio_rate5m",
@@ -43,19 +43,19 @@
           },
           {
             "record": "namespace_state:gpufeed_gpu_state_seconds:rate5m",
-            "expr": ("sum by (%(aggregationPrefix)snamespace, state) (\n  instance_gpu_state:gpufeed_gpu_state_seconds:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace)\n  group by (%(aggregationPrefix)sjob, instance, gpu, namespace) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{namespace!=\"\"})\n  )\n)\n" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)snamespace, state) (\n  instance_gpu_state:gpufeed_gpu_state_seconds:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace)\n  group by (%(aggregationPrefix)sjob, instance, gpu, namespace) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{%(metricsSelectorLead)snamespace!=\"\"})\n  )\n)\n" % $._config),
           },
           {
             "record": "namespace_cause:gpufeed_gpu_waiting_seconds:rate5m",
-            "expr": ("sum by (%(aggregationPrefix)snamespace, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_seconds:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace)\n  group by (%(aggregationPrefix)sjob, instance, gpu, namespace) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{namespace!=\"\"})\n  )\n)\n" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)snamespace, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_seconds:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace)\n  group by (%(aggregationPrefix)sjob, instance, gpu, namespace) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{%(metricsSelectorLead)snamespace!=\"\"})\n  )\n)\n" % $._config),
           },
           {
             "record": "slurm_job_state:gpufeed_gpu_state_seconds:rate5m",
-            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, state) (\n  instance_gpu_state:gpufeed_gpu_state_seconds:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (slurm_job_id)\n  group by (%(aggregationPrefix)sjob, instance, gpu, slurm_job_id) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{slurm_job_id!=\"\"})\n  )\n)\n" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, state) (\n  instance_gpu_state:gpufeed_gpu_state_seconds:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (slurm_job_id)\n  group by (%(aggregationPrefix)sjob, instance, gpu, slurm_job_id) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{%(metricsSelectorLead)sslurm_job_id!=\"\"})\n  )\n)\n" % $._config),
           },
           {
             "record": "slurm_job_cause:gpufeed_gpu_waiting_seconds:rate5m",
-            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_seconds:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (slurm_job_id)\n  group by (%(aggregationPrefix)sjob, instance, gpu, slurm_job_id) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{slurm_job_id!=\"\"})\n  )\n)\n" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_seconds:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (slurm_job_id)\n  group by (%(aggregationPrefix)sjob, instance, gpu, slurm_job_id) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{%(metricsSelectorLead)sslurm_job_id!=\"\"})\n  )\n)\n" % $._config),
           },
         ],
       },
@@ -65,7 +65,7 @@
         "rules": [
           {
             "record": "job_rank:gpufeed_gpu_own_waiting:ratio_rate5m",
-            "expr": ("(\n  sum by (%(aggregationPrefix)sjob, instance, gpu) (instance_gpu_cause:gpufeed_gpu_waiting_time:ratio_rate5m{cause!=\"latency_bound\"})\nor\n  sum by (%(aggregationPrefix)sjob, instance, gpu) (instance_gpu_state:gpufeed_gpu_state_seconds:rate5m) * 0\n)\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace, job_id, rank)\n  topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{job_id!=\"\"})\n" % $._config),
+            "expr": ("(\n  sum by (%(aggregationPrefix)sjob, instance, gpu) (instance_gpu_cause:gpufeed_gpu_waiting_time:ratio_rate5m{cause!=\"latency_bound\"})\nor\n  sum by (%(aggregationPrefix)sjob, instance, gpu) (instance_gpu_state:gpufeed_gpu_state_seconds:rate5m) * 0\n)\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace, job_id, rank)\n  topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{%(metricsSelectorLead)sjob_id!=\"\"})\n" % $._config),
           },
           {
             "record": "job:gpufeed_gpu_own_waiting:median_rate5m",
@@ -73,7 +73,7 @@
           },
           {
             "record": "job:gpufeed_gpus_collective_wait:count",
-            "expr": ("count by (%(aggregationPrefix)snamespace, job_id) (\n  gpufeed_gpu_bottleneck{cause=\"collective_wait\"}\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace, job_id)\n  topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{job_id!=\"\"})\n)\n" % $._config),
+            "expr": ("count by (%(aggregationPrefix)snamespace, job_id) (\n  gpufeed_gpu_bottleneck{%(metricsSelectorLead)scause=\"collective_wait\"}\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace, job_id)\n  topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{%(metricsSelectorLead)sjob_id!=\"\"})\n)\n" % $._config),
           },
         ],
       },
@@ -83,11 +83,11 @@
         "rules": [
           {
             "record": "instance_state:gpufeed_gpu_hours:increase1d",
-            "expr": ("sum by (%(aggregationPrefix)sjob, instance, state) (increase(gpufeed_gpu_state_seconds_total[1d])) / 3600" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sjob, instance, state) (increase(gpufeed_gpu_state_seconds_total%(metricsSelectorBraces)s[1d])) / 3600" % $._config),
           },
           {
             "record": "instance_cause:gpufeed_gpu_waiting_hours:increase1d",
-            "expr": ("sum by (%(aggregationPrefix)sjob, instance, cause) (increase(gpufeed_gpu_waiting_seconds_total[1d])) / 3600" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sjob, instance, cause) (increase(gpufeed_gpu_waiting_seconds_total%(metricsSelectorBraces)s[1d])) / 3600" % $._config),
           },
           {
             "record": "instance:gpufeed_gpu_waiting_hours:increase1d",
@@ -128,7 +128,7 @@
         "rules": [
           {
             "record": "instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m",
-            "expr": ("sum by (%(aggregationPrefix)sjob, instance, gpu, cause) (rate(gpufeed_gpu_waiting_joules_total[5m]))" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sjob, instance, gpu, cause) (rate(gpufeed_gpu_waiting_joules_total%(metricsSelectorBraces)s[5m]))" % $._config),
           },
           {
             "record": "instance_cause:gpufeed_gpu_waiting_joules:rate5m",
@@ -140,11 +140,11 @@
           },
           {
             "record": "namespace_cause:gpufeed_gpu_waiting_joules:rate5m",
-            "expr": ("sum by (%(aggregationPrefix)snamespace, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace)\n  group by (%(aggregationPrefix)sjob, instance, gpu, namespace) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{namespace!=\"\"})\n  )\n)\n" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)snamespace, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (namespace)\n  group by (%(aggregationPrefix)sjob, instance, gpu, namespace) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{%(metricsSelectorLead)snamespace!=\"\"})\n  )\n)\n" % $._config),
           },
           {
             "record": "slurm_job_cause:gpufeed_gpu_waiting_joules:rate5m",
-            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (slurm_job_id)\n  group by (%(aggregationPrefix)sjob, instance, gpu, slurm_job_id) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{slurm_job_id!=\"\"})\n  )\n)\n" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sslurm_job_id, cause) (\n  instance_gpu_cause:gpufeed_gpu_waiting_joules:rate5m\n* on (%(aggregationPrefix)sjob, instance, gpu) group_left (slurm_job_id)\n  group by (%(aggregationPrefix)sjob, instance, gpu, slurm_job_id) (\n    topk by (%(aggregationPrefix)sjob, instance, gpu) (1, gpufeed_workload_info{%(metricsSelectorLead)sslurm_job_id!=\"\"})\n  )\n)\n" % $._config),
           },
         ],
       },
@@ -154,7 +154,7 @@
         "rules": [
           {
             "record": "instance_cause:gpufeed_gpu_waiting_kwh:increase1d",
-            "expr": ("sum by (%(aggregationPrefix)sjob, instance, cause) (increase(gpufeed_gpu_waiting_joules_total[1d])) / 3.6e6" % $._config),
+            "expr": ("sum by (%(aggregationPrefix)sjob, instance, cause) (increase(gpufeed_gpu_waiting_joules_total%(metricsSelectorBraces)s[1d])) / 3.6e6" % $._config),
           },
           {
             "record": "job_cause:gpufeed_gpu_waiting_kwh:increase1d",

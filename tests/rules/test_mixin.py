@@ -83,6 +83,43 @@ def test_mixin_https_instance_runbook_url_is_the_generators(tmp_path: Path) -> N
     assert urls["GpufeedTargetDown"].startswith("https://{{ with printf `up{job=%q} == 1` $labels.job | query }}")
 
 
+# A series a rule reads: gpufeed's own (not a recorded level:metric:operation name) or up; not a function.
+_SERIES = re.compile(r"(?<![\w:])(gpufeed_[a-z0-9_]+|up)(?![\w:(])")
+
+
+def _exprs(doc: dict[str, Any]) -> list[str]:
+    return [r["expr"] for g in doc["groups"] for r in g["rules"]]
+
+
+def test_mixin_metrics_selector_goes_into_every_series_of_every_rule_as_the_generator_puts_it(
+        promtool: str, tmp_path: Path) -> None:
+    selector = 'cluster="a", env=~"prod|staging"'
+    m = _evaluate(f"gpufeedMetricsSelector: '{selector}'")
+    alerts, rules = _generated(tmp_path, f"metrics_selector: '{selector}'\n")
+    assert m["alerts"] == alerts and m["rules"] == rules
+    exprs = _exprs(m["alerts"]) + _exprs(m["rules"])
+    series = [(e, s) for e in exprs for s in _SERIES.finditer(e)]
+    assert len(series) > 70
+    bare = [(s.group(), e) for e, s in series if not e[s.end():].startswith("{" + selector)]
+    assert bare == []
+    # Nothing else changed: without the selector the expressions are the shipped ones.
+    shipped = (_exprs(yaml.safe_load((ALERTS / "gpufeed-alerts.yml").read_text()))
+               + _exprs(yaml.safe_load((ALERTS / "gpufeed-recording.yml").read_text())))
+    assert [e.replace("{" + selector + "}", "").replace(selector + ", ", "") for e in exprs] == shipped
+    for name in ("alerts", "rules"):
+        (tmp_path / f"{name}.yml").write_text(yaml.safe_dump(m[name]))
+    r = subprocess.run([promtool, "check", "rules", str(tmp_path / "alerts.yml"), str(tmp_path / "rules.yml")],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0 and "FAILED" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_mixin_metrics_selector_is_empty_by_default_and_then_changes_no_rule() -> None:
+    assert _evaluate_config()["gpufeedMetricsSelector"] == ""
+    m = _evaluate("gpufeedMetricsSelector: ''")
+    assert m["alerts"] == yaml.safe_load((ALERTS / "gpufeed-alerts.yml").read_text())
+    assert m["rules"] == yaml.safe_load((ALERTS / "gpufeed-recording.yml").read_text())
+
+
 def test_mixin_is_self_contained_for_jsonnet_bundler() -> None:
     """jb vendors only mixin/: nothing may import from outside it."""
     for f in MIXIN.rglob("*.libsonnet"):

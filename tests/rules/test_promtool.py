@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import importlib.util
 import re
 import shutil
 import subprocess
 import sys
 import urllib.parse
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import pytest
 import yaml
 
 from exporter.names import SEVERITIES
@@ -219,3 +222,51 @@ def test_bad_aggregation_labels_are_refused_naming_the_key(tmp_path: Path) -> No
                           ("[__name__]", "not a label name"), ("[cluster, cluster]", "duplicate")):
         r = _generate(tmp_path, thresholds=f"aggregation_labels: {value}\n")
         assert r.returncode == 2 and "aggregation_labels" in r.stderr and needle in r.stderr, (value, r.stderr)
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpufeed_alerts_generate", ALERTS / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+S = 'cluster="a"'
+
+
+@pytest.mark.parametrize(("expr", "want"), [
+    ("gpufeed_gpu_lost == 1", f"gpufeed_gpu_lost{{{S}}} == 1"),
+    ('gpufeed_finding{check="x"} == 1', f'gpufeed_finding{{{S}, check="x"}} == 1'),
+    ("rate(gpufeed_busy_seconds_total[5m]) > 0.5", f"rate(gpufeed_busy_seconds_total{{{S}}}[5m]) > 0.5"),
+    ('increase(m{xid=~"1|2"}[10m]) or (m unless m offset 10m)',
+     f'increase(m{{{S}, xid=~"1|2"}}[10m]) or (m{{{S}}} unless m{{{S}}} offset 10m)'),
+    ("sum by (cluster, job) (gpufeed_a) / on (job) group_left (pod, rank) topk by (job) (1, gpufeed_b)",
+     f"sum by (cluster, job) (gpufeed_a{{{S}}}) / on (job) group_left (pod, rank) topk by (job) (1, gpufeed_b{{{S}}})"),
+    ("a\n/ ignoring (cause) group_left\nsum without (state) (b)",
+     f"a{{{S}}}\n/ ignoring (cause) group_left\nsum without (state) (b{{{S}}})"),
+    ('label_replace(gpufeed_x, "dst", "$1", "src", "(.*)")',
+     f'label_replace(gpufeed_x{{{S}}}, "dst", "$1", "src", "(.*)")'),
+    # Recorded series (computed from selected ones), functions, numbers, the mixin's markers: untouched.
+    ('instance:gpufeed_x:rate5m{cause!="y"} * 24 / scalar(count_over_time(vector(1)[1d:1m]))',
+     'instance:gpufeed_x:rate5m{cause!="y"} * 24 / scalar(count_over_time(vector(1)[1d:1m]))'),
+    ("time() - gpufeed_ts > @@num:samples_stale.max_age_seconds@@ / 3.6e6",
+     f"time() - gpufeed_ts{{{S}}} > @@num:samples_stale.max_age_seconds@@ / 3.6e6"),
+    ("up{@@gpufeedSelector@@} == 0", f"up{{{S}, @@gpufeedSelector@@}} == 0"),
+])
+def test_metrics_selector_goes_into_every_series_selector(expr: str, want: str) -> None:
+    generate = _generator()
+    assert generate.select(expr, S) == want
+    assert generate.select(expr, "") == expr
+
+
+def test_metrics_selector_reaches_every_generated_rule_and_a_bad_one_is_refused(promtool: str, tmp_path: Path) -> None:
+    r = _generate(tmp_path, thresholds="metrics_selector: 'cluster=\"a\"'\n")
+    assert r.returncode == 0, r.stderr
+    assert _promtool(promtool, "check", "rules", *(tmp_path / "rules").glob("*.yml")).returncode == 0
+    exprs = [x["expr"] for x in _generated(tmp_path, "alert") + _generated(tmp_path, "record")]
+    series = [(e, m) for e in exprs for m in re.finditer(r"(?<![\w:])(gpufeed_[a-z0-9_]+|up)(?![\w:(])", e)]
+    assert series and all(e[m.end():].startswith('{cluster="a"') for e, m in series)
+    for value in ("'{cluster=\"a\"}'", "'cluster=a'", "'cluster=\"a\",'", "' cluster=\"a\"'", "[a]"):
+        r = _generate(tmp_path, thresholds=f"metrics_selector: {value}\n")
+        assert r.returncode == 2 and "metrics_selector" in r.stderr, (value, r.stderr)
