@@ -81,16 +81,15 @@ def nvlink_degraded(view: GpuView, slow: Sequence[Stamped[GpuSample]]) -> Findin
     if _sustained([t for t, _ in busy]):
         newest = busy[-1][1]
         switched = any(ln.remote == "switch" for ln in newest)
-        down = [ln.link for ln in newest
-                if all(not ln2.up for _, links in busy for ln2 in links if ln2.link == ln.link)
-                and (ln.remote or switched)]
+        ever_up = {ln.link for _, links in busy for ln in links if ln.up}
+        down = [ln.link for ln in newest if ln.link not in ever_up and (ln.remote or switched)]
         if down:
             why.append(f"NVLink {', '.join(map(str, down))} down of {len(newest)} while GPU {view.index} is busy")
             severity = "critical"  # the collectives over it lose that link's share for as long as it is down
     first, last = {ln.link: ln for ln in rows[0][1]}, rows[-1][1]
     for ln in last:
         old = first.get(ln.link)
-        if old is None:
+        if old is None or ln.errors is old.errors:  # unchanged (a healthy link's errors are one shared mapping)
             continue
         rise = {k: n - old.errors.get(k, n) for k, n in ln.errors.items()}
         if rise.get("recovery", 0) >= NVLINK_RECOVERY or rise.get("replay", 0) + rise.get("crc", 0) >= NVLINK_REPLAY:
