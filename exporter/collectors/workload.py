@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import ipaddress
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -600,7 +601,7 @@ def _network(proc: ProcPath, pid: int, tcp: dict[str, dict[int, str]]) -> tuple[
     conns = tcp.get(ns)
     if conns is None:
         conns = tcp[ns] = _tcp(proc, pid)
-    remotes = tuple(sorted({conns[i] for i in socks.values() if i in conns}))
+    remotes = tuple(sorted({r for i in socks.values() if i in conns and (r := _remote(conns[i]))}))
     waits = 0
     try:
         tids = os.listdir(proc(pid, "task"))
@@ -619,16 +620,24 @@ def _network(proc: ProcPath, pid: int, tcp: dict[str, dict[int, str]]) -> tuple[
             waits += 1
     return remotes, waits
 
+
+def _remote(raw: str) -> str:
+    try:
+        return remote_address(raw)
+    except ValueError:
+        return ""
+
+
 def _tcp(proc: ProcPath, pid: int) -> dict[int, str]:
-    """Established TCP connections of ``pid``'s network namespace: socket inode -> remote ``addr:port``
-    (/proc/<pid>/net/tcp and tcp6, Documentation/networking/proc_net_tcp.rst)."""
+    """Established TCP connections of ``pid``'s network namespace: socket inode -> remote address as the kernel
+    prints it (/proc/<pid>/net/tcp and tcp6, Documentation/networking/proc_net_tcp.rst)."""
     out: dict[int, str] = {}
     for name in ("tcp", "tcp6"):
         try:
             text = read_text(proc(pid, "net", name), limit=NET_TCP_MAX)
         except OSError:
             continue
-        out.update(parse_tcp(text))
+        out.update(established(text))
     return out
 
 
@@ -700,19 +709,32 @@ def _blocking_call(text: str) -> tuple[int, int] | None:
 def parse_tcp(text: str) -> dict[int, str]:
     """/proc/net/tcp{,6}: socket inode -> remote ``addr:port`` of each ESTABLISHED (01) connection."""
     out: dict[int, str] = {}
+    for inode, raw in established(text).items():
+        with contextlib.suppress(ValueError):
+            out[inode] = remote_address(raw)
+    return out
+
+
+def established(text: str) -> dict[int, str]:
+    """/proc/net/tcp{,6}: socket inode -> the kernel's hex ``rem_address`` (``0100007F:1F90``) of each ESTABLISHED
+    (01) connection. Only split, not decoded: a namespace may hold ~30,000 connections of which a worker owns a
+    few (decoding every one cost 150 ms, splitting costs ~40)."""
+    out: dict[int, str] = {}
     for line in text.splitlines()[1:]:
         f = line.split()
-        if len(f) < 10 or f[3] != "01" or not f[9].isdigit():
-            continue
-        addr, _, port = f[2].partition(":")
-        try:
-            raw = bytes.fromhex(addr)
-            # The address is the kernel's __be32 words printed as host-order hex: reverse each 4-byte word.
-            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-            ip = ipaddress.ip_address(words)
-            mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-            host = str(mapped or ip)
-            out[int(f[9])] = f"[{host}]:{int(port, 16)}" if ":" in host else f"{host}:{int(port, 16)}"
-        except ValueError:
-            continue
+        if len(f) >= 10 and f[3] == "01" and f[9].isdigit():
+            out[int(f[9])] = f[2]
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def remote_address(raw: str) -> str:
+    """``addr:port`` of a hex ``rem_address`` (``[addr]:port`` for IPv6); ValueError when malformed."""
+    addr, _, port = raw.partition(":")
+    data = bytes.fromhex(addr)
+    # The address is the kernel's __be32 words printed as host-order hex: reverse each 4-byte word.
+    words = b"".join(data[i:i + 4][::-1] for i in range(0, len(data), 4))
+    ip = ipaddress.ip_address(words)
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    host = str(mapped or ip)
+    return f"[{host}]:{int(port, 16)}" if ":" in host else f"{host}:{int(port, 16)}"

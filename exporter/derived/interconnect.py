@@ -81,16 +81,15 @@ def nvlink_degraded(view: GpuView, slow: Sequence[Stamped[GpuSample]]) -> Findin
     if _sustained([t for t, _ in busy]):
         newest = busy[-1][1]
         switched = any(ln.remote == "switch" for ln in newest)
-        down = [ln.link for ln in newest
-                if all(not ln2.up for _, links in busy for ln2 in links if ln2.link == ln.link)
-                and (ln.remote or switched)]
+        ever_up = {ln.link for _, links in busy for ln in links if ln.up}
+        down = [ln.link for ln in newest if ln.link not in ever_up and (ln.remote or switched)]
         if down:
             why.append(f"NVLink {', '.join(map(str, down))} down of {len(newest)} while GPU {view.index} is busy")
             severity = "critical"  # the collectives over it lose that link's share for as long as it is down
     first, last = {ln.link: ln for ln in rows[0][1]}, rows[-1][1]
     for ln in last:
         old = first.get(ln.link)
-        if old is None:
+        if old is None or ln.errors is old.errors:  # unchanged (a healthy link's errors are one shared mapping)
             continue
         rise = {k: n - old.errors.get(k, n) for k, n in ln.errors.items()}
         if rise.get("recovery", 0) >= NVLINK_RECOVERY or rise.get("replay", 0) + rise.get("crc", 0) >= NVLINK_REPLAY:
@@ -151,6 +150,15 @@ def nic_link_degraded(view: GpuView, nic: Sequence[Stamped[NicSample]]) -> Findi
                                     "replace the cable or transceiver)")
 
 
+def _ends(rows: Sequence[tuple[float, tuple[NvLink, ...]]], attr: str) -> list[tuple[float, int | None]]:
+    """The links' total of counter ``attr`` at the first and the last sample where it is known (all :func:`_rate`
+    reads): summed at two samples of the window, not at every one."""
+    first = next(((t, v) for t, links in rows if (v := _sum([getattr(ln, attr) for ln in links])) is not None), None)
+    last = next(((t, v) for t, links in reversed(rows)
+                 if (v := _sum([getattr(ln, attr) for ln in links])) is not None), None)
+    return [x for x in (first, last) if x is not None]
+
+
 def _rate(samples: Sequence[tuple[float, int | None]]) -> float | None:
     """Bytes per second between the first and last known readings of a counter."""
     known = [(t, v) for t, v in samples if v is not None]
@@ -168,8 +176,7 @@ def wire_load(view: GpuView, slow: Sequence[Stamped[GpuSample]], nic: Sequence[S
         cap = sum(ln.speed_bytes_per_s or 0.0 for ln in rows[-1][1])
         up = sum(1 for ln in rows[-1][1] if ln.up)
         for direction, attr in (("sends", "tx_bytes"), ("receives", "rx_bytes")):
-            totals = [(t, _sum([getattr(ln, attr) for ln in links])) for t, links in rows]
-            r = _rate(totals)
+            r = _rate(_ends(rows, attr))
             if r is not None and cap > 0 and (best is None or r / cap > best.ratio):
                 best = WireLoad(r / cap, f"NVLink {direction} {r / 1e9:.0f} GB/s = {round(100 * r / cap)}% of its "
                                          f"{up} active links' {cap / 1e9:.0f} GB/s")

@@ -48,6 +48,10 @@ class WrappingCounter:
     def update(self, raw: int, modulus: int, t: float, ts: float | None = None) -> int:
         """Feed one raw reading; return the unwrapped total."""
         raw = int(raw) % modulus
+        if raw == self.prev and self.total is not None:
+            # Unchanged (most error counters, an idle link's bytes): the steps below would add 0.
+            self.prev_t, self.prev_ts = t, ts
+            return self.total
         if raw >= M32:
             self.narrow = False
         if self.total is None:

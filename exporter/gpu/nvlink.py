@@ -24,7 +24,7 @@ module records, the derived layer judges (only while the GPU is busy, docs/topol
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -80,6 +80,13 @@ class _Links:
     remote: dict[int, str] = field(default_factory=dict)
     counters: dict[tuple[int, str], WrappingCounter] = field(default_factory=dict)
     unsupported: set[str] = field(default_factory=set)  # fields the driver does not answer: the getters instead
+    # The batched request for the fields still answered, and each entry's kind (rebuilt when that set shrinks).
+    request: list[tuple[int, int]] = field(default_factory=list)
+    request_kinds: list[str] = field(default_factory=list)
+    request_for: int = -1  # len(unsupported) the request was built for
+    # Per link, its error counters' raw readings and their totals: readings that did not move (nearly always) keep
+    # the totals, with no unwrapping and no new mapping.
+    errors_seen: dict[int, tuple[tuple[int | None, ...], Mapping[str, int]]] = field(default_factory=dict)
 
 
 class NvLinkPath(NvmlSession):
@@ -100,8 +107,12 @@ class NvLinkPath(NvmlSession):
             up = self._link_up(g, st, link, got.get(STATE))
             if up and (link not in st.version or link not in st.remote):
                 self._link_identity(g, st, link)
-            errors = {k: self._total(st, link, k, n, now) for k in ERRORS
-                      if (n := got.get(k, self._error_counter(g, st, link, k))) is not None}
+            raw_errors = tuple(got[k] if k in got else self._error_counter(g, st, link, k) for k in ERRORS)
+            seen = st.errors_seen.get(link)
+            if seen is None or seen[0] != raw_errors:
+                totals = {k: self._total(st, link, k, n, now) for k, n in zip(ERRORS, raw_errors, strict=True)
+                          if n is not None}
+                seen = st.errors_seen[link] = (raw_errors, NO_ERRORS if totals == _ZERO else MappingProxyType(totals))
             tx, rx = got.get(TX), got.get(RX)
             speed = got.get(SPEED)
             out.append(NvLink(
@@ -109,7 +120,7 @@ class NvLinkPath(NvmlSession):
                 speed_bytes_per_s=float(speed) * MBYTE if up and speed else None,
                 tx_bytes=None if tx is None else self._total(st, link, TX, tx, now) * KIB,
                 rx_bytes=None if rx is None else self._total(st, link, RX, rx, now) * KIB,
-                errors=NO_ERRORS if errors == _ZERO else MappingProxyType(errors)))
+                errors=seen[1]))
         return tuple(out)
 
     def _discover(self, g: GpuState) -> _Links:
@@ -134,8 +145,12 @@ class NvLinkPath(NvmlSession):
     def _link_fields(self, g: GpuState, st: _Links) -> dict[int, dict[str, int]]:
         """Per link, the batched fields that answered: {link: {kind: raw value}}."""
         nvml = self._nvml
-        kinds = [k for k in FIELD_NAMES if k not in st.unsupported]
-        request = [(int(getattr(nvml, FIELD_NAMES[k])), link) for link in st.links for k in kinds]
+        if st.request_for != len(st.unsupported):
+            kinds = [k for k in FIELD_NAMES if k not in st.unsupported]
+            st.request = [(int(getattr(nvml, FIELD_NAMES[k])), link) for link in st.links for k in kinds]
+            st.request_kinds = [k for _ in st.links for k in kinds]
+            st.request_for = len(st.unsupported)
+        request = st.request
         if not request:
             return {}
         arr = self._opt(g, "nvmlDeviceGetFieldValues:nvlink", nvml.nvmlDeviceGetFieldValues, g.handle, request)
@@ -144,7 +159,7 @@ class NvLinkPath(NvmlSession):
         self.array_types.hold(arr)
         out: dict[int, dict[str, int]] = {}
         for (_fid, link), kind, (_id, ret, _vt, raw, _ts) in zip(
-                request, [k for _ in st.links for k in kinds], read_field_values(arr), strict=True):
+                request, st.request_kinds, read_field_values(arr), strict=True):
             if ret == SUCCESS and raw is not None:
                 out.setdefault(link, {})[kind] = raw
             elif ret == ERR_GPU_IS_LOST:

@@ -10,23 +10,22 @@ state is split in two, in the directory the simulator and the daemon share:
   GPU was lost, a MIG layout, an Xid event, a sample buffer's length (not a GPU's clock-event reasons: they
   travel as their NVML bitmask, a number). The reader validates it in full, as
   before; it is also what a person reads to see the simulated driver's state.
-- ``nvml.bin``, the *values*: every number of the state (ints as int64, floats as float64), in the order a
-  depth-first walk of the normalised state meets them -- except the numbers of the driver's sample buffers
-  (:data:`DEFERRED`), which come after all the others of their type -- in a fixed binary layout mapped into
-  memory, behind a sequence lock. The writer bumps the sequence to odd, writes, bumps it to even; a reader
-  copies the block and keeps it only if the sequence was even and unchanged around the copy. Checking whether
-  anything changed is one 8-byte read of mapped memory (no system call); a change costs a copy of the numbers'
-  bytes, and for each device *when a call reads it* (:meth:`Reader.settle_group`) a comparison with the words
-  it applied last and one assignment per number that *moved* -- a 50 ms step
-  of the 8-GPU bench host moves ~80 of its ~770 numbers (~360 when the driver's sample buffers slide), and
-  assigning all of them was most of what the daemon paid the simulator. The sample buffers are more than
-  half of the numbers and read once a second (nvmlDeviceGetSamples), against 10-20 new states a second: a
-  reader may defer them (``poll(settle=False)``), keeping their bytes, and apply one buffer when it is read
-  (:meth:`Reader.settle`) -- never stale, since the read applies the newest state the reader took.
+- ``nvml.bin``, the *values*: every number of the state (ints as int64, floats as float64), in the order a depth-first
+  walk of the normalised state meets them -- except the numbers of the driver's sample buffers and of its NVLinks
+  (:data:`DEFERRED`), which come after all the others of their type -- in a fixed binary layout mapped into memory,
+  behind a sequence lock. The writer bumps the sequence to odd, writes, bumps it to even; a reader copies the block and
+  keeps it only if the sequence was even and unchanged around the copy. Checking whether anything changed is one 8-byte
+  read of mapped memory (no system call); a change costs a copy of the numbers' bytes, and for each device *when a call
+  reads it* (:meth:`Reader.settle_group`) a comparison with the words it applied last and one assignment per number that
+  *moved* -- a 50 ms step of the 8-GPU bench host moves ~80 of its ~770 numbers (~360 when the driver's sample buffers
+  slide), and assigning all of them was most of what the daemon paid the simulator. The sample buffers are more than
+  half of the numbers and read once a second (nvmlDeviceGetSamples), against 10-20 new states a second: a reader may
+  defer them (``poll(settle=False)``), keeping their bytes, and apply one buffer when it is read (:meth:`Reader.settle`)
+  -- never stale, since the read applies the newest state the reader took.
 
 Layout of ``nvml.bin`` (little endian)::
 
-    0   8s  magic b"GPUFEED2"
+    0   8s  magic b"GPUFEED3"
     8   Q   sequence (odd while the writer is inside a write)
     16  Q   shape id: bumped with every new nvml.json; a reader whose shape is older reloads the JSON first
     24  I   number of int64 values      28  I  number of float64 values
@@ -54,7 +53,7 @@ from exporter.gpu.constants import CLOCK_EVENT_REASONS, encode_reasons
 
 SHAPE_FILE = "nvml.json"
 VALUES_FILE = "nvml.bin"
-MAGIC = b"GPUFEED2"  # 2: the DEFERRED numbers last
+MAGIC = b"GPUFEED3"  # 2: the DEFERRED numbers last; 3: a device's NVLinks deferred too
 _HEADER = struct.Struct("<8sQQII")
 _SEQ = struct.Struct("<Q")
 _SEQ_AT = 8
@@ -62,8 +61,9 @@ _SEQ_AT = 8
 # A slot is where one number lives: (container, key-or-index).
 Slot = tuple[Any, Any]
 REASONS = "clock_event_reasons"
-# Keys whose numbers a reader may apply only when they are read: the driver's sample buffers.
-DEFERRED = frozenset({"util_samples", "mem_util_samples", "process_util"})
+# Keys whose numbers a reader may apply only when they are read: the driver's sample buffers, and a device's
+# NVLinks (18 links of 9 numbers each on an H100, their data counters moving at every state, read every 5 s).
+DEFERRED = frozenset({"util_samples", "mem_util_samples", "process_util", "nvlink"})
 # The top-level list whose elements' numbers a reader may apply per element, when that element is read.
 GROUPED = "devices"
 

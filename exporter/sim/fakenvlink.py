@@ -19,7 +19,7 @@ simulator moves them, as it moves every counter).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pynvml
@@ -78,18 +78,25 @@ def link_of(dev: Mapping[str, Any], link: int) -> Mapping[str, Any]:
     return out
 
 
-def field_value(dev: Mapping[str, Any], fid: int, scope: int) -> tuple[int, int]:
-    """(nvmlReturn, value) of NVLink field ``fid`` for link ``scope`` (NOT_SUPPORTED for a ``field:<id>`` the
-    device lists as unsupported: a driver older than the field)."""
-    if f"field:{fid}" in dev["unsupported"]:
-        return pynvml.NVML_ERROR_NOT_SUPPORTED, 0
-    try:
-        link = link_of(dev, scope)
-    except pynvml.NVMLError as e:
-        return int(e.value), 0
-    key = FIELDS[fid]
-    if key == "up":
-        return pynvml.NVML_SUCCESS, pynvml.NVML_FEATURE_ENABLED if link["up"] else pynvml.NVML_FEATURE_DISABLED
-    if key == "speed_mbps" and not link["up"]:
-        return pynvml.NVML_SUCCESS, 0
-    return pynvml.NVML_SUCCESS, int(link[key])
+def field_answers(dev: Mapping[str, Any]) -> Callable[[int, int], tuple[int, int]]:
+    """The answer of ``dev`` to each NVLink field ``(fid, link)`` of one request: (nvmlReturn, value) --
+    NOT_SUPPORTED for a ``field:<id>`` the device lists as unsupported (a driver older than the field) and on a
+    GPU without NVLink, INVALID_ARGUMENT past its last link. The unsupported fields are looked up once per request
+    (18 links x 7 fields), not per field."""
+    unsupported = {int(f[6:]) for f in dev["unsupported"] if f.startswith("field:") and f[6:].isdigit()}
+    links = dev["nvlink"]
+
+    def answer(fid: int, scope: int) -> tuple[int, int]:
+        if fid in unsupported or not links:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0
+        if not 0 <= scope < len(links):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0
+        link = links[scope]
+        key = FIELDS[fid]
+        if key == "up":
+            return pynvml.NVML_SUCCESS, pynvml.NVML_FEATURE_ENABLED if link["up"] else pynvml.NVML_FEATURE_DISABLED
+        if key == "speed_mbps" and not link["up"]:
+            return pynvml.NVML_SUCCESS, 0
+        return pynvml.NVML_SUCCESS, int(link[key])
+
+    return answer

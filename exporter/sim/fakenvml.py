@@ -1277,6 +1277,12 @@ class _FakeEvents(_FakeCore):
 class _FakeNvLink(_FakeCore):
     """The NVLink calls and field values (exporter/sim/fakenvlink.py: the state and the answers)."""
 
+    def _links(self, dev: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``dev`` with its ``nvlink`` list brought up to the newest state taken (applied when read, as the
+        sample buffers are: exchange.DEFERRED)."""
+        self._buffer(dev, "nvlink")
+        return dev
+
     def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:  # noqa: N802, N803
         """NVLink fields (scopeId: the link) answered here, every other request by the fast path's."""
         if not any(isinstance(f, tuple) and f[0] in fakenvlink.FIELDS for f in fieldIds):
@@ -1286,28 +1292,31 @@ class _FakeNvLink(_FakeCore):
             if self._look_due():
                 self._maybe_reload()
             dev = self._device(handle, "nvmlDeviceGetFieldValues")
+            self._buffer(dev, "nvlink")
             arr = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
             now = self._now_us()
+            answer = fakenvlink.field_answers(dev)
             for i, requested in enumerate(fieldIds):
                 fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
                 if fid not in fakenvlink.FIELDS:
                     raise AssertionError(f"FakeNvml: NVLink and other fields in one request ({fid})")
-                ret, value = fakenvlink.field_value(dev, fid, scope)
+                ret, value = answer(fid, scope)
                 FIELD_VALUE.pack_into(arr, i * FIELD_VALUE.size, fid, scope, now, 0, VT_ULL, ret, value)
             return arr
 
     @_api
     def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:  # noqa: N802
-        up = fakenvlink.link_of(self._device(device, "nvmlDeviceGetNvLinkState"), link)["up"]
+        up = fakenvlink.link_of(self._links(self._device(device, "nvmlDeviceGetNvLinkState")), link)["up"]
         return int(pynvml.NVML_FEATURE_ENABLED if up else pynvml.NVML_FEATURE_DISABLED)
 
     @_api
     def nvmlDeviceGetNvLinkVersion(self, device: Any, link: int) -> int:  # noqa: N802
-        return int(fakenvlink.link_of(self._device(device, "nvmlDeviceGetNvLinkVersion"), link)["version"])
+        return int(fakenvlink.link_of(self._links(self._device(device, "nvmlDeviceGetNvLinkVersion")), link)["version"])
 
     @_api
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:  # noqa: N802
-        remote = fakenvlink.link_of(self._device(handle, "nvmlDeviceGetNvLinkRemoteDeviceType"), link)["remote"]
+        dev = self._links(self._device(handle, "nvmlDeviceGetNvLinkRemoteDeviceType"))
+        remote = fakenvlink.link_of(dev, link)["remote"]
         return int(fakenvlink.REMOTE_TYPES[remote])
 
     @_api
@@ -1315,7 +1324,7 @@ class _FakeNvLink(_FakeCore):
         key = fakenvlink.ERROR_COUNTERS.get(int(counter))
         if key is None:
             raise AssertionError(f"FakeNvml: nvmlDeviceGetNvLinkErrorCounter counter {counter} not modelled")
-        return int(fakenvlink.link_of(self._device(device, "nvmlDeviceGetNvLinkErrorCounter"), link)[key])
+        return int(fakenvlink.link_of(self._links(self._device(device, "nvmlDeviceGetNvLinkErrorCounter")), link)[key])
 
 
 class FakeNvml(_FakeNvLink, _FakeFastPath, _FakeEvents):
