@@ -528,8 +528,10 @@ def summary(fleet: FleetTotals, window: Window, by: str, *, groups: Sequence[Gro
             worst.breakdown.state_hours["waiting"] if worst is not None else 0.0):
         # The largest bucket is the time no owner held: say so rather than name the largest owner as if it led.
         ub = unattributed
-        out.append(f"The largest share of the waiting, {hours_text(ub.state_hours['waiting'])} GPU-hours "
-                   f"({pct(ub.dominant_cause_share)} {ub.dominant_cause}), was on GPUs no {_BY_NOUN[by]} held "
+        of_all = ub.state_hours["waiting"] / b.state_hours["waiting"] if b.state_hours["waiting"] > 0 else 0.0
+        out.append(f"More of the waiting than any {_BY_NOUN[by]}'s, {hours_text(ub.state_hours['waiting'])} GPU-hours "
+                   f"({pct(of_all)} of it; {pct(ub.dominant_cause_share)} of that {ub.dominant_cause}), was on GPUs "
+                   f"no {_BY_NOUN[by]} held "
                    f"({no_owner(by)} in the tables)"
                    + (f"; of the {_BY_NOUN[by]}s, {worst.name} waited most "
                       f"({hours_text(worst.breakdown.state_hours['waiting'])} GPU-hours)." if worst is not None

@@ -232,8 +232,8 @@ def test_without_energy_counters_or_prices_kwh_and_cost_are_unknown_not_zero() -
 def test_the_time_no_owner_held_is_named_when_it_waited_most() -> None:
     r = build_report(fleet(by="namespace", groups={"vision": {"working": 0.5 * H, "waiting": 0.5 * H}},
                            group_causes={"vision": {"input_bound": 0.5 * H}}), prometheus="p", generated_at=0)
-    assert "The largest share of the waiting, 3.2 GPU-hours (50% input_bound), was on GPUs no namespace held" \
-        in r.summary
+    assert ("More of the waiting than any namespace's, 3.2 GPU-hours (86% of it; 50% of that input_bound), was on "
+            "GPUs no namespace held") in r.summary
     assert "of the namespaces, vision waited most (0.5 GPU-hours)" in r.summary
     assert [x.name for x in r.cost.by_group] == ["(no namespace)", "vision"]
 
