@@ -509,6 +509,10 @@ class Analyzer(Stage):
             last = next((r for r in reversed(readings) if r[0] <= now - dt), readings[0])
         share = None
         joules = 0.0
+        # Only the points that reach into what is booked now: each interval's mean then scans these few, not the
+        # whole window (a waiting GPU's 100 ms readings x 150 points a run).
+        lo, hi = min(last[0], now - dt), max(now, readings[-1][0])
+        util = [p for p in util if p.t + p.dt > lo and p.t < hi]
         for t, e in readings:
             if t <= last[0]:
                 continue
