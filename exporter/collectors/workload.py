@@ -622,6 +622,7 @@ def _network(proc: ProcPath, pid: int, tcp: dict[str, dict[int, str]]) -> tuple[
 
 
 def _remote(raw: str) -> str:
+    """:func:`remote_address`, or '' for a malformed one (skipped, as a line that cannot be split is)."""
     try:
         return remote_address(raw)
     except ValueError:
@@ -708,11 +709,7 @@ def _blocking_call(text: str) -> tuple[int, int] | None:
 
 def parse_tcp(text: str) -> dict[int, str]:
     """/proc/net/tcp{,6}: socket inode -> remote ``addr:port`` of each ESTABLISHED (01) connection."""
-    out: dict[int, str] = {}
-    for inode, raw in established(text).items():
-        with contextlib.suppress(ValueError):
-            out[inode] = remote_address(raw)
-    return out
+    return {inode: r for inode, raw in established(text).items() if (r := _remote(raw))}
 
 
 def established(text: str) -> dict[int, str]:

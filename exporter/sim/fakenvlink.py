@@ -84,14 +84,14 @@ def field_answers(dev: Mapping[str, Any]) -> Callable[[int, int], tuple[int, int
     GPU without NVLink, INVALID_ARGUMENT past its last link. The unsupported fields are looked up once per request
     (18 links x 7 fields), not per field."""
     unsupported = {int(f[6:]) for f in dev["unsupported"] if f.startswith("field:") and f[6:].isdigit()}
-    links = dev["nvlink"]
 
     def answer(fid: int, scope: int) -> tuple[int, int]:
-        if fid in unsupported or not links:
+        if fid in unsupported:
             return pynvml.NVML_ERROR_NOT_SUPPORTED, 0
-        if not 0 <= scope < len(links):
-            return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0
-        link = links[scope]
+        try:
+            link = link_of(dev, scope)
+        except pynvml.NVMLError as e:
+            return int(e.value), 0
         key = FIELDS[fid]
         if key == "up":
             return pynvml.NVML_SUCCESS, pynvml.NVML_FEATURE_ENABLED if link["up"] else pynvml.NVML_FEATURE_DISABLED
