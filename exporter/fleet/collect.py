@@ -104,6 +104,12 @@ SELECTOR = re.compile(rf"\{{(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}")
 _SERIES = re.compile(r"\b((?:[a-z_]+:)?gpufeed_[a-z_]+(?::[a-z0-9_]+)?)(\{[^}]*\})?")
 
 
+def _no_workloads_note(by: str) -> str:
+    """The report's note when the range has no workload identity to split GPU time ``by``."""
+    return (f"No gpufeed_workload_info series with a {BY_LABEL[by]} label in the range: GPU time cannot be split by "
+            f"{by} (is the workload identity of gpufeed enabled on these hosts?).")
+
+
 def with_selector(expr: str, matchers: str) -> str:
     """``expr`` with ``matchers`` added to every gpufeed series it reads (metrics and recording rules alike), so
     a whole report reads one cluster (or any label set the rules keep: their aggregation labels)."""
@@ -433,8 +439,7 @@ def collect(client: PrometheusClient, opts: CollectOptions, progress: Progress |
             for s in fam[fname]:
                 target.setdefault(s.labels.get(label, ""), {})[s.labels.get(part, "")] = sum(_per_step(w, s.points))
         if not workload_steps:
-            notes.append(f"No gpufeed_workload_info series with a {label} label in the range: GPU time cannot be "
-                         f"split by {by} (is the workload identity of gpufeed enabled on these hosts?).")
+            notes.append(_no_workloads_note(by))
 
     observed = {g: [sum(per[s][i] for s in STATES) for i in range(n)] for g, per in state_s.items()}
     findings = _findings(w, _series(res, "findings"), presence, observed)
@@ -668,8 +673,7 @@ def collect_aggregated(client: PrometheusClient, opts: CollectOptions, progress:
                 if math.isfinite(smp.value):
                     target.setdefault(smp.labels.get(label, ""), {})[smp.labels.get(part, "")] = smp.value
         if not _series(res, "workloads") and not group_state:
-            notes.append(f"No gpufeed_workload_info series with a {label} label in the range: GPU time cannot be "
-                         f"split by {by} (is the workload identity of gpufeed enabled on these hosts?).")
+            notes.append(_no_workloads_note(by))
 
     # Findings are weighed per step by the seconds their GPUs were observed: read for the hosts with one only.
     finding_series = _series(res, "findings")
