@@ -61,7 +61,15 @@ def _sustained(times: list[float]) -> bool:
 
 
 def _links(slow: Sequence[Stamped[GpuSample]], index: int) -> list[tuple[float, tuple[NvLink, ...]]]:
-    return [(s.t, g.nvlink) for s in slow if isinstance(g := s.value.gpus.get(index), GpuSlow) and g.nvlink]
+    """GPU ``index``'s NVLink readings in the window, each at the time it was read: a steady GPU's slow samples
+    carry the same reading (the same tuple) until its links are read again (exporter/gpu/nvlink.py), and a rate
+    or a duration over those repeats would stretch one reading over cycles that did not read it."""
+    rows: list[tuple[float, tuple[NvLink, ...]]] = []
+    for s in slow:
+        g = s.value.gpus.get(index)
+        if isinstance(g, GpuSlow) and g.nvlink and not (rows and rows[-1][1] is g.nvlink):
+            rows.append((s.t, g.nvlink))
+    return rows
 
 
 def nvlink_degraded(view: GpuView, slow: Sequence[Stamped[GpuSample]]) -> Finding | None:

@@ -18,6 +18,13 @@ fields) has it read through the getters instead: ``nvmlDeviceGetNvLinkState`` an
 ``nvmlDeviceGetNvLinkErrorCounter`` (replay, recovery, and CRC as the flit CRC counter); speed and data have
 no getter that is still supported on Hopper (the utilisation counters are deprecated) and stay unknown.
 
+A GPU whose fast path is at its steady rate (steadily busy or steadily idle: exporter/gpu/pace.py) and whose
+links' error counters did not move at the last read has its links read every :data:`STEADY_EVERY` slow cycles
+(15 s at the default 5 s) instead of every cycle; the cycles in between carry the last reading. Its counters stay
+exact (integrals read less often), a link that goes down or starts erroring is seen within that period, and a
+GPU that dips (a waiting GPU, whose wire load the verdict reads) or whose errors moved is read every cycle again.
+The 18-link read was most of the slow path's cost on an 8-GPU NVSwitch host (docs/benchmarks.md).
+
 An idle NVLink may enter a low-power state, and a link with nothing at its far end is down by design: this
 module records, the derived layer judges (only while the GPU is busy, docs/topology.md).
 """
@@ -68,6 +75,8 @@ MBYTE = 1e6
 # A link moves at most ~100 GB/s per direction (NVLink 5: 50 GB/s); bounds that tell a counter reset from a wrap.
 MAX_BYTES_PER_S = 200e9
 MAX_ERRORS_PER_S = 1e7
+# A steady GPU with quiet error counters: its links are read at every STEADY_EVERY-th slow cycle.
+STEADY_EVERY = 3
 
 
 @dataclass
@@ -87,6 +96,10 @@ class _Links:
     # Per link, its error counters' raw readings and their totals: readings that did not move (nearly always) keep
     # the totals, with no unwrapping and no new mapping.
     errors_seen: dict[int, tuple[tuple[int | None, ...], Mapping[str, int]]] = field(default_factory=dict)
+    # The newest reading, the slow cycles since it was taken, and whether an error counter moved at it.
+    last: tuple[NvLink, ...] | None = None
+    held: int = 0
+    moved: bool = True
 
 
 class NvLinkPath(NvmlSession):
@@ -100,8 +113,12 @@ class NvLinkPath(NvmlSession):
             st = known[g.identity.uuid] = self._discover(g)
         if not st.links:
             return ()
+        if (st.last is not None and not st.moved and st.held + 1 < STEADY_EVERY and g.pace.steady(now)):
+            st.held += 1
+            return st.last  # a steady GPU with quiet links: the last reading stands this cycle
         values = self._link_fields(g, st)
         out = []
+        moved = False
         for link in st.links:
             got = values.get(link, {})
             up = self._link_up(g, st, link, got.get(STATE))
@@ -110,6 +127,7 @@ class NvLinkPath(NvmlSession):
             raw_errors = tuple(got[k] if k in got else self._error_counter(g, st, link, k) for k in ERRORS)
             seen = st.errors_seen.get(link)
             if seen is None or seen[0] != raw_errors:
+                moved = moved or seen is not None
                 totals = {k: self._total(st, link, k, n, now) for k, n in zip(ERRORS, raw_errors, strict=True)
                           if n is not None}
                 seen = st.errors_seen[link] = (raw_errors, NO_ERRORS if totals == _ZERO else MappingProxyType(totals))
@@ -121,7 +139,8 @@ class NvLinkPath(NvmlSession):
                 tx_bytes=None if tx is None else self._total(st, link, TX, tx, now) * KIB,
                 rx_bytes=None if rx is None else self._total(st, link, RX, rx, now) * KIB,
                 errors=seen[1]))
-        return tuple(out)
+        st.last, st.held, st.moved = tuple(out), 0, moved
+        return st.last
 
     def _discover(self, g: GpuState) -> _Links:
         """The GPU's links: link ids until INVALID_ARGUMENT; none when link 0 is NOT_SUPPORTED."""

@@ -171,3 +171,20 @@ def test_the_current_rate_is_the_capacity_a_half_rate_port_fills_at_half_the_tra
     _, slow = windows(0.5)
     cause, why = verdict(0.5, slow, nic_window(lambda t: port(t, rate=100e9, rx_per_s=11e9)))
     assert cause == "network_bound" and "88% of its current 100 Gb/s link" in why
+
+
+def test_a_held_nvlink_reading_counts_at_the_time_it_was_read() -> None:
+    """A steady GPU's slow samples carry its last NVLink reading (the same tuple) until the links are read again
+    (exporter/gpu/nvlink.py): the rate is taken between the readings' own times, not stretched over the repeats."""
+    make = nvlinks(18, tx_per_s=0.8 * 18 * LINK_BPS)
+    _, slow = windows(0.5)
+    read_at: dict[float, tuple[NvLink, ...]] = {}
+    held = []
+    for s in slow:
+        t_read = 0.0 if s.t < 10.0 else 10.0  # read at 0, held until the read at 10
+        links = read_at.setdefault(t_read, make(t_read))
+        held.append(Stamped(s.t, dataclasses.replace(s.value, gpus=MappingProxyType(
+            {0: _with_links(s.value.gpus[0], links)}))))
+    assert len(ic._links(held, 0)) == 2 < len(held)
+    cause, why = verdict(0.5, held, ())
+    assert cause == "network_bound" and "NVLink sends 360 GB/s = 80%" in why

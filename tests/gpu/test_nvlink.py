@@ -4,6 +4,7 @@ GPU and slow cycle, the getters where a driver lacks the fields, and no series a
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import pynvml
@@ -49,7 +50,7 @@ def test_an_nvswitch_gpu_exports_its_links_state_version_far_end_speed_and_data(
 def test_rising_error_counters_are_counted_per_link(rig: MakeRig) -> None:
     r = rig([device(0, nvlink=links(4))])
     r.at(7.0, lambda st: st["devices"][0]["nvlink"][2].update(replay=40, recovery=2, crc=7))
-    r.run_until(12.0)
+    r.run_until(22.0)  # the steady GPU's links are read every third slow cycle: within 15 s
     assert r.value("gpufeed_gpu_nvlink_errors_total", gpu="0") == 40.0 + 2 + 7
     slow = r.history("gpu_slow")[-1][1].gpus[0]
     assert dict(slow.nvlink[2].errors) == {"replay": 40, "recovery": 2, "crc": 7}
@@ -72,10 +73,38 @@ def test_a_link_down_at_discovery_gets_its_version_and_far_end_once_it_comes_up(
     r.at(6.0, lambda st: st["devices"][0]["nvlink"][0].update(up=True))
     r.run_until(4.0)
     assert r.value("gpufeed_gpu_nvlink_links_up", gpu="0", links="2", version="", remote="") == 0.0
-    r.run_until(11.0)
+    r.run_until(21.0)
     assert r.value("gpufeed_gpu_nvlink_links_up", gpu="0", links="2", version="6", remote="switch") == 1.0
     slow = r.history("gpu_slow")[-1][1].gpus[0]
     assert [(ln.version, ln.remote) for ln in slow.nvlink] == [(6, "switch"), (None, "")]
+
+
+def _reads(r: Rig) -> list[float]:
+    """The times of the slow samples that carried a new NVLink reading of GPU 0 (a held one is the same tuple)."""
+    out: list[float] = []
+    prev = None
+    for t, sample in r.history("gpu_slow"):
+        links_now = sample.gpus[0].nvlink
+        if links_now is not prev:
+            out.append(t)
+        prev = links_now
+    return out
+
+
+def test_a_steady_gpus_quiet_links_are_read_every_third_slow_cycle_and_errors_bring_back_every_cycle(
+        rig: MakeRig) -> None:
+    r = rig([device(0, nvlink=links(4, tx_kib=1000))])
+    r.at(41.0, lambda st: st["devices"][0]["nvlink"][1].update(replay=3))
+    r.run_until(39.0)
+    reads = _reads(r)
+    assert reads[:2] == [0.0, 5.0], "every cycle until the GPU is steady (10 s without a dip)"
+    assert [b - a for a, b in pairwise(reads[1:])] == [15.0, 15.0], reads
+    r.run_until(71.0)
+    after = [t for t in _reads(r) if t > 40.0]
+    assert r.value("gpufeed_gpu_nvlink_errors_total", gpu="0") == 3.0
+    assert after[:2] == [after[0], after[0] + 5.0] and after[0] <= 55.0, (
+        f"errors moved at the read at {after[0]}: the next cycle reads again ({after})")
+    assert after[2] == after[1] + 15.0, "quiet again: every third cycle"
 
 
 def test_the_fake_refuses_a_bad_link() -> None:
