@@ -117,6 +117,9 @@ class PcieCollector(Collector):
         # (Documentation/filesystems/sysfs.rst), so one pread replaces open, read and close. Closed at each
         # re-enumeration, which is when devices come and go.
         self._kept = KeptFiles(capacity=KEPT_ATTRIBUTES)
+        # Each device's max_link_{speed,width} (its Link Capabilities register: what it is built for, fixed while
+        # it is present), read once per enumeration instead of every cycle.
+        self._max: dict[str, tuple[float | None, int | None]] = {}
         self.scans = 0
 
     def close(self) -> None:
@@ -153,6 +156,7 @@ class PcieCollector(Collector):
         if self._scan_due():
             self._rescan.clear()
             self._kept.close()
+            self._max.clear()
             try:
                 self._topology = self._enumerate()
             except BaseException:
@@ -432,19 +436,25 @@ class PcieCollector(Collector):
     def _read_link(self, path: Path) -> PcieLink | None:
         """Negotiated and maximum link state from <dev>/{current,max}_link_{speed,width}; None without PCIe."""
         base = f"{path}/"
+        max_speed, max_width = self._read_max(path)
         link = PcieLink(
             current_speed_gts=self._speed(base + "current_link_speed"),
             current_width=self._width(base + "current_link_width"),
-            max_speed_gts=self._speed(base + "max_link_speed"),
-            max_width=self._width(base + "max_link_width"),
+            max_speed_gts=max_speed,
+            max_width=max_width,
         )
         if link == PcieLink(None, None, None, None):
             return None  # no link files (VM, integrated endpoint, conventional PCI)
         return link
 
     def _read_max(self, path: Path) -> tuple[float | None, int | None]:
-        """The link capability of an untracked link peer, from <dev>/max_link_{speed,width}."""
-        return self._speed(f"{path}/max_link_speed"), self._width(f"{path}/max_link_width")
+        """A device's link capability, from <dev>/max_link_{speed,width}: read at its first cycle after each
+        enumeration (until both answer), then kept."""
+        key = str(path)
+        got = self._max.get(key)
+        if got is None or None in got:
+            got = self._max[key] = (self._speed(f"{key}/max_link_speed"), self._width(f"{key}/max_link_width"))
+        return got
 
     def _read_aer(self, path: Path) -> AerCounts | None:
         """AER totals from <dev>/aer_dev_{correctable,nonfatal,fatal}; None without AER (or any unreadable)."""

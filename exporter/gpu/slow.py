@@ -39,6 +39,12 @@ PROCESS_UTIL_CALLS = ("nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcesses
 # jitter of a 5 s sampler) counts as on time.
 PROCESS_INTERVAL_S = 5.0
 PROCESS_EARLY_S = 0.25
+# The board's maxima (max and GPU-max PCIe generation, max width, max SM clock) do not change while it runs: read
+# at the first slow cycle and every this many seconds after (a driver that answered one late, or a GPU that came
+# back, is seen again within a minute); the current link and everything else, at every cycle.
+STATIC_INTERVAL_S = 60.0
+STATIC_CALLS = (("max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"), ("max_width", "nvmlDeviceGetMaxPcieLinkWidth"),
+                ("gpu_max_gen", "nvmlDeviceGetGpuMaxPcieLinkGeneration"))
 
 
 class SlowPath(FieldValues, NvLinkPath):
@@ -54,10 +60,12 @@ class SlowPath(FieldValues, NvLinkPath):
         def get(name: str, *args: Any) -> Any:
             return self._opt(g, name, getattr(nvml, name), h, *args)
 
-        link = {k: get(f) for k, f in (
-            ("gen", "nvmlDeviceGetCurrPcieLinkGeneration"), ("width", "nvmlDeviceGetCurrPcieLinkWidth"),
-            ("max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"), ("max_width", "nvmlDeviceGetMaxPcieLinkWidth"),
-            ("gpu_max_gen", "nvmlDeviceGetGpuMaxPcieLinkGeneration"))}
+        if g.static_t is None or now - g.static_t >= STATIC_INTERVAL_S - PROCESS_EARLY_S:
+            g.static = {k: get(f) for k, f in STATIC_CALLS}
+            g.static["max_clock"] = get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
+            g.static_t = now
+        link = {"gen": get("nvmlDeviceGetCurrPcieLinkGeneration"), "width": get("nvmlDeviceGetCurrPcieLinkWidth"),
+                **{k: g.static[k] for k, _ in STATIC_CALLS}}
         if link["max_gen"] and link["max_width"]:
             g.link_capacity = _link_bytes_per_s(int(link["max_gen"]), int(link["max_width"]))
         mask = None
@@ -76,7 +84,7 @@ class SlowPath(FieldValues, NvLinkPath):
             temp = get("nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
         mem = get("nvmlDeviceGetMemoryInfo")
         limit_mw = get("nvmlDeviceGetEnforcedPowerLimit")
-        max_clock = get("nvmlDeviceGetMaxClockInfo", nvml.NVML_CLOCK_SM)
+        max_clock = g.static["max_clock"]
         enumerate_now = g.processes_t is None or now - g.processes_t >= self._process_s - PROCESS_EARLY_S
         if g.identity.mig_mode:
             processes, mig = self._mig_slow(g, enumerate_now)

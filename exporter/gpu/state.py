@@ -91,6 +91,10 @@ class GpuState:
     # slow path
     proc_last_seen: int = 0
     link_capacity: float | None = None
+    # What the board is built for (max link generation and width, max SM clock): read at the first slow cycle and
+    # again every STATIC_INTERVAL_S (exporter/gpu/slow.py), not at every one; when last read (None: next cycle).
+    static: dict[str, Any] = field(default_factory=dict)
+    static_t: float | None = None
     processes: tuple[GpuProcess, ...] = ()  # as of the newest enumeration (at most every PROCESS_INTERVAL_S)
     processes_t: float | None = None  # when; None: enumerate on the next slow cycle
     active: bool | None = None  # the driver's newest samples showed work (None: not known yet)

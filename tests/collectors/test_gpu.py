@@ -420,3 +420,14 @@ def test_a_gpu_sample_leaves_few_objects_for_the_cycle_collector_per_gpu(rig: Ma
     assert util and 0.0 <= util[0].value <= 1.0 and tracked_inside(util) == [util]
     slow = [v.gpus[0] for _, v in r.history("gpu_slow") if isinstance(v.gpus.get(0), GpuSlow)][-1]
     assert tracked_inside(slow.fields) == [] and slow.mig is slow.xid_errors is g.mig, "no Xid, no MIG: shared"
+
+
+def test_the_boards_maxima_are_read_once_a_minute_and_the_current_link_every_slow_cycle(rig: MakeRig) -> None:
+    r = rig([device(0), device(1)])
+    r.run_until(64.0)  # slow cycles at 0, 5, ..., 60
+    for fn in ("nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth",
+               "nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetMaxClockInfo"):
+        assert r.fake.calls[fn] == 2 * 2, f"{fn}: at the first slow cycle and a minute later, per GPU"
+    assert r.fake.calls["nvmlDeviceGetCurrPcieLinkGeneration"] == 13 * 2
+    slow = r.history("gpu_slow")[-2][1].gpus[0]
+    assert slow.max_link_gen and slow.max_link_width and slow.max_sm_clock_hz, "held between the reads"

@@ -344,6 +344,21 @@ def test_link_files_are_reread_every_cycle_but_devices_enumerated_once(copy_box:
     assert c.scans == 1
 
 
+def test_a_devices_link_capability_is_read_once_per_enumeration(copy_box: Any) -> None:
+    """max_link_{speed,width} is the Link Capabilities register, fixed while the device is present: read at the
+    first cycle after each enumeration, not at every cycle (the current link is)."""
+    root = copy_box("riser")
+    c = PcieCollector(context(root, options={"interval": 5.0, "rescan-interval": 60.0}))
+    before = c.update().devices["0000:41:00.0"].link
+    assert before is not None and before.max_width == 16
+    (root / "sys/bus/pci/devices/0000:41:00.0/max_link_width").write_text("8\n")
+    link = c.update().devices["0000:41:00.0"].link
+    assert link is not None and link.max_width == 16, "kept until the next enumeration"
+    c.request_rescan("test")
+    link = c.update().devices["0000:41:00.0"].link
+    assert link is not None and link.max_width == 8 and c.scans == 2
+
+
 def test_bridge_directly_above_a_gpu_is_its_link_partner_even_when_the_switch_uplink_is_hidden(
     tmp_path: Path,
 ) -> None:
