@@ -52,9 +52,9 @@ from exporter.snapshot import Snapshot, Stamped
 
 # Host-level findings (numa_mismatch, memory_pressure, a powersave governor, link downgrades) are evaluated at
 # least this often while every GPU stands; a shorter --stable-interval evaluates them at that pace. A stable
-# GPU's evaluation every 10 s (its counters at most that far behind, its verdict still tripped at once by its
-# activity) is half of what 5 s cost -- ~8 ms of CPU per run on an 8-GPU host; the host findings alone are
-# well under a millisecond, and keep the 5 s they had.
+# GPU's evaluation every 15 s (its counters at most that far behind -- one scrape interval --, its verdict still
+# tripped at once by its activity) is a third of what 5 s cost -- ~8 ms of CPU per run on an 8-GPU host; the host
+# findings alone are well under a millisecond, and keep the 5 s they had.
 HOST_FINDINGS_S = 5.0
 
 
@@ -166,7 +166,7 @@ class Analyzer(Stage):
                "Per-thread sampling interval once every waiting GPU's verdict has held for the whole window "
                "(/proc/stat and PSI then go back to their quiet 2 s too); --collector.derived.deep-interval "
                "again as soon as a verdict moves or another GPU starts waiting."),
-        Option("stable-interval", "duration", 10.0,
+        Option("stable-interval", "duration", 15.0,
                "How often a GPU whose verdict holds is evaluated again (its state and waiting seconds advance at "
                "each evaluation: at most this far behind). Each run (--collector.derived.interval) still checks "
                "its newest activity, and evaluates it at once when the activity moved; a GPU whose verdict "
@@ -185,7 +185,7 @@ class Analyzer(Stage):
         self.cpu_window_s = min(self.window_s, CPU_WINDOW_MAX)
         self.recent_s = max(3.0, self.window_s / 3)
         self.hold_s = float(options.get("hold", 3.0))
-        self.stable_s = max(self.interval, float(options.get("stable-interval", 10.0)))
+        self.stable_s = max(self.interval, float(options.get("stable-interval", 15.0)))
         self.host_s = max(self.interval, min(self.stable_s, HOST_FINDINGS_S))
         self.pacer = Pacer(CadencePolicy(deep_fast=float(options.get("deep-interval", 0.5)),
                                          deep_settled=float(options.get("deep-settled-interval", 2.0)),

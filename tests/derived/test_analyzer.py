@@ -38,8 +38,9 @@ def run(an: Analyzer, eng: FakeEngine, times: Sequence[float]) -> DerivedState:
 
 
 def test_state_seconds_add_up_to_elapsed_time_at_irregular_evaluation_intervals() -> None:
-    an, eng = make(GpuSpec(util=const(0.42), sm=const(0.11)), [ThreadSpec(1, 0.56, 0.43, "R")], 40.0)
-    times = [1.0, 2.5, 3.0, 7.25, 9.0, 9.1, 15.0, 22.7, 30.0, 40.0]
+    an, eng = make(GpuSpec(util=const(0.42), sm=const(0.11)), [ThreadSpec(1, 0.56, 0.43, "R")], 45.0)
+    # The last time is a stable interval after the GPU's verdict settled: an evaluation, whatever the default.
+    times = [1.0, 2.5, 3.0, 7.25, 9.0, 9.1, 15.0, 22.7, 30.0, 45.0]
     st = run(an, eng, times)
     a = st.activity[0]
     total = sum(a.state_seconds.values())
@@ -124,7 +125,7 @@ def test_a_stable_gpu_waits_its_stable_interval_while_host_findings_keep_their_o
     monkeypatch.setattr("exporter.derived.analyzer.host_findings", host)
     an, eng = make(GpuSpec(util=const(0.95), sm=const(0.7)), [ThreadSpec(1, 0.3, 0.02)], 90.0)
     run(an, eng, [float(t) for t in range(1, 91)])
-    assert an.stable_s == 10.0 and an.stable_s > HOST_FINDINGS_S
+    assert an.stable_s == 15.0 and an.stable_s > HOST_FINDINGS_S
     settled = [t for t in gpu_at if t >= 40.0]  # the verdict has held for the whole window by then
     assert settled and all(b - a == pytest.approx(an.stable_s) for a, b in pairwise(settled))
     late = [t for t in host_at if t >= 40.0]
@@ -149,7 +150,7 @@ def test_a_change_of_the_gpus_processes_evaluates_a_stable_gpu_at_once(monkeypat
 
     monkeypatch.setattr("exporter.derived.analyzer.evaluate_gpu", gpu)
     an, eng = make(GpuSpec(util=const(0.95), sm=const(0.7)), [ThreadSpec(1, 0.3, 0.02)], 90.0)
-    swap = 56.5  # the first slow sample after it (60 s) falls between two stable evaluations (55, 65)
+    swap = 61.5  # the first slow sample after it (65 s) falls between two stable evaluations (60, 75)
     slow = eng.streams["gpu_slow"]
     for i, s in enumerate(slow):
         g = s.value.gpus[0]
