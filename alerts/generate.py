@@ -393,9 +393,12 @@ def interconnect_alerts(cfg: dict[str, Any]) -> list[Rule]:
     """NVLink and the network adapters beside a GPU: the daemon's load-aware findings (docs/topology.md)."""
     down = evidence("gpufeed_gpu_nvlink_links_up{instance=%q,gpu=%q}", IG,
                     " {{ . | first | value }} of its {{ . | first | label `links` }} NVLinks are up now.")
-    slow = ("{{ range printf `gpufeed_nic_rate_bits_per_second{instance=%q} < on (" + by(cfg, "instance", "adapter",
-            "port") + ") gpufeed_nic_capable_rate_bits_per_second` $labels.instance | query }} {{ .Labels.adapter }}"
-            "/{{ .Labels.port }} at {{ .Value | humanize }}b/s;{{ end }}")
+    # The capable rate is a label of gpufeed_nic_info (an integer in bits/s): a port whose rate now, printed the
+    # same way, differs from it is below it (the capable rate is the best known, never below the rate).
+    slow = ("{{ range printf `gpufeed_nic_rate_bits_per_second{instance=%q} * on (" + by(cfg, "instance", "adapter",
+            "port") + ") group_left (capable_rate) gpufeed_nic_info{capable_rate!=\"\"}` $labels.instance | query }}"
+            "{{ if ne (printf `%.0f` .Value) .Labels.capable_rate }} {{ .Labels.adapter }}/{{ .Labels.port }} at "
+            "{{ .Value | humanize }}b/s of {{ .Labels.capable_rate | humanize }}b/s;{{ end }}{{ end }}")
     return [
         alert(cfg, "GpufeedNVLinkDegraded", "nvlink_degraded", finding("nvlink_degraded") + " == 1",
               "NVLink of GPU {{ $labels.gpu }} on {{ $labels.instance }} down or erroring under load",

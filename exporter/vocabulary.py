@@ -106,8 +106,8 @@ VERDICT_LIST = (
             "NICs; check first that the link runs at its full rate (nvlink_degraded, nic_link_degraded).",
             "cause=network_bound (NVLink / network)",
             evidence=("gpufeed_gpu_nvlink_bytes_total", "gpufeed_gpu_nvlink_capacity_bytes_per_second",
-                      "gpufeed_nic_receive_bytes_total",
-                      "gpufeed_nic_transmit_bytes_total", "gpufeed_nic_rate_bits_per_second")),
+                      "gpufeed_nic_rate_bits_per_second", "gpufeed_nic_receive_bytes_total",
+                      "gpufeed_nic_transmit_bytes_total")),
     Verdict("gpu_throttled", "GPU clocks held down", "working", "#4e342e",
             "nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER (clock-event reasons, temperature, power)",
             "Check power limits, cooling and chassis airflow (nvidia-smi -q -d PERFORMANCE,POWER).",
@@ -159,8 +159,7 @@ FINDING_LIST = (
             "A platform problem: a port trained down or a cable with rising symbol errors makes every rank of a "
             "multi-host job wait; reseat or replace the cable or transceiver, check the switch port.",
             "GpufeedNICLinkDegraded",
-            evidence=("gpufeed_nic_rate_bits_per_second", "gpufeed_nic_capable_rate_bits_per_second",
-                      "gpufeed_nic_up", "gpufeed_nic_errors_total", "gpufeed_nic_info")),
+            evidence=("gpufeed_nic_rate_bits_per_second", "gpufeed_nic_info", "gpufeed_nic_errors_total")),
     Finding("numa_mismatch", "GPU process on a remote NUMA node",
             "Pin the processes and their memory to the GPU's NUMA node (nvidia-smi topo -m, numactl), or move the "
             "job to a GPU on its node.", "GpufeedNUMAMismatch",

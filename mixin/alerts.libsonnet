@@ -114,7 +114,7 @@
             },
             "annotations": {
               "summary": "Network adapter beside GPU {{ $labels.gpu }} on {{ $labels.instance }} degraded under load",
-              "description": ("An adapter on the PCIe switch of busy GPU {{ $labels.gpu }} on {{ $labels.instance }} runs below the rate it is known to reach, is down, or its error counters rise (gpufeed diagnose names the port). Ports below their known rate on the host:{{ range printf `gpufeed_nic_rate_bits_per_second{instance=%%q} < on (%(aggregationPrefix)sinstance, adapter, port) gpufeed_nic_capable_rate_bits_per_second` $labels.instance | query }} {{ .Labels.adapter }}/{{ .Labels.port }} at {{ .Value | humanize }}b/s;{{ end }} Every rank of a multi-host job waits on the slowest wire: check the cable, transceiver and switch port." % $._config),
+              "description": ("An adapter on the PCIe switch of busy GPU {{ $labels.gpu }} on {{ $labels.instance }} runs below the rate it is known to reach, is down, or its error counters rise (gpufeed diagnose names the port). Ports below their known rate on the host:{{ range printf `gpufeed_nic_rate_bits_per_second{instance=%%q} * on (%(aggregationPrefix)sinstance, adapter, port) group_left (capable_rate) gpufeed_nic_info{capable_rate!=\"\"}` $labels.instance | query }}{{ if ne (printf `%%.0f` .Value) .Labels.capable_rate }} {{ .Labels.adapter }}/{{ .Labels.port }} at {{ .Value | humanize }}b/s of {{ .Labels.capable_rate | humanize }}b/s;{{ end }}{{ end }} Every rank of a multi-host job waits on the slowest wire: check the cable, transceiver and switch port." % $._config),
               "runbook_url": ("%(runbookBaseUrl)s#gpufeedniclinkdegraded" % $._config),
             },
           },

@@ -561,21 +561,21 @@ def interconnect_row() -> tuple[str, list[tuple[Panel, int, int]]]:
                steps=ANY_IS_BAD), 12, 8),
         (info_table("Network adapters beside the GPUs",
                     "gpufeed_nic_info: each InfiniBand/RoCE port and Ethernet interface on a GPU's PCIe switch, its "
-                    "kind, model and the GPUs beside it.", f"gpufeed_nic_info{{{H}}}"), 24, 7),
-        (panel("timeseries", "Network adapters: traffic vs current rate",
-               "Bits each port moves against its negotiated rate now and the rate it is known to reach: a current "
-               "rate below the capable one under load is nic_link_degraded, traffic near the current rate while the "
-               "GPU waits is network_bound.",
-               [target(f"8 * rate(gpufeed_nic_receive_bytes_total{{{H}}}[{RI}])", "{{adapter}}/{{port}} received"),
-                target(f"8 * rate(gpufeed_nic_transmit_bytes_total{{{H}}}[{RI}])", "{{adapter}}/{{port}} sent"),
-                target(f"gpufeed_nic_rate_bits_per_second{{{H}}}", "{{adapter}}/{{port}} rate"),
-                target(f"gpufeed_nic_capable_rate_bits_per_second{{{H}}}", "{{adapter}}/{{port}} capable")],
+                    "kind, model, the GPUs beside it and capable_rate, the rate in bits/s it is known to reach.",
+                    f"gpufeed_nic_info{{{H}}}"), 24, 7),
+        (panel("timeseries", "Network adapters: current rate and traffic",
+               "Each port's negotiated rate now (0 while its link is down) and, with --collector.nic.traffic, the "
+               "bits it moves: a rate below the port's capable_rate (the table above) under load is "
+               "nic_link_degraded, traffic near the current rate while the GPU waits is network_bound.",
+               [target(f"gpufeed_nic_rate_bits_per_second{{{H}}}", "{{adapter}}/{{port}} rate"),
+                target(f"8 * rate(gpufeed_nic_receive_bytes_total{{{H}}}[{RI}])", "{{adapter}}/{{port}} received"),
+                target(f"8 * rate(gpufeed_nic_transmit_bytes_total{{{H}}}[{RI}])", "{{adapter}}/{{port}} sent")],
                unit="bps", minmax=(0, None)), 12, 8),
-        (panel("timeseries", "Network adapters: link state and errors",
-               "1 while a port's link is up; its symbol, receive and CRC errors and link-down events.",
-               [target(f"gpufeed_nic_up{{{H}}}", "{{adapter}}/{{port}} up"),
-                target(f"increase(gpufeed_nic_errors_total{{{H}}}[{RI}])", "{{adapter}}/{{port}} {{counter}}")]),
-         12, 8),
+        (panel("timeseries", "Network adapters: errors",
+               "Each port's symbol, receive and CRC errors, link recoveries and link-down events, summed "
+               "(nic_link_degraded's detail names the counter).",
+               [target(f"increase(gpufeed_nic_errors_total{{{H}}}[{RI}])", "{{adapter}}/{{port}} errors")],
+               steps=ANY_IS_BAD), 12, 8),
     ])
 
 
@@ -682,11 +682,13 @@ def host() -> dict[str, Any]:
         ]),
         ("CPU shape of the GPU processes", [
             (panel("timeseries", "CPU of the GPU processes",
-                   "Cores used per GPU process, user vs system: one core near 1.0 with high system = launch-bound; "
-                   "many cores in user = input-bound.",
-                   [target(f"sum by (pid, comm, mode) (rate(gpufeed_process_cpu_seconds_total{{{H}}}[{RI}]))",
-                           "{{comm}}[{{pid}}] {{mode}}")], unit=CORES, stack=True), 12, 8),
-            (panel("timeseries", "Threads by state", "Threads of the GPU processes in R, S and D (D = waiting on IO).",
+                   "Cores used per GPU process (user and system): one core near 1.0 with few threads running = "
+                   "launch-bound; many cores = input-bound. The verdict's evidence names the threads.",
+                   [target(f"sum by (pid, comm) (rate(gpufeed_process_cpu_seconds_total{{{H}}}[{RI}]))",
+                           "{{comm}}[{{pid}}]")], unit=CORES, stack=True), 12, 8),
+            (panel("timeseries", "Threads by state",
+                   "Threads of the GPU processes that are running (R) or waiting on I/O (D); the sleeping rest is "
+                   "not exported.",
                    [target(f"sum by (pid, comm, state) (gpufeed_process_threads{{{H}}})",
                            "{{comm}}[{{pid}}] {{state}}")], stack=True), 12, 8),
             (panel("timeseries", "Host CPU busy per NUMA node", "Non-idle share of each node's CPUs, by mode.",

@@ -25,15 +25,17 @@ the port itself negotiated since gpufeed started, or the best of the ports of th
 host (eight identical HCAs, one at half rate). A lone port that trained down before gpufeed started is not
 known to be slow (docs/topology.md).
 
-Sample of the exposition::
+Three series a port by default (an 8-GPU host's eight compute ports are 24 of DESIGN.md's 200 host-level series):
+what the port is and is known to reach (info, like the PCIe hops' max_speed), its rate now (0 while down: one
+series where "up" and "rate" were two), and its error counters summed (as NVLink's are per GPU; the finding names
+the counter). The byte counters are read every cycle for network_bound and nic_link_degraded, and exported with
+``--collector.nic.traffic``. Sample of the exposition::
 
     gpufeed_nic_info{adapter="mlx5_0",port="1",kind="infiniband",bdf="0000:1b:00.0",model="MT4129",
-                     gpus="0000:18:00.0",numa_node="0"} 1.0
-    gpufeed_nic_up{adapter="mlx5_0",port="1"} 1.0
+                     gpus="0000:18:00.0",numa_node="0",capable_rate="400000000000"} 1.0
     gpufeed_nic_rate_bits_per_second{adapter="mlx5_0",port="1"} 4e+11
-    gpufeed_nic_capable_rate_bits_per_second{adapter="mlx5_0",port="1"} 4e+11
-    gpufeed_nic_receive_bytes_total{adapter="mlx5_0",port="1"} 4.1e+12
-    gpufeed_nic_errors_total{adapter="mlx5_0",port="1",counter="symbol_error"} 0.0
+    gpufeed_nic_errors_total{adapter="mlx5_0",port="1"} 0.0
+    gpufeed_nic_receive_bytes_total{adapter="mlx5_0",port="1"} 4.1e+12   (with --collector.nic.traffic)
 """
 
 from __future__ import annotations
@@ -120,6 +122,11 @@ class NicCollector(Collector):
         Option("all", "bool", False,
                "Report every PCI network adapter, not only those sharing a PCIe switch with a GPU."),
         Option("rescan-interval", "duration", 60.0, "Look for adapters that came or went this often."),
+        Option("traffic", "bool", False,
+               "Also export each port's byte counters (gpufeed_nic_{receive,transmit}_bytes_total). They are read "
+               "either way -- network_bound's evidence names a port's load from them --, and node_exporter's "
+               "infiniband and netdev collectors export the same counters; two series a port would put an 8-port "
+               "host over DESIGN.md's 200 host-level series."),
     )
 
     def __init__(self, ctx: CollectorContext) -> None:
@@ -311,45 +318,43 @@ class NicCollector(Collector):
         info = GaugeMetricFamily(
             "gpufeed_nic_info",
             "A network adapter port, value 1: kind (infiniband, roce, ethernet), its PCI function, model (HCA type "
-            "or PCI vendor:device), the GPUs sharing its PCIe switch (comma-separated addresses) and NUMA node.",
-            labels=[*lv, "kind", "bdf", "model", "gpus", "numa_node"])
-        up = GaugeMetricFamily(
-            "gpufeed_nic_up", "1 while the port's link is up (IB state ACTIVE, Ethernet operstate up), else 0.",
-            labels=lv)
+            "or PCI vendor:device), the GPUs sharing its PCIe switch (comma-separated addresses), NUMA node, and "
+            "capable_rate: the rate it is known to reach in bits/s (an integer), the best it negotiated since gpufeed "
+            "started or the best of the ports of the same model on this host (sysfs has no port capability; "
+            "docs/topology.md; '' until one is known).",
+            labels=[*lv, "kind", "bdf", "model", "gpus", "numa_node", "capable_rate"])
         rate = GaugeMetricFamily(
             "gpufeed_nic_rate_bits_per_second",
-            "The port's negotiated rate now (IB rate file, Ethernet speed); absent while the link is down.",
-            labels=lv)
-        capable = GaugeMetricFamily(
-            "gpufeed_nic_capable_rate_bits_per_second",
-            "The rate the port is known to reach: the best it negotiated since gpufeed started, or the best of the "
-            "ports of the same model on this host (sysfs has no port capability; docs/topology.md).", labels=lv)
+            "The port's negotiated rate now (IB rate file, Ethernet speed); 0 while its link is down (IB state not "
+            "ACTIVE, Ethernet operstate not up).", labels=lv)
+        errors = CounterMetricFamily(
+            "gpufeed_nic_errors",
+            "The port's error counters summed: IB symbol_error, link_downed, port_rcv_errors, link_error_recovery; "
+            "Ethernet rx_errors, tx_errors, rx_crc_errors, carrier_changes (nic_link_degraded names the counter that "
+            "rose).", labels=lv)
+        traffic = bool(self.ctx.options.get("traffic", False))
         rx = CounterMetricFamily("gpufeed_nic_receive_bytes",
                                  "Bytes received by the port (IB port_rcv_data x 4, Ethernet rx_bytes).", labels=lv)
         tx = CounterMetricFamily("gpufeed_nic_transmit_bytes",
                                  "Bytes sent by the port (IB port_xmit_data x 4, Ethernet tx_bytes).", labels=lv)
-        errors = CounterMetricFamily(
-            "gpufeed_nic_errors",
-            "The port's error counters by the kernel's file name: IB symbol_error, link_downed, port_rcv_errors, "
-            "link_error_recovery; Ethernet rx_errors, tx_errors, rx_crc_errors, carrier_changes.",
-            labels=[*lv, "counter"])
         for p in sample.ports:
             key = [p.adapter, p.port]
             info.add_metric([*key, p.kind, p.bdf, p.model, ",".join(p.gpus),
-                             "" if p.numa_node is None else str(p.numa_node)], 1.0)
-            if p.up is not None:
-                up.add_metric(key, 1.0 if p.up else 0.0)
-            if p.rate_bps is not None:
+                             "" if p.numa_node is None else str(p.numa_node),
+                             "" if p.capable_bps is None else str(round(p.capable_bps))], 1.0)
+            if p.up is False:
+                rate.add_metric(key, 0.0)
+            elif p.rate_bps is not None:
                 rate.add_metric(key, p.rate_bps)
-            if p.capable_bps is not None:
-                capable.add_metric(key, p.capable_bps)
-            if p.rx_bytes is not None:
+            if p.errors:
+                errors.add_metric(key, float(sum(p.errors.values())))
+            if traffic and p.rx_bytes is not None:
                 rx.add_metric(key, float(p.rx_bytes))
-            if p.tx_bytes is not None:
+            if traffic and p.tx_bytes is not None:
                 tx.add_metric(key, float(p.tx_bytes))
-            for name, n in sorted(p.errors.items()):
-                errors.add_metric([*key, name], float(n))
-        yield from (info, up, rate, capable, rx, tx, errors)
+        yield from (info, rate, errors)
+        if traffic:
+            yield from (rx, tx)
 
 
 def _listdir(path: Path) -> list[str] | None:

@@ -96,15 +96,27 @@ def test_adapters_beside_no_gpu_are_left_out_unless_all(dgx_nics: Path) -> None:
 
 def test_exposition_names_the_port_and_its_gpus(dgx_nics: Path) -> None:
     c = collector(dgx_nics)
-    fams = list(c.metrics(snapshot_of("nic", c.update())))
+    sample = c.update()
+    fams = list(c.metrics(snapshot_of("nic", sample)))
     info = flat(fams, "gpufeed_nic_info")
-    assert info["adapter=mlx5_0,bdf=0000:1a:00.0,gpus=0000:18:00.0,0000:19:00.0,kind=infiniband,model=MT4123,"
-                "numa_node=0,port=1"] == 1.0
+    assert info["adapter=mlx5_0,bdf=0000:1a:00.0,capable_rate=200000000000,gpus=0000:18:00.0,0000:19:00.0,"
+                "kind=infiniband,model=MT4123,numa_node=0,port=1"] == 1.0
     assert flat(fams, "gpufeed_nic_rate_bits_per_second") == {
-        "adapter=mlx5_0,port=1": 200e9, "adapter=mlx5_1,port=1": 200e9, "adapter=mlx5_2,port=1": 100e9}
-    assert flat(fams, "gpufeed_nic_up")["adapter=mlx5_3,port=1"] == 0.0
-    assert flat(fams, "gpufeed_nic_errors_total")["adapter=mlx5_1,counter=symbol_error,port=1"] == 3
+        "adapter=mlx5_0,port=1": 200e9, "adapter=mlx5_1,port=1": 200e9, "adapter=mlx5_2,port=1": 100e9,
+        "adapter=mlx5_3,port=1": 0.0}, "a port whose link is down reads 0"
+    errors = flat(fams, "gpufeed_nic_errors_total")
+    for p in sample.ports:
+        assert errors[f"adapter={p.adapter},port={p.port}"] == sum(p.errors.values()), "summed per port"
+    assert by_key(sample)["mlx5_1/1"].errors["symbol_error"] == 3 and errors["adapter=mlx5_1,port=1"] >= 3
+    assert not series(fams, "gpufeed_nic_receive_bytes_total"), "byte counters only with --collector.nic.traffic"
+    assert len([f for f in fams if f.samples]) == 3 and sum(len(f.samples) for f in fams) == 3 * len(sample.ports)
+
+
+def test_the_byte_counters_are_exported_with_traffic(dgx_nics: Path) -> None:
+    c = collector(dgx_nics, traffic=True)
+    fams = list(c.metrics(snapshot_of("nic", c.update())))
     assert flat(fams, "gpufeed_nic_receive_bytes_total")["adapter=mlx5_0,port=1"] == 4e9
+    assert "adapter=mlx5_0,port=1" in flat(fams, "gpufeed_nic_transmit_bytes_total")
 
 
 def test_no_class_directories_is_no_data(tmp_path: Path) -> None:

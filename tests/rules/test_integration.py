@@ -219,13 +219,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for key, file in SCENARIOS.items():
             port = free_port()
             instances[key] = f"127.0.0.1:{port}"
-            web: list[str] = []
+            extra: list[str] = []
             if key == "healthy":  # a web config with neither TLS nor users: the "Web config in force" panel's data
                 (tmp / "web.yml").write_text("http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n")
-                web = ["--web.config.file", str(tmp / "web.yml")]
+                extra = ["--web.config.file", str(tmp / "web.yml")]
+            if key == "nic":  # the adapters' byte counters are opt-in: the traffic lines of the interconnect row
+                extra = ["--collector.nic.traffic"]
             start(f"gpufeed-{key}", [
                 sys.executable, "-m", "exporter", "serve", "--simulate", str(scenario_path(file)),
-                "--simulate-speed", str(SPEED), "--web.listen-address", instances[key], "--log.level", "warn", *web])
+                "--simulate-speed", str(SPEED), "--web.listen-address", instances[key], "--log.level", "warn", *extra])
 
         # Prometheus starts once every exporter serves: a target still starting must not count as down. A bound,
         # not a measure: eight Python daemons importing at once on two shared cores took over 40 s in CI here.
