@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter import log
 from exporter.collectors import register
@@ -120,8 +120,5 @@ class DiskCollector(Collector):
             for dev, st in sample.devices.items():
                 c.add_metric([dev], float(getattr(st, attr)))
             yield c
-        g = GaugeMetricFamily("gpufeed_disk_io_now", "I/Os in flight on the device (field 9 of /proc/diskstats).",
-                              labels=["device"])
-        for dev, st in sample.devices.items():
-            g.add_metric([dev], float(st.in_flight))
-        yield g
+        # Not exported: I/Os in flight (field 9) is an instant that a 15 s scrape samples at random; the device's
+        # busy time (io_time) and the read/write times carry what the verdicts use, as counters.

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.samples import Sample
 
 from exporter import pci
@@ -255,7 +255,7 @@ class GpuCollector(Collector):
         if slow is not None:
             yield from _slow_families(slow)
             yield from nvlink_families(slow)
-        yield from _call_families(max(samples, key=lambda s: sum(h.counts[-1] for h in s.calls.values())))
+        yield from _call_families(max(samples, key=lambda s: sum(h.calls for h in s.calls.values())))
 
 
 def _per_gpu(sample: GpuSample, kind: type[Any]) -> Iterator[tuple[str, Any]]:
@@ -483,18 +483,16 @@ def _call_families(sample: GpuSample) -> Iterator[Metric]:
     all three samplers' samples, so the newest); the kinds are exporter/gpu/calls.py's fixed set."""
     if not sample.calls:
         return
-    fam = HistogramMetricFamily(
+    fam = SummaryMetricFamily(
         "gpufeed_nvml_call_duration_seconds", "Wall-clock duration of gpufeed's NVML calls by kind of call "
-        "(reads: field values, GPM, utilisation samples; processes; device); NVML serialises calls on the "
-        "driver's global lock, so this is also time the workload's own driver calls may have waited.",
+        "(reads: field values, GPM, utilisation samples; processes; device), counted and summed (the mean per "
+        "call is _sum / _count); NVML serialises calls on the driver's global lock, so this is also time the "
+        "workload's own driver calls may have waited.",
         labels=["call"])
     for kind in calls.KINDS:
         h = sample.calls.get(kind)
-        if h is None:
-            continue
-        buckets = [(f"{le:g}", float(n)) for le, n in zip(calls.BUCKETS, h.counts, strict=False)]
-        buckets.append(("+Inf", float(h.counts[-1])))
-        fam.add_metric([kind], buckets, h.sum_s)
+        if h is not None:
+            fam.add_metric([kind], h.calls, h.sum_s)
     yield fam
 
 

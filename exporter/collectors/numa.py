@@ -217,10 +217,8 @@ class NumaCollector(Collector):
         sample: NumaSample | None = snap.value(self.name)
         if sample is None:
             return
-        cpus = GaugeMetricFamily("gpufeed_numa_node_cpus", "CPUs in each NUMA node (sysfs node*/cpulist).",
-                                 labels=["node"])
-        for node, members in sample.nodes.items():
-            cpus.add_metric([str(node)], float(len(members)))
+        # Each node's CPU count is gpufeed_cpu_node_cpus (the cpu collector: its online CPUs, what /proc/stat
+        # shares out): a second family saying the same would be two more host-level series of the budget's 200.
         ratio = GaugeMetricFamily(
             "gpufeed_process_numa_local_cpu_ratio",
             "Share of the GPU process's allowed CPUs (Cpus_allowed_list) that are local to its GPU's NUMA node.",
@@ -242,4 +240,4 @@ class NumaCollector(Collector):
             for reason in REASONS:
                 if reason in p.reasons:
                     mismatch.add_metric([p.gpu, pid, p.comm, reason], 1.0)
-        yield from (cpus, ratio, mismatch)
+        yield from (ratio, mismatch)

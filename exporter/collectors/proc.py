@@ -437,9 +437,13 @@ class ProcCollector(Collector):
         backwards (a failed read of /proc/<pid>/stat made rate() invent a spike). A failure omits them."""
         if shallow is None:
             return
+        # User and system time summed, as client_python's process_cpu_seconds_total: a series each would be eight
+        # more of DESIGN.md's 200 host-level series on the 8-GPU host; the verdicts read both from the sample, and
+        # the per-thread evidence (a launch thread's system time) is in the verdict's own text.
         cpu = _Counters(
-            "gpufeed_process_cpu_seconds", "CPU time of an inspected process (all its threads), from /proc/<pid>/stat.",
-            labels=["pid", "comm", "mode"],
+            "gpufeed_process_cpu_seconds",
+            "CPU time of an inspected process (all its threads), user and system summed, from /proc/<pid>/stat.",
+            labels=["pid", "comm"],
         )
         rbytes = _Counters(
             "gpufeed_process_read_bytes",
@@ -458,8 +462,7 @@ class ProcCollector(Collector):
             if pid in shallow.workload:
                 continue
             labels = [str(pid), p.comm]
-            cpu.add_metric([*labels, "user"], p.utime)
-            cpu.add_metric([*labels, "system"], p.stime)
+            cpu.add_metric(labels, p.utime + p.stime)
             if p.io_rchar is not None and p.io_syscr is not None:
                 rbytes.add_metric(labels, float(p.io_rchar))
                 rcalls.add_metric(labels, float(p.io_syscr))
@@ -472,15 +475,17 @@ class ProcCollector(Collector):
         """Threads per state from the newest deep sample (the processes it left out: as last read)."""
         threads = GaugeMetricFamily(
             "gpufeed_process_threads",
-            "Threads of the process per state, from /proc/<pid>/task/*/stat (sampled every "
+            "Threads of the process per state other than sleeping (S): running (R), disk_sleep (D), stopped, ... "
+            "-- the ones that want a CPU or wait on I/O -- from /proc/<pid>/task/*/stat (sampled every "
             "--collector.proc.threads-interval, faster while a GPU waits).",
             labels=["pid", "comm", "state"],
         )
         for pid, p in sorted({**deep.held, **deep.processes}.items()):
             if pid in deep.workload:
                 continue
-            counts = Counter(STATE_NAMES.get(s, s) for s in p.threads.column("state"))
-            # States with threads only (the host-level series budget): a state absent is 0 to sum/or.
+            counts = Counter(STATE_NAMES.get(s, s) for s in p.threads.column("state") if s != "S")
+            # States with threads only, and not S -- the idle majority of a trainer's ~150 threads, a series per
+            # process that no verdict reads -- (the host-level series budget): a state absent is 0 to sum/or.
             for state in sorted(counts):
                 threads.add_metric([str(pid), p.comm, state], float(counts[state]))
         return threads

@@ -232,14 +232,13 @@ class HeldFast:
     t: float
 
 
-class CallHistogram(NamedTuple):
-    """Durations of one kind of NVML call since the backend started: ``counts`` per bucket (cumulative, one per
-    upper bound of ``exporter.gpu.calls.BUCKETS`` then +Inf, the last being the number of calls), their sum.
+class CallTotals(NamedTuple):
+    """One kind of NVML call since the backend started: how many were made and their summed duration.
 
     A row type (exporter/samples/rows.py): GpuSample.calls is a RowMap of them.
     """
 
-    counts: tuple[int, ...]
+    calls: int
     sum_s: float
 
 
@@ -250,13 +249,13 @@ class GpuSample:
     all three samplers; ``steady`` (fast path only) names the GPUs read at the steady rate.
     ``calls`` is the NVML call-duration histogram per call kind (exporter/gpu/calls.py) when the sample was
     taken: one accumulator behind every sampler's sample, so the newest sample has the most calls (a RowMap of
-    CallHistogram from the backend). ``identities`` is the same mapping from sample to sample while no GPU's
+    CallTotals from the backend). ``identities`` is the same mapping from sample to sample while no GPU's
     identity changes."""
 
     identities: Mapping[int, GpuIdentity]
     gpus: Mapping[int, object]
     lost: frozenset[int]
-    calls: Mapping[str, CallHistogram] = field(default_factory=_empty)
+    calls: Mapping[str, CallTotals] = field(default_factory=_empty)
     steady: frozenset[int] = frozenset()
     # GPUs NVML counts but will not hand over (a per-index NO_PERMISSION, INSUFFICIENT_POWER, IRQ_ISSUE ...):
     # index -> the NVML error's name. Not lost (they are retried with the same backoff), not sampled.

@@ -90,7 +90,7 @@ gpufeed_pcie_link_current_width{bdf="0000:29:00.0",role="switch_downstream",gpu_
 gpufeed_pcie_aer_errors_total{bdf="0000:17:00.0",role="switch_downstream",severity="fatal"} 0.0
 gpufeed_finding{check="memory_pressure",gpu=""} 0.0
 gpufeed_memory_total_bytes 5.49755813888e+11
-gpufeed_process_cpu_seconds_total{pid="20000",comm="python",mode="user"} 12.5
+gpufeed_process_cpu_seconds_total{pid="20000",comm="python"} 12.5
 gpufeed_gpu_idle_gap_seconds_bucket{gpu="0",le="0.1"} 3.0
 gpufeed_gpu_idle_gap_seconds_bucket{gpu="0",le="+Inf"} 4.0
 """

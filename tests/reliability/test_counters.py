@@ -134,7 +134,7 @@ def test_eight_proc_stat_read_failures_never_make_process_cpu_go_back(
     faults = Faults(host, monkeypatch)
     host.run(6.0)  # a deep (5 s) pass has happened: the fallback the old code took is there
     before = _check(host, {})
-    cpu_key = f'gpufeed_process_cpu_seconds_total{{comm="python3",mode="user",pid="{GPU_PID}"}}'
+    cpu_key = f'gpufeed_process_cpu_seconds_total{{comm="python3",pid="{GPU_PID}"}}'
     seen = 0
     for _ in range(8):
         faults.apply({})
