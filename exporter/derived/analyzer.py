@@ -115,6 +115,7 @@ class _Judged:
     shape_mean: float  # mean of the burstiness points (SM activity with GPM)
     idle_ratio: float
     processes: frozenset[int] = frozenset()  # NVML's processes of the GPU it judged (a change is a tripwire)
+    health: tuple[Any, ...] = ()  # its Xid counts and memory-health fields then (a change is a tripwire too)
 
 
 @dataclass
@@ -172,6 +173,11 @@ class Analyzer(Stage):
                "its newest activity, and evaluates it at once when the activity moved; a GPU whose verdict "
                "changed within the window (or does not agree with its newest evidence) is evaluated every run. "
                f"Host-level findings are evaluated at least every {HOST_FINDINGS_S:g} s."),
+        Option("steady-interval", "duration", 2.0,
+               "How often the analyzer runs while every GPU is read at its steady rate (steadily busy or steadily "
+               "idle: --collector.gpu.steady-interval) and none waits: each run checks every GPU's newest activity "
+               "(the tripwire), and a steady GPU's activity is read only once a second. The first run after a GPU "
+               "dips or starts waiting goes back to --collector.derived.interval; not shorter than that one."),
         Option("quiet-host", "bool", True,
                "While no GPU waits, read /proc/stat and PSI every 2 s, the cpufreq and NUMA passes every 30 s "
                "and the per-thread pass every 60 s; their configured intervals again as soon as a GPU waits."),
@@ -187,6 +193,10 @@ class Analyzer(Stage):
         self.hold_s = float(options.get("hold", 3.0))
         self.stable_s = max(self.interval, float(options.get("stable-interval", 15.0)))
         self.host_s = max(self.interval, min(self.stable_s, HOST_FINDINGS_S))
+        self.steady_run_s = max(self.interval, float(options.get("steady-interval", 2.0)))
+        # Whether the newest run saw every GPU at its steady rate and none waiting (its pace: steady_run_s).
+        self._steady = False
+        self._waiting = False  # whether the newest full evaluation found a GPU waiting
         self.pacer = Pacer(CadencePolicy(deep_fast=float(options.get("deep-interval", 0.5)),
                                          deep_settled=float(options.get("deep-settled-interval", 2.0)),
                                          quiet_host=bool(options.get("quiet-host", True))), targets, self.log)
@@ -209,7 +219,11 @@ class Analyzer(Stage):
         self._engine = engine
 
     def samplers(self) -> list[SamplerSpec]:
-        return [SamplerSpec(self.name, self.interval, self.update, blocking=False)]
+        return [SamplerSpec(self.name, self.interval, self.update, blocking=False, pace=self._pace)]
+
+    def _pace(self) -> float:
+        """The analyzer's interval now (SamplerSpec.pace, asked after each of its runs)."""
+        return self.steady_run_s if self._steady else self.interval
 
     # ---- evaluation --------------------------------------------------------------------------------------
 
@@ -264,6 +278,9 @@ class Analyzer(Stage):
             for key in keys_of[idx]:
                 self._gpus.setdefault(key, _GpuState()).pending_s += dt
         due = {idx for idx in identities if self._due(idx, keys_of[idx], identities[idx], lost, now)}
+        fast = snap.value(names.GPU_FAST)
+        self._steady = (bool(identities) and not lost and not self._waiting and isinstance(fast, GpuSample)
+                        and fast.steady.issuperset(identities))
         shape = (frozenset(identities), frozenset(lost))
         captures = _captures(snap)
         if not due and shape == self._shape and self._previous is not None and now - self._host_t < self.host_s \
@@ -351,7 +368,8 @@ class Analyzer(Stage):
                                     agreed=cand.cause == st.settled.cause and st.settled.pending is None,
                                     util=view.util, shape_mean=view.burst.mean,
                                     idle_ratio=view.burst.idle_ratio,
-                                    processes=_nvml_pids(snap.value(names.GPU_SLOW), idx))
+                                    processes=_nvml_pids(snap.value(names.GPU_SLOW), idx),
+                                    health=_health(snap.value(names.GPU_SLOW), idx))
             if keys[0].mig is not None:
                 gpu_found, links = mig_gpu_findings(idx, w, views)
                 found.extend(gpu_found)
@@ -371,6 +389,8 @@ class Analyzer(Stage):
         found.extend(host_findings(w, snap.value(names.NUMA), snap.value(names.CPUFREQ), gpu_key, busy))
         self._host_t = now
         settled = any_waiting and settled
+        self._waiting = any_waiting
+        self._steady = self._steady and not any_waiting
         self.pacer.steer(eng, now, waiting=any_waiting, settled=settled, pids=frozenset(waiting_pids))
         self._log_findings(found)
         # A GPU missing from this evaluation (its sampler failed once, or it was unplugged) keeps its state:
@@ -405,8 +425,11 @@ class Analyzer(Stage):
             return True
         if now - st.evaluated_t >= self.stable_s - 1e-9 or now - st.settled.since < self.window_s:
             return True
-        if _nvml_pids(self._engine.snapshot.value(names.GPU_SLOW) if self._engine else None, idx) != j.processes:
+        slow = self._engine.snapshot.value(names.GPU_SLOW) if self._engine else None
+        if _nvml_pids(slow, idx) != j.processes:
             return True  # a job ended or another started: its verdict must not name the one that left
+        if _health(slow, idx) != j.health:
+            return True  # an Xid, an uncorrected ECC error, a row remap: its finding now, not a stable interval later
         return self._moved(idx, ident, j, st.evaluated_t, now)
 
     def _moved(self, idx: int, ident: GpuIdentity, j: _Judged, since: float, now: float) -> bool:
@@ -566,6 +589,19 @@ def _captures(snap: Snapshot) -> Mapping[int, CaptureNote]:
     """Each GPU's newest capture (the capture stage's sample; {} when captures are off)."""
     stats = snap.value(names.CAPTURE)
     return stats.newest if isinstance(stats, CaptureStats) else {}
+
+
+# The slow fields that only move when the GPU's memory is in trouble (corrected ECC errors tick on healthy boards).
+_HEALTH_FIELDS = ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate", "remapped_rows_correctable",
+                  "remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failure")
+
+
+def _health(slow: object, idx: int) -> tuple[Any, ...]:
+    """GPU ``idx``'s Xid counts and memory-health fields in the newest slow sample (() when none is there)."""
+    g = slow.gpus.get(idx) if isinstance(slow, GpuSample) else None
+    if not isinstance(g, GpuSlow):
+        return ()
+    return (tuple(sorted(g.xid_errors.items())), tuple(g.fields.get(k) for k in _HEALTH_FIELDS))
 
 
 def _nvml_pids(slow: object, idx: int) -> frozenset[int]:

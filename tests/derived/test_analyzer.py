@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from itertools import pairwise
 from types import MappingProxyType
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from exporter.derived.analyzer import Analyzer
 from exporter.samples.derived import DerivedState
+from exporter.samples.gpu import GpuSlow
 from exporter.sampling import Targets
 from exporter.snapshot import Snapshot, Stamped
 from tests.support.builders import GpuSpec, ThreadSpec, const, cpu_window, gpu_windows, proc_window, square
@@ -133,13 +135,14 @@ def test_a_stable_gpu_waits_its_stable_interval_while_host_findings_keep_their_o
     assert len(late) > len(settled)
 
 
-def test_a_change_of_the_gpus_processes_evaluates_a_stable_gpu_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A job ends and the next starts with the GPU as busy as before (a restart looks like that): its
-    # activity does not move, but its verdict must not keep naming the process that left.
+def _evaluations_around(monkeypatch: pytest.MonkeyPatch, change: Callable[[GpuSlow], GpuSlow],
+                        at: float) -> tuple[list[float], list[float], float, float]:
+    """A GPU busy and stable all along whose slow samples are ``change``d from ``at`` on: the times of its stable
+    evaluations before the first changed sample, of its evaluations from it on, that sample's time, and the
+    stable interval."""
     import dataclasses
 
     from exporter.derived import evaluate
-    from exporter.samples.gpu import GpuSlow
 
     gpu_at: list[float] = []
     real_gpu = evaluate.evaluate_gpu
@@ -150,16 +153,31 @@ def test_a_change_of_the_gpus_processes_evaluates_a_stable_gpu_at_once(monkeypat
 
     monkeypatch.setattr("exporter.derived.analyzer.evaluate_gpu", gpu)
     an, eng = make(GpuSpec(util=const(0.95), sm=const(0.7)), [ThreadSpec(1, 0.3, 0.02)], 90.0)
-    swap = 61.5  # the first slow sample after it (65 s) falls between two stable evaluations (60, 75)
     slow = eng.streams["gpu_slow"]
     for i, s in enumerate(slow):
         g = s.value.gpus[0]
-        if s.t >= swap and isinstance(g, GpuSlow):
-            g = dataclasses.replace(g, processes=tuple(dataclasses.replace(p, pid=p.pid + 1) for p in g.processes))
-            slow[i] = Stamped(s.t, dataclasses.replace(s.value, gpus={**s.value.gpus, 0: g}))
+        if s.t >= at and isinstance(g, GpuSlow):
+            slow[i] = Stamped(s.t, dataclasses.replace(s.value, gpus={**s.value.gpus, 0: change(g)}))
     run(an, eng, [float(t) for t in range(1, 91)])
-    first_seen = min(s.t for s in slow if s.t >= swap)
+    first_seen = min(s.t for s in slow if s.t >= at)
     stable = [t for t in gpu_at if 40.0 <= t < first_seen]
     assert stable and all(b - a == pytest.approx(an.stable_s) for a, b in pairwise(stable))  # stable before
-    after = [t for t in gpu_at if t >= first_seen]
-    assert after and after[0] - first_seen <= 1.0 and after[0] - stable[-1] < an.stable_s
+    return stable, [t for t in gpu_at if t >= first_seen], first_seen, an.stable_s
+
+
+def test_a_change_of_the_gpus_processes_evaluates_a_stable_gpu_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job ends and the next starts with the GPU as busy as before (a restart looks like that): its
+    # activity does not move, but its verdict must not keep naming the process that left.
+    # The first slow sample after 61.5 s (65 s) falls between two stable evaluations (60, 75).
+    stable, after, first_seen, stable_s = _evaluations_around(
+        monkeypatch, lambda g: replace(g, processes=tuple(replace(p, pid=p.pid + 1) for p in g.processes)), 61.5)
+    assert after and after[0] - first_seen <= 1.0 and after[0] - stable[-1] < stable_s
+
+
+def test_a_new_xid_on_a_stable_gpu_evaluates_it_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An Xid (or an uncorrected ECC error, a row remap) on a GPU whose verdict holds: its finding must not wait
+    # for the next stable evaluation, up to --stable-interval later.
+    stable, after, first_seen, stable_s = _evaluations_around(
+        monkeypatch, lambda g: replace(g, xid_errors={48: 1}), 61.5)
+    assert after and after[0] - first_seen <= 1.0 and after[0] - stable[-1] < stable_s
+    assert len([t for t in after if t < first_seen + stable_s]) == 1, "then stable again: the count holds"

@@ -35,7 +35,9 @@ def _play(monkeypatch: pytest.MonkeyPatch, stable: str) -> tuple[PlayResult, dic
 
     with monkeypatch.context() as m:
         m.setattr("exporter.derived.analyzer.evaluate_gpu", counting)  # the name analyzer calls
-        res = play(load(SCENARIO), timeline=True, flags={"collector.derived.stable-interval": stable})
+        # The analyzer at its interval whatever the GPUs' rate: this test counts evaluations per run.
+        res = play(load(SCENARIO), timeline=True, flags={"collector.derived.stable-interval": stable,
+                                                          "collector.derived.steady-interval": "1s"})
     return res, calls
 
 
@@ -126,3 +128,14 @@ def test_an_unchanged_run_publishes_nothing_and_keeps_the_previous_state() -> No
     eng.run_until(3.0)
     latest: Stamped[Any] = eng.snapshot.latest["once"]
     assert latest.value == 2 and len(published) == 2
+
+
+def test_the_analyzer_runs_every_steady_interval_while_every_gpu_is_steady_and_none_waits(both: Any) -> None:
+    # healthy-then-waiting scenario above: GPU 0 steady all along, GPU 1 waits in the middle. At the default
+    # --collector.derived.steady-interval (2 s) the runs thin out while both GPUs are steady, and the
+    # expectations hold as at one run a second.
+    (every, _), _ = both
+    paced = play(load(SCENARIO), timeline=True)
+    assert check(paced) == []
+    assert paced.sampler_runs["derived"] < 0.85 * every.sampler_runs["derived"], (
+        paced.sampler_runs["derived"], every.sampler_runs["derived"])
