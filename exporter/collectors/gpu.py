@@ -77,9 +77,10 @@ class GpuCollector(Collector):
                "at either rate."),
         Option("samples-interval", "duration", 1.0,
                "Interval of the driver's buffered utilisation samples (sampler gpu_samples)."),
-        Option("samples-steady-interval", "duration", 2.0,
+        Option("samples-steady-interval", "duration", 4.0,
                "Interval of the buffered samples while every GPU is read at --collector.gpu.steady-interval (the "
-               "driver buffers them: a longer interval reads more per call, none is lost); "
+               "driver buffers them: a longer interval reads more per call, none is lost -- a buffer that ran over "
+               "shows as a gap, which is a dip: back to --collector.gpu.samples-interval); "
                "--collector.gpu.samples-interval again at the first dip. Not longer than that one: always it."),
         Option("slow-interval", "duration", 5.0,
                "Interval of link state, clock-event reasons, temperature, memory and processes (sampler gpu_slow)."),
@@ -96,7 +97,7 @@ class GpuCollector(Collector):
         self._hostname = identity_hostname(str(ctx.options.get("hostname", "") or ""))
         self._last_fast: GpuSample | None = None
         self._samples_s = float(ctx.options.get("samples-interval", 1.0))
-        self._samples_steady_s = float(ctx.options.get("samples-steady-interval", 2.0))
+        self._samples_steady_s = float(ctx.options.get("samples-steady-interval", 4.0))
 
     # ---- sampling --------------------------------------------------------------------------------------------
 

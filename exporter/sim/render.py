@@ -396,7 +396,9 @@ def _status(p: Process, state: str, cpus: frozenset[int], mems: frozenset[int], 
 
 
 UTIL_SAMPLE_PERIOD_S = 1 / 6  # the driver's utilisation sample period on most products (anchors-gpu-nvml 4.2)
-UTIL_BUFFER_S = 3.0  # how much of the driver's sample buffer the state carries (the reader polls every 1 s)
+# How much of the driver's sample buffer the state carries: the reader polls every 1 s, every 4 s while every GPU
+# is steady (--collector.gpu.samples-steady-interval), plus its jitter.
+UTIL_BUFFER_S = 6.0
 XID_WINDOW_S = 600.0  # how far back the state lists Xid events (the fake delivers each once; readers poll at 5 s)
 
 
