@@ -89,7 +89,26 @@ def group_intervals(settings: Settings, registry: Mapping[str, type[Stage]]) -> 
             out[g] = min(out.get(g, math.inf), iv)
     # The derived layer shortens proc_threads to 0.5 s while a GPU waits.
     out["threads"] = min(out.get("threads", math.inf), 0.5)
+    longest = _longest_buffered_read(settings, registry)
+    if longest is not None:
+        out[SAMPLES_LONGEST] = longest
     return {g: iv for g, iv in out.items() if math.isfinite(iv) and iv > 0}
+
+
+# Not a file group: the longest interval at which the GPU collector reads the driver's sample buffer (its steady
+# one, --collector.gpu.samples-steady-interval), which the simulated buffer must cover.
+SAMPLES_LONGEST = "nvml_samples_longest"
+BUFFERED_OPTIONS = ("samples-interval", "samples-steady-interval")
+
+
+def _longest_buffered_read(settings: Settings, registry: Mapping[str, type[Stage]]) -> float | None:
+    """The longest interval the GPU collector's buffered sampler may read at (None when the collector is off)."""
+    cls = registry.get("gpu")
+    if cls is None or not settings.enabled.get("gpu", cls.default_enabled):
+        return None
+    opts = settings.collector.get("gpu", {})
+    defaults = {o.name: o.default for o in cls.options}
+    return max(float(opts.get(k, defaults.get(k, 1.0))) for k in BUFFERED_OPTIONS)
 
 
 def render_periods(intervals: Mapping[str, float], speed: float) -> dict[str, float]:
@@ -131,8 +150,10 @@ class Playback:
         # Scenario seconds between two states two reads of the fast GPU sampler may see.
         gap = 2 * periods["nvml"] * speed
         self.counter_bits = 32 if self.max_rate * gap < 2**32 * WRAP_SAFE_FRACTION else 64
-        # The driver's utilisation buffer: twice the buffered reader's interval of scenario time, never under 2 s.
-        self.buffer_s = max(2.0, 2.0 * every["nvml_samples"], 2.0 * periods["nvml"] * speed)
+        # The driver's utilisation buffer: twice the buffered reader's interval of scenario time, never under 2 s,
+        # and its longest (steady) interval with 2 s to spare: a read finds every sample since the previous one.
+        self.buffer_s = max(2.0, 2.0 * every["nvml_samples"], 2.0 * periods["nvml"] * speed,
+                            intervals.get(SAMPLES_LONGEST, 0.0) + 2.0)
 
     @property
     def origin(self) -> float:

@@ -85,3 +85,19 @@ def test_every_shared_scenario_at_speed_10_gives_the_verdicts_of_speed_1(path: P
     # (virtual time, tests/sim/test_diagnose.py) meets them all, so meeting them is giving the same verdicts.
     assert {(e.phase, i) for e in sc.expect for i in e.gpus} == {(p.name, g.index) for p in sc.phases for g in sc.gpus}
     assert check(play_live(sc, 10.0)) == [], f"{path.name} at speed 10"
+
+
+@pytest.mark.parametrize("flags", [{}, {"collector.gpu.samples-steady-interval": "7s"}])
+def test_the_simulated_sample_buffer_covers_the_buffered_readers_longest_interval(flags: dict[str, str]) -> None:
+    """While every GPU is steady the buffered sampler reads every --collector.gpu.samples-steady-interval: a
+    buffer drawn for its 1 s interval ran over between two reads, the gap read as a dip, and no GPU of the
+    benchmark host ever stayed at its steady rate under ``serve --simulate``."""
+    settings = resolve(pipeline.registry(), {}, flags)
+    intervals = group_intervals(settings, pipeline.registry())
+    longest = 7.0 if flags else 4.0
+    sc = load(SHARED[0])
+    playback = Playback(Model(sc), intervals, origin=0.0, speed=1.0)
+    assert playback.buffer_s >= longest + 1.0
+    state = playback.nvml(60.0)
+    stamps = [ts for ts, _ in state["devices"][0]["util_samples"]]
+    assert (stamps[-1] - stamps[0]) / 1e6 >= longest + 1.0, "the newest samples reach back past the previous read"
