@@ -119,8 +119,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
     try:
         target = f"127.0.0.1:{free_port()}"
+        # The rules' windows are shrunk 60-fold; a stable GPU's counters step at each of its evaluations (15 s by
+        # default), so the exporter's step is shrunk too, or one step is a large share of a shrunk window.
         start("gpufeed", [sys.executable, "-m", "exporter", "serve", "--simulate", str(scenario_path(SCENARIO)),
-                          "--simulate-speed", str(SPEED), "--web.listen-address", target, "--log.level", "warn"])
+                          "--simulate-speed", str(SPEED), "--web.listen-address", target, "--log.level", "warn",
+                          "--collector.derived.stable-interval", "2s"])
         wait_until("gpufeed serving its pod", lambda: b"gpufeed_workload_info" in http_get(f"http://{target}/metrics"),
                    time.monotonic() + 90)
         rule_files = shrunk_rule_files(tmp)
