@@ -163,10 +163,11 @@ class Analyzer(Stage):
         Option("window", "duration", 15.0, "Classifier window: verdicts, burstiness and findings look this far back."),
         Option("hold", "duration", 3.0, "Hysteresis: a new verdict must hold this long before it replaces the old."),
         Option("deep-interval", "duration", 0.5, "Per-thread sampling interval while a GPU is waiting."),
-        Option("deep-settled-interval", "duration", 2.0,
+        Option("deep-settled-interval", "duration", 5.0,
                "Per-thread sampling interval once every waiting GPU's verdict has held for the whole window "
-               "(/proc/stat and PSI then go back to their quiet 2 s too); --collector.derived.deep-interval "
-               "again as soon as a verdict moves or another GPU starts waiting."),
+               "(every host source then goes back to its quiet pace too; never longer than "
+               "--collector.proc.threads-interval); --collector.derived.deep-interval again as soon as a verdict "
+               "moves or another GPU starts waiting."),
         Option("stable-interval", "duration", 15.0,
                "How often a GPU whose verdict holds is evaluated again (its state and waiting seconds advance at "
                "each evaluation: at most this far behind). Each run (--collector.derived.interval) still checks "
@@ -175,12 +176,14 @@ class Analyzer(Stage):
                f"Host-level findings are evaluated at least every {HOST_FINDINGS_S:g} s."),
         Option("steady-interval", "duration", 2.0,
                "How often the analyzer runs while every GPU is read at its steady rate (steadily busy or steadily "
-               "idle: --collector.gpu.steady-interval) and none waits: each run checks every GPU's newest activity "
-               "(the tripwire), and a steady GPU's activity is read only once a second. The first run after a GPU "
-               "dips or starts waiting goes back to --collector.derived.interval; not shorter than that one."),
+               "idle: --collector.gpu.steady-interval) and none waits, and while every waiting GPU's verdict has "
+               "held for the whole window: each run checks every GPU's newest activity (the tripwire), and a steady "
+               "GPU's activity is read only once a second. The first run after a GPU dips, starts waiting or its "
+               "verdict moves goes back to --collector.derived.interval; not shorter than that one."),
         Option("quiet-host", "bool", True,
-               "While no GPU waits, read /proc/stat and PSI every 2 s, the cpufreq and NUMA passes every 30 s "
-               "and the per-thread pass every 60 s; their configured intervals again as soon as a GPU waits."),
+               "While no GPU waits, read /proc/stat, PSI, diskstats, meminfo and the NFS counters every 2 s, the "
+               "GPU processes' files every 5 s, the cpufreq and NUMA passes every 30 s and the per-thread pass "
+               "every 60 s; their configured intervals again as soon as a GPU waits, until its verdict settles."),
     )
 
     def __init__(self, options: Mapping[str, Any], targets: Targets) -> None:
@@ -194,11 +197,13 @@ class Analyzer(Stage):
         self.stable_s = max(self.interval, float(options.get("stable-interval", 15.0)))
         self.host_s = max(self.interval, min(self.stable_s, HOST_FINDINGS_S))
         self.steady_run_s = max(self.interval, float(options.get("steady-interval", 2.0)))
-        # Whether the newest run saw every GPU at its steady rate and none waiting (its pace: steady_run_s).
+        # Whether the newest run saw every GPU at its steady rate and none waiting, or every waiting GPU's
+        # verdict settled (its pace: steady_run_s).
         self._steady = False
         self._waiting = False  # whether the newest full evaluation found a GPU waiting
+        self._settled = False  # whether it found every waiting GPU's verdict held, agreed, for the window
         self.pacer = Pacer(CadencePolicy(deep_fast=float(options.get("deep-interval", 0.5)),
-                                         deep_settled=float(options.get("deep-settled-interval", 2.0)),
+                                         deep_settled=float(options.get("deep-settled-interval", 5.0)),
                                          quiet_host=bool(options.get("quiet-host", True))), targets, self.log)
         self._engine: EngineReader | None = None
         self._last_t: float | None = None
@@ -279,8 +284,12 @@ class Analyzer(Stage):
                 self._gpus.setdefault(key, _GpuState()).pending_s += dt
         due = {idx for idx in identities if self._due(idx, keys_of[idx], identities[idx], lost, now)}
         fast = snap.value(names.GPU_FAST)
-        self._steady = (bool(identities) and not lost and not self._waiting and isinstance(fast, GpuSample)
-                        and fast.steady.issuperset(identities))
+        # The steady pace: every GPU read at its steady rate and none waiting; or, while GPUs wait, every waiting
+        # verdict settled -- the evidence that found the cause is in, what follows only has to show it still
+        # holds, which the tripwire checks at the steady pace as well (any move brings the 1 s runs back).
+        paced = bool(identities) and not lost and isinstance(fast, GpuSample)
+        all_steady = paced and isinstance(fast, GpuSample) and fast.steady.issuperset(identities)
+        self._steady = paced and ((not self._waiting and all_steady) or self._settled)
         shape = (frozenset(identities), frozenset(lost))
         captures = _captures(snap)
         if not due and shape == self._shape and self._previous is not None and now - self._host_t < self.host_s \
@@ -389,8 +398,8 @@ class Analyzer(Stage):
         found.extend(host_findings(w, snap.value(names.NUMA), snap.value(names.CPUFREQ), gpu_key, busy))
         self._host_t = now
         settled = any_waiting and settled
-        self._waiting = any_waiting
-        self._steady = self._steady and not any_waiting
+        self._waiting, self._settled = any_waiting, settled
+        self._steady = paced and ((not any_waiting and all_steady) or settled)
         self.pacer.steer(eng, now, waiting=any_waiting, settled=settled, pids=frozenset(waiting_pids))
         self._log_findings(found)
         # A GPU missing from this evaluation (its sampler failed once, or it was unplugged) keeps its state:
@@ -434,8 +443,13 @@ class Analyzer(Stage):
 
     def _moved(self, idx: int, ident: GpuIdentity, j: _Judged, since: float, now: float) -> bool:
         """The tripwire (:func:`~exporter.derived.evaluate.activity_moved`) over the samples GPU ``idx`` had
-        since ``since`` (a few per GPU, not the window)."""
+        since ``since``, and at least over the recent part of the window the classifier judges alone
+        (``recent_s``, 5 s by default; a few samples per GPU, not the window). One second of a bursty GPU swings
+        by more than the tripwire's band from its window's mean by itself (two waiting GPUs were evaluated in
+        full at nearly every run); a change of activity that holds moves the recent part past the band within a
+        few seconds, well inside the time a verdict has to follow it."""
         assert self._engine is not None
+        since = min(since, now - self.recent_s)
         lookback = now - since + 2.0  # one earlier sample of each counter, so the first new interval has a pair
         fast = self._engine.window(names.GPU_FAST, lookback, now)
         buffered = self._engine.window(names.GPU_SAMPLES, lookback, now)

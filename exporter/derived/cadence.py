@@ -34,12 +34,18 @@ from exporter.sampling import Targets
 # (15 s), which a 30 s pass would leave empty half of the time -- the series of those hops would come and go.
 # The GPU processes' own counters (proc, 1 s) go to 5 s: CPU time and I/O are cumulative, the CPU shape takes
 # the ends of its 10 s window, and NUMA placement and the process series read the newest sample.
+# /proc/diskstats, /proc/meminfo and the NFS client counters (1 s) go to 2 s with /proc/stat and PSI: cumulative
+# counters again, and what reads a level (memory pressure, the I/O evidence of a waiting GPU) reads the newest
+# sample or a window's ends.
 QUIET_INTERVALS = {
-    names.CPU: 2.0, names.PRESSURE: 2.0, names.PROC: 5.0,
+    names.CPU: 2.0, names.PRESSURE: 2.0, names.DISK: 2.0, names.MEMORY: 2.0, names.NFS: 2.0, names.PROC: 5.0,
     names.PROC_THREADS: 60.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
 }
-# Of those, the ones back at their quiet pace while GPUs wait once their verdicts have settled.
-SETTLED_QUIET = frozenset({names.CPU, names.PRESSURE})
+# Of those, the ones back at their quiet pace while GPUs wait once their verdicts have settled: all but the deep
+# sampler (--collector.derived.deep-settled-interval). The onset read them at their configured rates and found
+# the cause and its findings (a powersave governor, a process on the wrong node); what follows only has to show
+# the cause still holds, and any move of a waiting GPU's activity unsettles it and brings those rates back.
+SETTLED_QUIET = frozenset(QUIET_INTERVALS) - {names.PROC_THREADS}
 # The order a cadence is sent in: the deep sampler first, then the host samplers.
 STEERED = (names.PROC_THREADS, *(n for n in QUIET_INTERVALS if n != names.PROC_THREADS))
 
@@ -62,7 +68,7 @@ class CadencePolicy:
     """The analyzer's cadence options: --collector.derived.deep-interval, deep-settled-interval, quiet-host."""
 
     deep_fast: float = 0.5
-    deep_settled: float = 2.0
+    deep_settled: float = 5.0
     quiet_host: bool = True
 
     def quiet(self, name: str, configured: float) -> float:
@@ -77,9 +83,9 @@ class CadencePolicy:
         every process at its quiet pace otherwise. Once every waiting GPU's verdict has held for the window
         (``settled``), at --collector.derived.deep-settled-interval: the evidence that found the cause is in,
         what follows only has to show it still holds (or moves, which unsettles it again). Host samplers at
-        their quiet intervals while no GPU waits, configured again once one does; /proc/stat and PSI back to
-        their quiet pace once the waiting verdicts have settled: the CPU shape compares a window's ends, the
-        finer pace is what detection needs, at the onset."""
+        their quiet intervals while no GPU waits, configured again once one does, and quiet again once the
+        waiting verdicts have settled: the CPU shape compares a window's ends, the finer pace is what detection
+        needs, at the onset."""
         intervals: dict[str, float] = {}
         for name in STEERED:
             if name not in configured:

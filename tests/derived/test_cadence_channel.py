@@ -33,10 +33,10 @@ def test_no_gpu_waiting_plans_every_process_at_the_quiet_pace() -> None:
     assert c.intervals == QUIET_INTERVALS
 
 
-def test_a_settled_waiting_verdict_plans_the_settled_deep_pace_and_quiet_cpu_and_psi() -> None:
+def test_a_settled_waiting_verdict_plans_the_settled_deep_pace_and_every_host_source_quiet() -> None:
     c = CadencePolicy().plan(STEERED_CONFIGURED, waiting=True, settled=True, pids=frozenset({WAITING_PID}))
     assert c.focus == frozenset({WAITING_PID})
-    assert c.intervals == {**STEERED_CONFIGURED, names.PROC_THREADS: 2.0, names.CPU: 2.0, names.PRESSURE: 2.0}
+    assert c.intervals == {**QUIET_INTERVALS, names.PROC_THREADS: 5.0}  # --collector.derived.deep-settled-interval
 
 
 def test_a_sampler_that_is_off_is_not_planned_and_deep_never_runs_slower_than_configured() -> None:

@@ -14,7 +14,7 @@ from tests.derived.test_scenarios import CONTRACT, assert_settled_within
 from tests.support.engine import analyzer
 
 CONFIGURED = {names.CPU: 0.25, names.PRESSURE: 0.25, names.PROC: 1.0, names.PROC_THREADS: 5.0, names.CPUFREQ: 5.0,
-              names.PCIE: 5.0, names.NUMA: 5.0, names.MEMORY: 1.0}
+              names.PCIE: 5.0, names.NUMA: 5.0, names.MEMORY: 1.0, names.DISK: 1.0, names.NFS: 1.0}
 
 
 def test_while_every_gpu_works_host_sources_are_read_at_their_quiet_pace() -> None:
@@ -22,7 +22,6 @@ def test_while_every_gpu_works_host_sources_are_read_at_their_quiet_pace() -> No
     eng.intervals.update(CONFIGURED)
     run(an, eng, [float(t) for t in range(1, 12)])
     assert {n: eng.intervals[n] for n in QUIET_INTERVALS} == QUIET_INTERVALS
-    assert eng.intervals[names.MEMORY] == 1.0  # not a quiet-paced source
     assert eng.intervals[names.PCIE] == 5.0  # pcie_link_downgraded reads its hops over the 15 s window
 
 
@@ -47,13 +46,19 @@ def test_once_the_waiting_verdict_has_held_for_the_window_deep_and_cpu_sampling_
     st = run(an, eng, [float(t) for t in range(1, 25)])
     assert st.gpus[1].cause == "launch_bound"
     assert eng.intervals[names.PROC_THREADS] == 0.5 and eng.intervals[names.CPU] == 0.25  # detecting
+    (spec,) = an.samplers()
+    assert spec.pace is not None and spec.pace() == 1.0  # the analyzer every --collector.derived.interval
     st = run(an, eng, [float(t) for t in range(25, 50)])
     assert st.gpus[1].cause == "launch_bound"  # held since ~13 s: settled for the 15 s window
-    assert eng.intervals[names.PROC_THREADS] == 2.0  # --collector.derived.deep-settled-interval
+    assert spec.pace() == 2.0  # --collector.derived.steady-interval: the tripwire still checks every run
+    assert eng.intervals[names.PROC_THREADS] == 5.0  # --collector.derived.deep-settled-interval
     assert eng.intervals[names.CPU] == 2.0 and eng.intervals[names.PRESSURE] == 2.0  # back to the quiet pace
-    assert eng.intervals[names.CPUFREQ] == 5.0 and eng.intervals[names.NUMA] == 5.0  # still as configured
+    assert {n: eng.intervals[n] for n in QUIET_INTERVALS if n != names.PROC_THREADS} == {
+        n: v for n, v in QUIET_INTERVALS.items() if n != names.PROC_THREADS}  # every host source quiet again
     eng.streams.update(_two_gpus(waiting_from=1e9, t1=90.0)[1].streams)  # the GPU recovers
-    run(an, eng, [float(t) for t in range(50, 70)])
+    run(an, eng, [50.0, 52.0])
+    assert spec.pace() == 1.0  # its activity moved: evaluated, the verdict unsettled, every second again
+    run(an, eng, [float(t) for t in range(53, 70)])
     assert {n: eng.intervals[n] for n in QUIET_INTERVALS} == QUIET_INTERVALS
 
 
