@@ -1,6 +1,10 @@
-"""The buffered sampling path (default every 1 s): ``nvmlDeviceGetSamples`` for GPU and memory utilisation,
-carrying ``lastSeenTimeStamp`` from the returned samples (driver clock, not ours); without them,
-``nvmlDeviceGetUtilizationRates`` integrated on our clock."""
+"""The buffered sampling path (default every 1 s): ``nvmlDeviceGetSamples`` for GPU utilisation, carrying
+``lastSeenTimeStamp`` from the returned samples (driver clock, not ours); without them,
+``nvmlDeviceGetUtilizationRates`` integrated on our clock.
+
+The driver's memory-utilisation samples (NVML_MEMORY_UTILIZATION_SAMPLES) are not read: nothing derived or
+exported used them (DRAM activity comes from GPM, ``gpufeed_gpu_dram_active_ratio``), and they were half of this
+path's calls -- 8 GPUs every second while one waits."""
 
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ class BufferedPath(NvmlSession):
 
     def _buffered_one(self, g: GpuState, now: float) -> GpuBuffered:
         util = self._samples(g, C.GPU_UTILIZATION_SAMPLES, g.util, now)
-        mem = self._samples(g, C.MEMORY_UTILIZATION_SAMPLES, g.mem, now)
         if util is not None:
             # Activity started or stopped (an empty buffer is an idle GPU): a workload came or went, so the next
             # slow cycle enumerates the processes whenever the last enumeration was.
@@ -38,7 +41,7 @@ class BufferedPath(NvmlSession):
             g.active = active
         # An empty buffer (NOT_FOUND) is an idle GPU: busy time stays where it was (0 at start).
         busy = g.util.seconds if util is not None else None
-        return GpuBuffered(gpu_util=util or (), memory_util=mem or (), busy_seconds=busy)
+        return GpuBuffered(gpu_util=util or (), busy_seconds=busy)
 
     def _samples(self, g: GpuState, kind: int, integ: SampleIntegrator, now: float) -> Rows[UtilPoint] | None:
         """New samples of one kind since the last seen timestamp; None when the GPU gives none at all."""

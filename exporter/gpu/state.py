@@ -87,7 +87,6 @@ class GpuState:
     mig_slots: tuple[str, ...] = ()
     # buffered path
     util: SampleIntegrator = field(default_factory=SampleIntegrator)
-    mem: SampleIntegrator = field(default_factory=SampleIntegrator)
     # slow path
     proc_last_seen: int = 0
     link_capacity: float | None = None

@@ -215,7 +215,6 @@ class GpuBuffered:
     backend gives Rows(UtilPoint, ...) tables, or () when there are none)."""
 
     gpu_util: Sequence[UtilPoint]
-    memory_util: Sequence[UtilPoint]
     # Integral of the utilisation samples over driver time (seconds a kernel was executing), monotonic;
     # None when the GPU gives no samples.
     busy_seconds: float | None = None

@@ -103,7 +103,7 @@ def gpu_windows(
         fast.append(Stamped(t, GpuSample(ids, MappingProxyType(per), frozenset())))
         if i and (i * dt) % buf_dt < dt / 2:
             per3: dict[int, object] = {
-                g.index: GpuBuffered(tuple(pending[g.index]), (), busy[g.index]) for g in gpus}
+                g.index: GpuBuffered(tuple(pending[g.index]), busy[g.index]) for g in gpus}
             buffered.append(Stamped(t, GpuSample(ids, MappingProxyType(per3), frozenset())))
             pending = {g.index: [] for g in gpus}
     t = t0
