@@ -49,7 +49,9 @@ TUNED_LABEL = "what-if: GPU fast path 1 s, verdicts every 2 s, render every 5 s,
 # The daemon's info-log events that change its pace: a GPU leaving (or regaining) the steady fast-path rate, and
 # a verdict change (which steers deep sampling). Logged only when something changes, so logging at info costs
 # the measured window nothing it would not pay anyway.
-_PACE_EVENT = re.compile(r"^ts=(\S+) .*?\bevent=(gpu_fast_rate_changed|verdict_changed)\b(.*)$", re.M)
+_PACE_EVENT = re.compile(r"^ts=(\S+) .*?\bevent=(gpu_fast_rate_changed|verdict_changed|deep_focus_changed)\b(.*)$",
+                         re.M)
+_FOCUS_ALL = re.compile(r"\bpids=all(?:\s|$)")
 _TO_STEADY = re.compile(r"\breason=steady(?:\s|$)")
 _GPU_FIELD = re.compile(r"\bgpu=(\S+)")
 _REASON_FIELD = re.compile(r"\breason=(\S+)")
@@ -59,11 +61,13 @@ _STARTED = re.compile(r"^ts=\S+ level=info event=started\b", re.M)  # every daem
 def pace_events(log: str, t0: float, t1: float) -> dict[str, Any]:
     """From the daemon's log, what changed its pace between wall-clock times ``t0`` and ``t1``: how many times a
     GPU left the steady fast-path rate (a dip, a gap, PCIe traffic), each as ``"gpu N: reason"`` in
-    ``left_reasons``, and how many verdicts changed. BenchError for a log without the daemon's info-level logfmt
+    ``left_reasons``, how many verdicts changed, and how many times deep sampling was focused on waiting GPUs'
+    processes (``deep_focused``: an evaluation judged a GPU waiting, with or without a verdict change -- the
+    configuration's CPU then includes deep sampling). BenchError for a log without the daemon's info-level logfmt
     lines: zero changes would be read from nothing."""
     if not _STARTED.search(log):
         raise procs.BenchError("the daemon's log has no info-level logfmt 'started' line: pace changes not countable")
-    out: dict[str, Any] = {"left_steady": 0, "verdict_changes": 0, "left_reasons": []}
+    out: dict[str, Any] = {"left_steady": 0, "verdict_changes": 0, "deep_focused": 0, "left_reasons": []}
     for m in _PACE_EVENT.finditer(log):
         try:
             ts = datetime.fromisoformat(m[1]).timestamp()
@@ -73,6 +77,8 @@ def pace_events(log: str, t0: float, t1: float) -> dict[str, Any]:
             continue
         if m[2] == "verdict_changed":
             out["verdict_changes"] += 1
+        elif m[2] == "deep_focus_changed":
+            out["deep_focused"] += 0 if _FOCUS_ALL.search(m[3]) else 1
         elif not _TO_STEADY.search(m[3]):
             out["left_steady"] += 1
             gpu, reason = _GPU_FIELD.search(m[3]), _REASON_FIELD.search(m[3])
@@ -82,8 +88,10 @@ def pace_events(log: str, t0: float, t1: float) -> dict[str, Any]:
 
 def fmt_pace(ev: Mapping[str, Any]) -> str:
     why = ev.get("left_reasons") or []
+    focused = ev.get("deep_focused", 0)
     return (f"{ev['left_steady']:.0f} time(s) a GPU left the steady rate{' (' + ', '.join(why) + ')' if why else ''}, "
-            f"{ev['verdict_changes']:.0f} verdict change(s) in the window")
+            f"{ev['verdict_changes']:.0f} verdict change(s)"
+            f"{f', deep sampling focused on waiting GPUs {focused:.0f} time(s)' if focused else ''} in the window")
 
 
 def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmup: float) -> dict[str, float]:
@@ -140,6 +148,7 @@ def measure(ctx: Context, opts: Options, scenario: Path, flags: list[str], warmu
         "left_steady": pace["left_steady"],
         "left_reasons": pace["left_reasons"],
         "verdict_changes": pace["verdict_changes"],
+        "deep_focused": pace["deep_focused"],
     }
 
 

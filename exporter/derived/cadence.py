@@ -139,7 +139,9 @@ class Pacer:
             self.targets.set_focus(cadence.focus)
             if self.sent.focus is None:
                 self._full_t = now  # the passes up to now were full
-            self.log.debug("deep_focus_changed", sampler=names.PROC_THREADS,
+            # At info: when deep sampling starts and stops is what the daemon's CPU follows (a GPU judged waiting,
+            # or inside the waiting band's hysteresis without a verdict change), and it is rare.
+            self.log.info("deep_focus_changed", sampler=names.PROC_THREADS,
                            pids=",".join(map(str, sorted(cadence.focus))) if cadence.focus is not None else "all")
         self.sent = cadence
         self.request_full(now)

@@ -299,17 +299,21 @@ def test_pace_events_count_only_changes_inside_the_window_and_not_returns_to_ste
         "interval_s=0.1 reason=gap",
         "ts=not-a-time level=info event=gpu_fast_rate_changed gpu=1 reason=dip",
         "ts=2026-12-02T11:50:22.000000Z level=info event=sampler_crashed reason=dip",
+        "ts=2026-12-02T11:50:23.000000Z level=info event=deep_focus_changed collector=derived sampler=proc_threads "
+        "pids=20000,21000",
+        "ts=2026-12-02T11:50:29.000000Z level=info event=deep_focus_changed collector=derived sampler=proc_threads "
+        "pids=all",
         "ts=2026-12-02T11:51:00.000000Z level=info event=gpu_fast_rate_changed component=gpu_backend gpu=2 "
         "interval_s=0.1 reason=traffic",
     ])
     t0 = datetime(2026, 12, 2, 11, 50, 0, tzinfo=timezone.utc).timestamp()
     t1 = datetime(2026, 12, 2, 11, 50, 30, tzinfo=timezone.utc).timestamp()
-    assert overhead.pace_events(log, t0, t1) == {"left_steady": 2, "verdict_changes": 1,
+    assert overhead.pace_events(log, t0, t1) == {"left_steady": 2, "verdict_changes": 1, "deep_focused": 1,
                                                  "left_reasons": ["gpu 3: dip", "gpu 5: gap"]}
-    assert overhead.pace_events(log, 0.0, 2e9) == {"left_steady": 3, "verdict_changes": 2,
+    assert overhead.pace_events(log, 0.0, 2e9) == {"left_steady": 3, "verdict_changes": 2, "deep_focused": 1,
                                                    "left_reasons": ["gpu 3: dip", "gpu 5: gap", "gpu 2: traffic"]}
     assert overhead.pace_events(log.splitlines()[0], t0, t1) == {"left_steady": 0, "verdict_changes": 0,
-                                                                 "left_reasons": []}
+                                                                 "deep_focused": 0, "left_reasons": []}
     # A log at warn, or in JSON, holds none of these lines: no count rather than a count of zero.
     for unreadable in ("", log.replace("level=info event=started", "level=warn event=something"),
                        '{"ts": "2026-12-02T11:49:45Z", "level": "info", "event": "started"}'):
@@ -317,8 +321,10 @@ def test_pace_events_count_only_changes_inside_the_window_and_not_returns_to_ste
             overhead.pace_events(unreadable, t0, t1)
     assert "2 time(s) a GPU left the steady rate, 1 verdict change(s)" in overhead.fmt_pace(
         {"left_steady": 2, "verdict_changes": 1})
-    assert "1 time(s) a GPU left the steady rate (gpu 3: dip), 0 verdict change(s)" in overhead.fmt_pace(
+    assert "1 time(s) a GPU left the steady rate (gpu 3: dip), 0 verdict change(s) in" in overhead.fmt_pace(
         {"left_steady": 1, "verdict_changes": 0, "left_reasons": ["gpu 3: dip"]})
+    assert "0 verdict change(s), deep sampling focused on waiting GPUs 2 time(s) in" in overhead.fmt_pace(
+        {"left_steady": 0, "verdict_changes": 0, "deep_focused": 2})
 
 
 def test_cpus_awake_holds_a_zero_latency_request_while_open_and_says_why_when_it_cannot(tmp_path: Path) -> None:
