@@ -509,7 +509,7 @@ class NvmlSession(NvmlCalls):
     def _mark_lost(self, g: GpuState, now: float) -> None:
         g.lost = True
         g.pace.reset()
-        g.held = None
+        g.held = g.clock = None
         g.pcie_ref.clear()
         g.pcie_rates.clear()
         g.pcie_sustained.clear()

@@ -102,6 +102,8 @@ class GpuState:
     # of the two newest (what the counter sustained), with the narrowest counter's width
     pace: Pace = field(default_factory=Pace)
     held: HeldFast | None = None
+    # The newest SM clock read (MHz, None: not answered) and when (exporter/gpu/fast.py CLOCK_INTERVAL_S).
+    clock: tuple[float | None, float] | None = None
     pcie_ref: dict[int, tuple[float, int]] = field(default_factory=dict)
     pcie_rates: dict[int, float] = field(default_factory=dict)
     pcie_sustained: dict[int, float] = field(default_factory=dict)

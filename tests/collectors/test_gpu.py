@@ -332,6 +332,18 @@ def test_samplers_run_at_their_configured_rates(rig: MakeRig) -> None:
     assert r.fake.calls["nvmlDeviceGetPcieThroughput"] == 0
 
 
+def test_the_sm_clock_is_read_once_a_second_at_the_fast_rate_and_carried_in_between(rig: MakeRig) -> None:
+    # A GPU read every 100 ms (a waiting GPU, the steady rate off) has its SM clock read once a second: the
+    # reads in between carry the newest value, so the gauge and the window's mean clock never miss it.
+    r = rig([device(0)], options={"interval": 0.1, "steady-interval": 0.1})
+    r.run_until(10.0)
+    fast = [v.gpus[0] for _, v in r.history("gpu")]
+    assert len(fast) == 101
+    assert 10 <= r.fake.calls["nvmlDeviceGetClockInfo"] <= 12, r.fake.calls["nvmlDeviceGetClockInfo"]
+    assert all(isinstance(g, GpuFast) and g.sm_clock_hz is not None and g.sm_clock_hz > 0 for g in fast)
+    assert r.value("gpufeed_gpu_sm_clock_hertz", gpu="0") is not None
+
+
 def test_link_state_as_nvml_sees_it(rig: MakeRig) -> None:
     r = rig([device(0, link={"gen": 1, "width": 16, "max_gen": 4, "max_width": 16, "gpu_max_gen": 5},
                     temperature_c=71, memory_used_bytes=123, clock_event_reasons=["gpu_idle"])])
