@@ -288,7 +288,7 @@ class Analyzer(Stage):
         # verdict settled -- the evidence that found the cause is in, what follows only has to show it still
         # holds, which the tripwire checks at the steady pace as well (any move brings the 1 s runs back).
         paced = bool(identities) and not lost and isinstance(fast, GpuSample)
-        all_steady = paced and isinstance(fast, GpuSample) and fast.steady.issuperset(identities)
+        all_steady = isinstance(fast, GpuSample) and fast.steady.issuperset(identities)  # read where paced
         self._steady = paced and ((not self._waiting and all_steady) or self._settled)
         shape = (frozenset(identities), frozenset(lost))
         captures = _captures(snap)
