@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
 from exporter.derived.analyzer import Analyzer
 from exporter.derived.hostshape import cpu_shape, d_state_mean
+from exporter.samples.gpu import GpuKey
 from exporter.samples.host import ProcSample
 from exporter.sampling import Targets
 from exporter.snapshot import Stamped
@@ -27,12 +29,16 @@ def _merge(*streams: list[Stamped[ProcSample]]) -> list[Stamped[ProcSample]]:
     return out
 
 
-def _two_gpus(waiting_from: float, t1: float,
-              options: dict[str, Any] | None = None) -> tuple[Analyzer, FakeEngine, Targets]:
-    """GPU 0 busy throughout; GPU 1 busy until ``waiting_from``, then 40% busy behind a saturated thread."""
+WAITING_UTIL = const(0.4)  # GPU 1's utilisation once it waits, by default
+
+
+def _two_gpus(waiting_from: float, t1: float, options: dict[str, Any] | None = None,
+              waiting: Callable[[float], float] = WAITING_UTIL) -> tuple[Analyzer, FakeEngine, Targets]:
+    """GPU 0 busy throughout; GPU 1 busy until ``waiting_from``, then ``waiting`` busy (40% by default) behind a
+    saturated thread."""
     gpus = [
         GpuSpec(index=0, bdf="0000:81:00.0", util=const(0.95), sm=const(0.7), pids=(WORKING_PID,)),
-        GpuSpec(index=1, bdf="0000:c1:00.0", util=lambda t: 0.95 if t < waiting_from else 0.4, sm=const(0.7),
+        GpuSpec(index=1, bdf="0000:c1:00.0", util=lambda t: 0.95 if t < waiting_from else waiting(t), sm=const(0.7),
                 pids=(WAITING_PID,)),
     ]
     fast, buf, slow = gpu_windows(gpus, 0.0, t1)
@@ -103,3 +109,20 @@ def test_deep_samples_focused_on_another_gpu_do_not_dilute_d_state_evidence() ->
     shape = cpu_shape([], deep, [], [WORKING_PID])
     assert shape.d_state_threads == 3.0
     assert shape.threads and all(t.pid == WORKING_PID for t in shape.threads)
+
+
+def test_a_settled_bursty_waiting_gpu_is_not_re_evaluated_by_its_one_second_swings() -> None:
+    # GPU 1 waits at 40% on average, in 2 s stretches of 60% and 20%: each second swings 0.2 from the window's
+    # mean, past the tripwire's 0.1 band, while any 5 s stretch stays within 0.04 of it. The tripwire compares at
+    # least the recent 5 s (recent_s), so once its verdict has settled the GPU is evaluated at the stable interval
+    # (15 s), not at every run.
+    an, eng, _ = _two_gpus(waiting_from=10.0, t1=90.0, waiting=lambda t: 0.6 if int(t) % 4 < 2 else 0.2)
+    st = run(an, eng, [float(t) for t in range(1, 50)])
+    assert st.gpus[1].cause == "launch_bound"
+    gpu1 = an._gpus[GpuKey(1)]
+    evaluated = set()
+    for t in range(50, 80):
+        run(an, eng, [float(t)])
+        evaluated.add(gpu1.evaluated_t)
+    assert len(evaluated) <= 3, sorted(evaluated)  # every 15 s, not every run
+    assert an.state is not None and an.state.gpus[1].cause == "launch_bound"
