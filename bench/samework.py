@@ -56,7 +56,8 @@ def run(ctx: Context, opts: Options) -> Section:
             f"{fmt_pct(gr.core_percent)} of one core ({gr.seconds:.2f} s in {gr.wall:.0f} s)")
     sec.add("node_exporter CPU (" + ", ".join(SAME_WORK[c] for c in present) + ", scraped at 4 Hz)",
             f"{fmt_pct(nr.core_percent)} of one core ({nr.seconds:.2f} s, {len(nres.latencies)} scrapes)")
-    sec.add("CPU ratio gpufeed / node_exporter", f"{ratio:.2f}")
+    sec.add("CPU ratio gpufeed / node_exporter", f"{ratio:.2f}" if nr.seconds > 0 else
+            "not measurable: node_exporter used no CPU tick in the window (window too short)")
     sec.add("series gpufeed / node_exporter", f"{sec.raw['gpufeed_series']} / {sec.raw['node_exporter_series']}")
     if missing:
         sec.note("gpufeed collectors not registered at measurement time (left out on both sides): "
