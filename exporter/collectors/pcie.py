@@ -120,6 +120,7 @@ class PcieCollector(Collector):
         # Each device's max_link_{speed,width} (its Link Capabilities register: what it is built for, fixed while
         # it is present), read once per enumeration instead of every cycle.
         self._max: dict[str, tuple[float | None, int | None]] = {}
+        self._devices: dict[str, tuple[PcieDevice, PcieDevice]] = {}
         self.scans = 0
 
     def close(self) -> None:
@@ -188,7 +189,15 @@ class PcieCollector(Collector):
             if link is not None:
                 link = self._with_limit(link, node.link_peer, links, peer_max)
             changes = self._count_change(node.bdf, link)
-            devices[node.bdf] = replace(node, link=link, aer=aers[node.bdf], link_changes=changes)
+            aer = aers[node.bdf]
+            prev = self._devices.get(node.bdf)
+            if prev is not None and prev[0] is node and prev[1].link == link and prev[1].aer == aer \
+                    and prev[1].link_changes == changes:
+                devices[node.bdf] = prev[1]  # nothing moved (the usual cycle): the same object, no 16-field copy
+            else:
+                devices[node.bdf] = replace(node, link=link, aer=aer, link_changes=changes)
+        # Each device's enumerated node and the sample's copy of it: a node from a new enumeration never matches.
+        self._devices = {b: (n, devices[b]) for n in topo.nodes if (b := n.bdf) in devices}
         chains = {g: c for g, c in topo.chains.items() if all(b in devices for b in c)}
         return PcieSample(devices=MappingProxyType(devices), chains=MappingProxyType(chains))
 
@@ -213,7 +222,7 @@ class PcieCollector(Collector):
             peer, (None, None))
         speed = None if p_speed is None or link.max_speed_gts is None else min(p_speed, link.max_speed_gts)
         width = None if p_width is None or link.max_width is None else min(p_width, link.max_width)
-        return replace(link, limit_speed_gts=speed, limit_width=width)
+        return PcieLink(link.current_speed_gts, link.current_width, link.max_speed_gts, link.max_width, speed, width)
 
     # ---- enumeration --------------------------------------------------------------------------------------
 
