@@ -22,9 +22,11 @@ from exporter.sampling import Targets
 # slow interval; back to the configured one as soon as an evaluation sees a GPU waiting. A configured interval
 # slower than this is kept. Counters and rate() stay exact: /proc/stat jiffies and PSI's total stall time are
 # cumulative, so a longer interval loses resolution, never time. What the verdict of a waiting GPU needs --
-# the CPU shape and PSI over the classifier's window -- comes at the configured rates again within one slow
-# interval of the onset (2 s: the shape compares the ends of its <= 12 s window, which a pair 2 s apart gives
-# as well as one 1 s apart, and a /proc/stat pass on a 192-CPU host costs ~2 ms of CPU); the 30 s passes
+# the CPU shape and PSI over the classifier's window -- comes at the configured rates again from the first
+# evaluation that sees a GPU waiting (the engine wakes a sampler at once when its interval shortens). Quiet is
+# 5 s: the shape compares the ends of its <= 12 s window, which samples 5 s apart give (at least two in it), and
+# a /proc/stat pass on a 192-CPU host costs ~1.5 ms of CPU -- at 2 s that was 0.08% of a core of the benchmark
+# host's 1% while every GPU worked, with nothing learnt from the extra passes; the 30 s passes
 # (cpufreq governors, NUMA placement) feed findings of a working GPU from their newest sample, and are read at
 # their configured rate as soon as the GPU waits. Per-thread reads serve waiting GPUs (DESIGN.md: deep
 # evidence on demand): while none waits a pass every 60 s keeps the pair a GPU's first evaluation after its
@@ -34,11 +36,11 @@ from exporter.sampling import Targets
 # (15 s), which a 30 s pass would leave empty half of the time -- the series of those hops would come and go.
 # The GPU processes' own counters (proc, 1 s) go to 5 s: CPU time and I/O are cumulative, the CPU shape takes
 # the ends of its 10 s window, and NUMA placement and the process series read the newest sample.
-# /proc/diskstats, /proc/meminfo and the NFS client counters (1 s) go to 2 s with /proc/stat and PSI: cumulative
+# /proc/diskstats, /proc/meminfo and the NFS client counters (1 s) go to 5 s with /proc/stat and PSI: cumulative
 # counters again, and what reads a level (memory pressure, the I/O evidence of a waiting GPU) reads the newest
 # sample or a window's ends.
 QUIET_INTERVALS = {
-    names.CPU: 2.0, names.PRESSURE: 2.0, names.DISK: 2.0, names.MEMORY: 2.0, names.NFS: 2.0, names.PROC: 5.0,
+    names.CPU: 5.0, names.PRESSURE: 5.0, names.DISK: 5.0, names.MEMORY: 5.0, names.NFS: 5.0, names.PROC: 5.0,
     names.PROC_THREADS: 60.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
 }
 # Of those, the ones back at their quiet pace while GPUs wait once their verdicts have settled: all but the deep

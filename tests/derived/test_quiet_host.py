@@ -29,7 +29,7 @@ def test_a_waiting_gpu_brings_every_host_source_back_to_its_configured_pace_and_
     an, eng, _ = _two_gpus(waiting_from=10.0, t1=60.0)
     eng.intervals.update(CONFIGURED)
     run(an, eng, [float(t) for t in range(1, 10)])
-    assert eng.intervals[names.CPU] == 2.0  # the quiet pace while nothing waits
+    assert eng.intervals[names.CPU] == QUIET_INTERVALS[names.CPU] == 5.0  # the quiet pace while nothing waits
     st = run(an, eng, [float(t) for t in range(10, 25)])
     assert st.gpus[1].cause == "launch_bound"
     assert {n: eng.intervals[n] for n in QUIET_INTERVALS if n != names.PROC_THREADS} == {
@@ -52,7 +52,7 @@ def test_once_the_waiting_verdict_has_held_for_the_window_deep_and_cpu_sampling_
     assert st.gpus[1].cause == "launch_bound"  # held since ~13 s: settled for the 15 s window
     assert spec.pace() == 2.0  # --collector.derived.steady-interval: the tripwire still checks every run
     assert eng.intervals[names.PROC_THREADS] == 5.0  # --collector.derived.deep-settled-interval
-    assert eng.intervals[names.CPU] == 2.0 and eng.intervals[names.PRESSURE] == 2.0  # back to the quiet pace
+    assert eng.intervals[names.CPU] == 5.0 and eng.intervals[names.PRESSURE] == 5.0  # back to the quiet pace
     assert {n: eng.intervals[n] for n in QUIET_INTERVALS if n != names.PROC_THREADS} == {
         n: v for n, v in QUIET_INTERVALS.items() if n != names.PROC_THREADS}  # every host source quiet again
     eng.streams.update(_two_gpus(waiting_from=1e9, t1=90.0)[1].streams)  # the GPU recovers
@@ -64,9 +64,9 @@ def test_once_the_waiting_verdict_has_held_for_the_window_deep_and_cpu_sampling_
 
 def test_a_configured_interval_slower_than_the_quiet_one_is_kept() -> None:
     an, eng, _ = _two_gpus(waiting_from=1e9, t1=30.0)
-    eng.intervals.update(CONFIGURED | {names.CPUFREQ: 60.0, names.CPU: 2.0})
+    eng.intervals.update(CONFIGURED | {names.CPUFREQ: 60.0, names.CPU: 10.0})
     run(an, eng, [float(t) for t in range(1, 12)])
-    assert eng.intervals[names.CPUFREQ] == 60.0 and eng.intervals[names.CPU] == 2.0
+    assert eng.intervals[names.CPUFREQ] == 60.0 and eng.intervals[names.CPU] == 10.0
 
 
 def test_quiet_host_off_keeps_every_configured_interval() -> None:
