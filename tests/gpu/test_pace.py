@@ -186,3 +186,31 @@ def test_a_samples_steady_interval_not_longer_than_the_samples_interval_keeps_th
     r.rates(0, _with_gap)
     r.run_until(20.0)
     assert {round(b - a, 1) for a, b in itertools.pairwise(t for t, _ in r.history("gpu_samples"))} == {1.0}
+
+
+def test_a_steady_gpu_takes_its_gpm_pair_and_sm_clock_every_other_read_and_a_dip_brings_back_every_read(
+        rig: MakeRig) -> None:
+    r = rig([device(0)])
+    r.rates(0, _with_gap)
+    calls: dict[float, dict[str, int]] = {}
+    for t in (13.0, 19.0, 22.0, 28.0):  # steady from ~10 s; the gap at 20-21.5 keeps 100 ms reads till ~31.5 s
+        r.run_until(t)
+        calls[t] = dict(r.fake.calls)
+
+    def between(a: float, b: float, name: str) -> int:
+        return calls[b].get(name, 0) - calls[a].get(name, 0)
+
+    steady_reads = _field_reads(r, 13.0, 19.0)
+    assert steady_reads in range(5, 8)
+    # One pair (nvmlGpmSampleGet + nvmlGpmMetricsGet) and one clock read per 2 s of steady reads; the fields
+    # (the PCIe counters the wrap guard watches) at every read.
+    assert between(13.0, 19.0, "nvmlGpmSampleGet") in range(2, 5)
+    assert between(13.0, 19.0, "nvmlGpmMetricsGet") in range(2, 5)
+    assert between(13.0, 19.0, "nvmlDeviceGetClockInfo") in range(2, 5)
+    assert between(13.0, 19.0, FIELDS) >= steady_reads
+    steady = [(t, g) for t, g in _reads(r) if 13.0 <= t < 19.0]
+    assert all(g.sm_active is not None and g.sm_clock_hz is not None for _, g in steady), "carried in between"
+    assert len({g.counter_t for _, g in steady}) in range(2, 5), "a repeat carries its pair's time"
+    fast = _field_reads(r, 22.0, 28.0)
+    assert fast >= 55
+    assert between(22.0, 28.0, "nvmlGpmSampleGet") >= fast - 2, "at the fast rate, a pair at every read"
