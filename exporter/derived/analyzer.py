@@ -538,8 +538,20 @@ class Analyzer(Stage):
         without the field has no readings: no joules, no series."""
         if not readings:
             return None
+        if util:
+            # Energy only as far as the utilisation points reach: an interval past them (a steady GPU's read that
+            # carried the previous GPM pair, a buffered read still to come) would have no share to split it by,
+            # and is booked at the next evaluation instead, when its points have come.
+            end = util[-1].t + util[-1].dt + 1e-6
+            n = len(readings)
+            while n > 0 and readings[n - 1][0] > end:
+                n -= 1
+            if n == 0:
+                return 0.0
+            readings = readings[:n]
         last = st.energy
-        st.energy = readings[-1]
+        if last is None or readings[-1][0] >= last[0]:
+            st.energy = readings[-1]
         if dt <= 0:
             return 0.0
         if last is None:  # the first evaluation with a counter: from the newest reading before its interval

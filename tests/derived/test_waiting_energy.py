@@ -102,6 +102,25 @@ def test_counter_restart_loses_only_its_own_interval() -> None:
     assert _fed(restarted, 0.25).waiting_joules["launch_bound"] == pytest.approx(150.0 * 39.8, rel=1e-6)
 
 
+def test_energy_read_past_the_newest_utilisation_point_waits_for_the_evaluation_that_has_its_share() -> None:
+    # A steady GPU: 100 W, 92% working, energy read every second, its GPM pair (the utilisation points) every
+    # 2 s -- an evaluation can end a second past the newest pair. That second is booked by the next evaluation,
+    # at its own share, not as if the GPU had waited all of it.
+    st = _GpuState()
+    readings = [(float(t), 100.0 * t) for t in range(0, 31)]
+    total = 0.0
+    for now in range(1, 31):
+        pts = [Point(float(t), 2.0, 0.92) for t in range(0, now - 1, 2)]  # pairs at even seconds, up to now
+        if not pts:
+            continue
+        total += Analyzer._waiting_energy(st, [r for r in readings if r[0] <= now], pts, dt=1.0,
+                                          now=float(now)) or 0.0
+    covered = st.energy[0] if st.energy is not None else 0.0
+    assert covered >= 28.0
+    # From t = 1 s: the first evaluation (now = 2 s, dt = 1 s) starts at the newest reading before its interval.
+    assert total == pytest.approx(0.08 * 100.0 * (covered - 1.0), rel=1e-6)
+
+
 def test_gpu_without_an_energy_counter_has_no_waiting_joules_series() -> None:
     st = _fed([], 0.25)
     assert st.waiting_joules == {} and st.energy is None
