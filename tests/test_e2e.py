@@ -27,7 +27,9 @@ from typing import Any
 import pytest
 import yaml
 
+from exporter import names
 from exporter.collectors import load_all
+from exporter.derived.cadence import QUIET_INTERVALS
 from tests.support.hosts import HOST_COLLECTORS, LARGE, REPO
 
 GOLDEN = REPO / "tests" / "fixtures" / "e2e-output.txt"
@@ -201,7 +203,7 @@ def test_a_procfs_with_only_stat_still_serves_and_reports_failures(tmp_path: Pat
 
 
 def test_a_gpu_that_starts_waiting_does_not_set_off_the_shipped_overrun_alert(tmp_path: Path) -> None:
-    """The per-thread sampler's pace change at an onset (60 s quiet -> 0.5 s) is not an overrun: a real
+    """The per-thread sampler's pace change at an onset (120 s quiet -> 0.5 s) is not an overrun: a real
     Prometheus scraping ``serve --simulate launch_bound`` at 10x across two onsets, with the shipped alert rules
     loaded unchanged, has no ``GpufeedSamplerOverruns`` for ``proc_threads`` (not even pending), and the shipped
     rule's expression is false for it. ~30 overruns per onset were counted before, 0.071/s on an unloaded
@@ -240,7 +242,7 @@ def test_a_gpu_that_starts_waiting_does_not_set_off_the_shipped_overrun_alert(tm
                     if query('up{job="gpufeed"} == 1'):
                         break
                 time.sleep(0.5)
-            # Two onsets after a quiet spell: the deep sampler back from its 60 s pace, held >= 20 s of scenario
+            # Two onsets after a quiet spell: the deep sampler back from its 120 s pace, held >= 20 s of scenario
             # time (2 s real), to 0.5 s (the GPU waits from 60 s to 150 s of each 150 s loop).
             end = time.monotonic() + 50
             while time.monotonic() < end and _onsets(tmp_path / "daemon.log", quiet=2.0) < 2:
@@ -261,12 +263,12 @@ def test_a_gpu_that_starts_waiting_does_not_set_off_the_shipped_overrun_alert(tm
 
 
 def _onsets(log_path: Path, quiet: float) -> int:
-    """Changes of the deep sampler's interval to 0.5 s after it held 60 s for ``quiet`` real seconds."""
+    """Changes of the deep sampler's interval to 0.5 s after it held its quiet pace for ``quiet`` real seconds."""
     n, since = 0, None
     for m in re.finditer(r"ts=(\S+) .*event=deep_sampling_changed .*sampler=proc_threads interval=([\d.]+)",
                          log_path.read_text()):
         t = datetime.datetime.fromisoformat(m.group(1).rstrip("Z")).timestamp()
-        if m.group(2) == "60.0":
+        if float(m.group(2)) == QUIET_INTERVALS[names.PROC_THREADS]:
             since = t
         elif m.group(2) == "0.5" and since is not None:
             n += t - since >= quiet

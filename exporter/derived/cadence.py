@@ -29,9 +29,10 @@ from exporter.sampling import Targets
 # host's 1% while every GPU worked, with nothing learnt from the extra passes; the 30 s passes
 # (cpufreq governors, NUMA placement) feed findings of a working GPU from their newest sample, and are read at
 # their configured rate as soon as the GPU waits. Per-thread reads serve waiting GPUs (DESIGN.md: deep
-# evidence on demand): while none waits a pass every 60 s keeps the pair a GPU's first evaluation after its
-# onset starts from and the process-thread series (a pass over 8 x 150 threads costs ~35 ms of CPU: 0.12%
-# of a core at 30 s); the onset brings --collector.derived.deep-interval within the next run. The PCIe chain
+# evidence on demand): while none waits a pass every 120 s keeps the pair a GPU's first evaluation after its
+# onset starts from and the process-thread series (a pass over 8 x 150 threads costs ~30-50 ms of CPU: 0.08%
+# of the benchmark host's 1% at 60 s); the onset brings --collector.derived.deep-interval within the next run,
+# so the old end of that pair serves one evaluation, before any verdict can have settled. The PCIe chain
 # (5 s) is not slowed: pcie_link_downgraded judges the hops upstream of a GPU over the classifier's window
 # (15 s), which a 30 s pass would leave empty half of the time -- the series of those hops would come and go.
 # The GPU processes' own counters (proc, 1 s) go to 5 s: CPU time and I/O are cumulative, the CPU shape takes
@@ -41,7 +42,7 @@ from exporter.sampling import Targets
 # sample or a window's ends.
 QUIET_INTERVALS = {
     names.CPU: 5.0, names.PRESSURE: 5.0, names.DISK: 5.0, names.MEMORY: 5.0, names.NFS: 5.0, names.PROC: 5.0,
-    names.PROC_THREADS: 60.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
+    names.PROC_THREADS: 120.0, names.CPUFREQ: 30.0, names.NUMA: 30.0,
 }
 # Of those, the ones back at their quiet pace while GPUs wait once their verdicts have settled: all but the deep
 # sampler (--collector.derived.deep-settled-interval). The onset read them at their configured rates and found

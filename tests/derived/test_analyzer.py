@@ -77,7 +77,7 @@ def test_waiting_gpu_speeds_up_per_thread_sampling_and_a_working_one_restores_it
     an, eng = make(GpuSpec(util=lambda t: 0.95 if t < 20 else 0.4, sm=const(0.7)),
                    [ThreadSpec(1, 0.56, 0.43, "R")], 50.0)
     run(an, eng, [float(t) for t in range(1, 20)])
-    assert eng.changes == [("proc_threads", 60.0)]  # working: the quiet pace (--collector.derived.quiet-host)
+    assert eng.changes == [("proc_threads", 120.0)]  # working: the quiet pace (--collector.derived.quiet-host)
     run(an, eng, [float(t) for t in range(20, 30)])
     assert eng.changes[-1] == ("proc_threads", 0.5)
 

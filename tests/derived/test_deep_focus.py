@@ -72,7 +72,7 @@ def test_focus_is_lifted_when_no_gpu_waits_any_more() -> None:
     eng.streams.update(_two_gpus(waiting_from=1e9, t1=60.0)[1].streams)
     run(an, eng, [float(t) for t in range(25, 50)])
     assert targets.focus() is None
-    assert eng.changes[-1] == ("proc_threads", 60.0)  # nothing waits: the quiet per-thread pace
+    assert eng.changes[-1] == ("proc_threads", 120.0)  # nothing waits: the quiet per-thread pace
 
 
 def _full_passes(an: Analyzer, eng: FakeEngine, targets: Targets, times: range) -> int:
@@ -86,12 +86,12 @@ def _full_passes(an: Analyzer, eng: FakeEngine, targets: Targets, times: range) 
 
 
 def test_focused_sampling_still_reads_the_working_gpus_threads_at_their_quiet_pace() -> None:
-    # The working GPUs' per-thread evidence is as fresh as when nothing waits (every 60 s), no fresher: a full
+    # The working GPUs' per-thread evidence is as fresh as when nothing waits (every 120 s), no fresher: a full
     # pass over every process (1,200 threads on an 8-GPU host) every 5 s was ~1% of a core.
-    an, eng, targets = _two_gpus(waiting_from=10.0, t1=160.0)
+    an, eng, targets = _two_gpus(waiting_from=10.0, t1=280.0)
     run(an, eng, [float(t) for t in range(1, 25)])
     assert targets.focus() == frozenset({WAITING_PID})
-    assert _full_passes(an, eng, targets, range(25, 145)) == 2  # 120 s: a full pass every 60 s, the others focused
+    assert _full_passes(an, eng, targets, range(25, 265)) == 2  # 240 s: a full pass every 120 s, the others focused
 
 
 def test_focused_sampling_requests_a_full_pass_every_configured_interval_without_quiet_host() -> None:
