@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from exporter import log
+from exporter import log, names
+from exporter.derived.cadence import QUIET_INTERVALS
 from tests.support.nvmlsurface import backend_functions
 
 from .faults import GPU1, GPU_PID, OTHER_GPU_PID, Host, nvml_state, scratch_dir
@@ -79,6 +80,9 @@ def events(
 # ---- procfs / sysfs files: missing, empty, truncated, garbage, permission denied --------------------------
 
 FILES = {"cpu": "proc/stat", "memory": "proc/meminfo", "disk": "proc/diskstats", "pressure": "proc/pressure/cpu"}
+# No GPU of the fault host waits: its host samplers run at their quiet pace, so a fault is seen (and its repair)
+# within one quiet interval.
+QUIET_S = max(QUIET_INTERVALS[c] for c in FILES)
 KINDS = ("missing", "empty", "truncated", "garbage", "denied")
 
 
@@ -102,7 +106,7 @@ def test_broken_source_file_fails_only_its_collector_logs_once_and_recovers(
             host.replace(rel, b"\x00\xff\xfe garbage \x1b[31m\n\x00")
         else:
             deny(path, errno.EACCES)
-        host.run(3.0)  # many cycles of the failing sampler
+        host.run(QUIET_S + 1.0)  # a cycle of the failing sampler at least (its quiet pace), several of the others
         during = host.series()
         success = host.success()
     if (collector, kind) == ("pressure", "missing"):
@@ -123,7 +127,7 @@ def test_broken_source_file_fails_only_its_collector_logs_once_and_recovers(
     with capture_logs() as logs:
         deny(path, 0)
         host.replace(rel, good)
-        host.run(2.0)
+        host.run(QUIET_S + 1.0)
     assert host.success()[collector] == 1.0
     assert len(events(logs, "collector_recovered", collector)) == 1
     assert untouched(before, host.series(), ()) == []
@@ -269,7 +273,7 @@ def test_gpu_process_with_10000_threads_is_sampled_with_bounded_series(host: Hos
         d.mkdir()
         (d / "stat").write_text(f"{tid} {tail}")
     n_before = len(host.series())
-    host.run(61.0)  # no GPU waits: the per-thread pass runs at its quiet pace, every 60 s
+    host.run(QUIET_INTERVALS[names.PROC_THREADS] + 1.0)  # no GPU waits: the per-thread pass at its quiet pace
     st = host.engine.snapshot.status["proc_threads"]
     assert st.success, st.error
     s = host.series()
@@ -289,7 +293,7 @@ def test_disk_hot_removed_and_re_added_with_reset_counters(host: Host) -> None:
     good = stats.read_text()
     host.replace("proc/diskstats", "".join(ln + "\n" for ln in good.splitlines() if " sda " not in ln))
     with capture_logs() as logs:
-        host.run(3.0)
+        host.run(QUIET_S + 1.0)
     s = host.series()
     assert set(host.success().values()) == {1.0}
     assert not [k for k in s if 'device="sda"' in k]
@@ -300,7 +304,7 @@ def test_disk_hot_removed_and_re_added_with_reset_counters(host: Host) -> None:
     sda = next(ln for ln in good.splitlines() if " sda " in ln).split()
     reset = " ".join(sda[:3] + ["1"] * (len(sda) - 3))
     host.replace("proc/diskstats", "".join((reset if " sda " in ln else ln) + "\n" for ln in good.splitlines()))
-    host.run(3.0)
+    host.run(QUIET_S + 1.0)
     s = host.series()
     assert host.success()["disk"] == 1.0
     reads = [v for k, v in s.items() if 'device="sda"' in k and k.startswith("gpufeed_disk_read")]
