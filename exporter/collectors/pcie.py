@@ -182,6 +182,8 @@ class PcieCollector(Collector):
             aers[node.bdf] = self._read_aer(path)
         peer_max = {b: self._read_max(p) for b, p in topo.peer_paths.items()}
         devices: dict[str, PcieDevice] = {}
+        # Each device's enumerated node and the sample's copy of it: a node from a new enumeration never matches.
+        kept: dict[str, tuple[PcieDevice, PcieDevice]] = {}
         for node in topo.nodes:
             if node.bdf not in links:
                 continue
@@ -193,11 +195,12 @@ class PcieCollector(Collector):
             prev = self._devices.get(node.bdf)
             if prev is not None and prev[0] is node and prev[1].link == link and prev[1].aer == aer \
                     and prev[1].link_changes == changes:
-                devices[node.bdf] = prev[1]  # nothing moved (the usual cycle): the same object, no 16-field copy
+                dev = prev[1]  # nothing moved (the usual cycle): the same object, no 16-field copy
             else:
-                devices[node.bdf] = replace(node, link=link, aer=aer, link_changes=changes)
-        # Each device's enumerated node and the sample's copy of it: a node from a new enumeration never matches.
-        self._devices = {b: (n, devices[b]) for n in topo.nodes if (b := n.bdf) in devices}
+                dev = replace(node, link=link, aer=aer, link_changes=changes)
+            devices[node.bdf] = dev
+            kept[node.bdf] = (node, dev)
+        self._devices = kept
         chains = {g: c for g, c in topo.chains.items() if all(b in devices for b in c)}
         return PcieSample(devices=MappingProxyType(devices), chains=MappingProxyType(chains))
 

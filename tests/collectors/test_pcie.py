@@ -359,6 +359,23 @@ def test_a_devices_link_capability_is_read_once_per_enumeration(copy_box: Any) -
     assert link is not None and link.max_width == 8 and c.scans == 2
 
 
+def test_an_unchanged_device_keeps_its_sample_object_until_a_new_enumeration_reads_it_again(copy_box: Any) -> None:
+    """A cycle where nothing moved reuses last cycle's device (no copy); a re-enumeration's identity (a rebound
+    driver) is never hidden behind the old object, though its link and AER counters did not move."""
+    root = copy_box("riser")
+    c = PcieCollector(context(root, options={"interval": 5.0, "rescan-interval": 60.0}))
+    first = c.update().devices["0000:41:00.0"]
+    again = c.update().devices["0000:41:00.0"]
+    assert again is first and again.driver == "nvidia"
+    driver = root / "sys/devices/pci0000:40/0000:40:01.1/0000:41:00.0/driver"
+    driver.unlink()
+    os.symlink("../../../../bus/pci/drivers/vfio-pci", driver)
+    c.request_rescan("test")
+    rebound = c.update().devices["0000:41:00.0"]
+    assert rebound.driver == "vfio-pci" and rebound.link == first.link and rebound.aer == first.aer
+    assert c.scans == 2
+
+
 def test_bridge_directly_above_a_gpu_is_its_link_partner_even_when_the_switch_uplink_is_hidden(
     tmp_path: Path,
 ) -> None:
