@@ -36,9 +36,9 @@ from exporter.capture.take import (
     bundle_name,
     take,
 )
-from exporter.capture.trigger import Trigger
+from exporter.capture.trigger import Trigger, VerdictChange
 from exporter.samples.capture import CaptureNote, CaptureStats
-from exporter.samples.derived import DerivedState
+from exporter.samples.derived import DerivedState, GpuVerdict
 from exporter.samples.gpu import GpuSample
 from exporter.sampling import SamplerSpec, Stage, Targets
 from exporter.snapshot import Snapshot, Stamped
@@ -135,7 +135,10 @@ class CaptureStage(Stage):
             for due in self.trigger.observe(now, state.gpus, self._workloads(state)):
                 if not self.targets.by_gpu().get(str(due.gpu)):
                     continue  # nothing to sample; due again once its processes are known
-                if self.start(due.gpu, TRIGGER_VERDICT) is None:
+                # The verdict and history judged here go with it: by the time its thread gathers the rest, the
+                # analyzer may have published a newer verdict, which the capture was not taken for.
+                judged = (state.gpus[due.gpu], self.trigger.history(due.gpu))
+                if self.start(due.gpu, TRIGGER_VERDICT, judged) is None:
                     break  # one is running: the others are due again at the next check
                 self.trigger.captured(due.workload, now)
                 _log.info("capture_started", gpu=due.gpu, cause=due.cause, waited_s=round(now - due.since, 1),
@@ -153,8 +156,10 @@ class CaptureStage(Stage):
 
     # ---- captures --------------------------------------------------------------------------------------------
 
-    def context(self, gpu: int | None, trigger: str) -> CaptureContext:
-        """What the engine knows of ``gpu`` now (its pids, verdict, history, window and the host's facts)."""
+    def context(self, gpu: int | None, trigger: str,
+                judged: tuple[GpuVerdict, tuple[VerdictChange, ...]] | None = None) -> CaptureContext:
+        """What the engine knows of ``gpu`` now (its pids, verdict, history, window and the host's facts); with
+        ``judged``, the verdict and history the trigger decided on instead of the newest."""
         by_gpu = self.targets.by_gpu()
         pids = tuple(sorted(by_gpu.get(str(gpu), ()))) if gpu is not None else tuple(
             sorted(set().union(*by_gpu.values())) if by_gpu else ())
@@ -165,11 +170,13 @@ class CaptureStage(Stage):
         state = snap.value(names.DERIVED)
         state = state if isinstance(state, DerivedState) else None
         verdict = state.gpus.get(gpu) if state is not None and gpu is not None else None
+        history = self.trigger.history(gpu) if gpu is not None else ()
+        if judged is not None:
+            verdict, history = judged
         window = state.window_s if state is not None else 15.0
         samples = {n: [{"t": round(s.t - now, 3), "value": bundle.jsonable(_only(s.value, gpu))}
                        for s in self._engine.window(n, window, now)] for n in WINDOW_SAMPLERS}
         host = {n: bundle.jsonable(snap.value(n)) for n in HOST_SAMPLERS if snap.value(n) is not None}
-        history = self.trigger.history(gpu) if gpu is not None else ()
         return CaptureContext(gpu=gpu, trigger=trigger, pids=pids, verdict=verdict, history=history,
                               samples={n: v for n, v in samples.items() if v}, host=host, now=now)
 
@@ -193,9 +200,11 @@ class CaptureStage(Stage):
             gpu for gpu, v in sorted(state.gpus.items()) if v.cause in names.WAITING_CAUSES and by_gpu.get(str(gpu))]
         return [self.take(gpu, trigger) for gpu in waiting]
 
-    def start(self, gpu: int | None, trigger: str) -> str | None:
+    def start(self, gpu: int | None, trigger: str,
+              judged: tuple[GpuVerdict, tuple[VerdictChange, ...]] | None = None) -> str | None:
         """Start a capture on a thread of its own (which also gathers the engine's context: nothing of it runs on
-        the caller's thread, the event loop); its bundle's name, or None when one is running."""
+        the caller's thread, the event loop); its bundle's name, or None when one is running. ``judged``: see
+        :meth:`context`."""
         if self._closed or not self._lock.acquire(blocking=False):
             return None
         self._cancel = threading.Event()
@@ -203,7 +212,7 @@ class CaptureStage(Stage):
 
         def run() -> None:
             try:
-                self._run(self.context(gpu, trigger), wall)
+                self._run(self.context(gpu, trigger, judged), wall)
             finally:
                 self._lock.release()
 

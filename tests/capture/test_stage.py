@@ -17,7 +17,8 @@ from prometheus_client.core import Metric
 from exporter import names, pipeline
 from exporter.capture.options import CaptureConfig
 from exporter.capture.stage import CAPTURE, BusyError, CaptureStage
-from exporter.capture.take import TRIGGER_HTTP, TRIGGER_VERDICT
+from exporter.capture.take import TRIGGER_HTTP, TRIGGER_VERDICT, CaptureContext
+from exporter.capture.trigger import VerdictChange
 from exporter.config import ConfigError, resolve
 from exporter.engine import Engine, VirtualClock
 from exporter.samples.capture import CaptureNote, CaptureStats
@@ -148,6 +149,38 @@ def test_a_gpu_without_processes_is_not_captured_until_they_are_known(tmp_path: 
     (b,) = list(out.iterdir())
     record = json.loads((b / "capture.json").read_text())
     assert record["unavailable"].startswith("stacks unavailable: pid 999999999: ")
+
+
+class _SlowToGather(CaptureStage):
+    """A capture thread that gathers its context only once the test lets it (a busy host delays a thread)."""
+
+    go = threading.Event()
+
+    def context(self, gpu: int | None, trigger: str,
+                judged: tuple[GpuVerdict, tuple[VerdictChange, ...]] | None = None) -> CaptureContext:
+        assert self.go.wait(30)
+        return super().context(gpu, trigger, judged)
+
+
+def test_a_capture_records_the_verdict_it_was_taken_for_when_a_newer_one_is_published_before_it_gathers(
+        tmp_path: Path) -> None:
+    targets = Targets()
+    targets.publish({"0": [999_999_999]})
+    out = tmp_path / "c"
+    stage = _SlowToGather(CaptureConfig(enabled=True, after=3.0, interval=3600.0, duration=1.0, dir=out), targets)
+    verdicts = _Verdicts("latency_bound")
+    engine = _engine(stage, verdicts)
+    engine.run_until(4.0)
+    assert stage.running  # started on latency_bound; its thread has not gathered anything yet
+    verdicts.cause = "io_bound"
+    engine.run_until(6.0)  # the analyzer publishes io_bound, the trigger records it
+    stage.go.set()
+    stage.wait(30)
+    (b,) = list(out.iterdir())
+    record = json.loads((b / "capture.json").read_text())
+    assert record["verdict"]["cause"] == "latency_bound"
+    assert [h["cause"] for h in record["history"]] == ["latency_bound"]
+    assert "**GPU 0: latency_bound**" in (b / "summary.md").read_text()
 
 
 def test_disabled_by_default_nothing_is_built_or_run() -> None:
