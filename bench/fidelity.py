@@ -2,9 +2,10 @@
 
 The daemon runs under bench/probe.py -- the unmodified ``gpufeed serve`` that, on exit, writes the
 monotonic time of every buffered sample. stress-ng then burns every core for a bounded time, and the
-actual intervals between samples inside that window are compared with the configured ones. The same is
-done without a burner (baseline), with the daemon at Nice=-5, and -- where a writable cgroup-v1 cpu
-controller exists -- in its own cgroup with cpu.shares equivalent to systemd's CPUWeight=1000.
+actual intervals between samples that overlap that window (a stall across it counts as one long interval)
+are compared with the configured ones. The same is done without a burner (baseline), with the daemon at
+Nice=-5, and -- where a writable cgroup-v1 cpu controller exists -- in its own cgroup with cpu.shares
+equivalent to systemd's CPUWeight=1000.
 """
 
 from __future__ import annotations
@@ -55,13 +56,13 @@ def cpu_cgroup(pid: int, weight: int, before_remove: Callable[[], object]) -> It
 
 
 def intervals(dump: dict[str, Any], t0: float, t1: float) -> dict[str, list[float]]:
-    """Per sampler (interval <= 1 s), the actual intervals between its samples taken in [t0, t1]."""
+    """Per sampler (interval <= 1 s), the actual intervals between consecutive samples that overlap [t0, t1]:
+    a stall across the whole window is one long interval, not an empty window."""
     out: dict[str, list[float]] = {}
     for name, s in dump["samplers"].items():
         if s["interval"] > 1.0:
             continue
-        ts = [t for t in s["t"] if t0 <= t <= t1]
-        out[name] = [b - a for a, b in itertools.pairwise(ts)]
+        out[name] = [b - a for a, b in itertools.pairwise(sorted(s["t"])) if b > t0 and a < t1]
     return out
 
 

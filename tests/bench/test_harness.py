@@ -117,19 +117,28 @@ def test_sum_metric_adds_every_series_and_ignores_longer_names() -> None:
     assert common.sum_metric(b"", "gpufeed_sampler_overruns_total") == 0.0
 
 
-def test_sampler_intervals_come_from_timestamps_inside_the_burn_window_only() -> None:
+def test_sampler_intervals_are_those_overlapping_the_burn_window() -> None:
     dump = {"samplers": {
-        "cpu": {"interval": 0.25, "t": [0.0, 0.25, 0.5, 0.76, 1.0, 1.6, 1.75, 2.0]},
+        "cpu": {"interval": 0.25, "t": [0.0, 0.25, 0.5, 0.76, 1.0, 1.6, 1.75, 2.0, 2.25]},
         "pcie": {"interval": 5.0, "t": [0.0, 5.0]},  # slow samplers say nothing about jitter
     }}
     iv = fidelity.intervals(dump, 0.2, 1.8)
     assert list(iv) == ["cpu"]
-    assert iv["cpu"] == pytest.approx([0.25, 0.26, 0.24, 0.6, 0.15])
+    # The intervals running into and out of the window count; 2.0 -> 2.25 lies wholly after it.
+    assert iv["cpu"] == pytest.approx([0.25, 0.25, 0.26, 0.24, 0.6, 0.15, 0.25])
     s = fidelity.summarize(dump, 0.2, 1.8)
-    assert s["samples"] == 5
+    assert s["samples"] == 7
     assert s["skipped"] == 1  # the 0.6 s gap: more than 1.5x the interval
     assert s["ratio_p50"] == pytest.approx(1.0)
-    assert s["ratio_p99"] == pytest.approx(2.4)
+    assert s["ratio_p99"] == pytest.approx(2.4, rel=0.05)
+
+
+def test_a_sampler_stalled_across_the_whole_window_is_one_long_interval_not_an_empty_window() -> None:
+    dump = {"samplers": {"gpu": {"interval": 0.1, "t": [0.0, 0.1, 1.4, 1.5]}}}
+    s = fidelity.summarize(dump, 0.2, 1.2)
+    assert fidelity.intervals(dump, 0.2, 1.2)["gpu"] == pytest.approx([1.3])
+    assert s["samples"] == 1 and s["skipped"] == 1
+    assert s["ratio_p50"] == pytest.approx(13.0)
 
 
 def test_report_puts_every_budget_row_in_the_summary_and_escapes_cells() -> None:
