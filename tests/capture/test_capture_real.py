@@ -32,12 +32,15 @@ def test_waiting_gpu_is_captured_on_its_verdict_and_sampling_stays_on_time(workl
     out = tmp_path / "captures"
     fake = FakeNvml()
     gpu = gpu_driver(fake, proc.pid)
+    # capture.after 8 s: past the onset, whose first evaluation judges 1 s of GPU data alone (latency_bound) until
+    # the workers' CPU, about 5 s in, makes it input_bound. At 3 s the capture was taken for that first verdict,
+    # which then changed, and the analyzer's use of the capture (below) went untested.
     settings = resolve(pipeline.registry(), {}, {
         "path.procfs": "/proc", "path.sysfs": "/sys",
         "collector.derived.window": "6s", "collector.proc.threads-interval": "1s",
         "collector.workload.interval": "1s", "collector.gpu.slow-interval": "1s",
         "collector.kubernetes": False,
-        "capture.enabled": True, "capture.after": "3s", "capture.duration": "3s", "capture.dir": str(out),
+        "capture.enabled": True, "capture.after": "8s", "capture.duration": "3s", "capture.dir": str(out),
     })
     pipe = pipeline.build(settings, clock=RealClock(), nvml=fake, history_seconds=60.0)
     stage = pipe.capture
