@@ -53,6 +53,8 @@ WINDOW_SAMPLERS = (*names.GPU_SAMPLERS, names.PROC, names.PROC_THREADS, names.CP
 HOST_SAMPLERS = (names.PCIE, names.NUMA, names.CPUFREQ, names.WORKLOAD, names.MEMORY, names.KUBERNETES)
 RECENT = 16  # outcomes kept for GET /captures
 CLOSE_WAIT_S = 1.0  # the drain waits this long for a cancelled capture's bundle
+# The verdict and verdict history a capture is taken for, as the trigger judged them.
+Judged = tuple[GpuVerdict, tuple[VerdictChange, ...]]
 
 
 class EngineView(Protocol):
@@ -156,8 +158,7 @@ class CaptureStage(Stage):
 
     # ---- captures --------------------------------------------------------------------------------------------
 
-    def context(self, gpu: int | None, trigger: str,
-                judged: tuple[GpuVerdict, tuple[VerdictChange, ...]] | None = None) -> CaptureContext:
+    def context(self, gpu: int | None, trigger: str, judged: Judged | None = None) -> CaptureContext:
         """What the engine knows of ``gpu`` now (its pids, verdict, history, window and the host's facts); with
         ``judged``, the verdict and history the trigger decided on instead of the newest."""
         by_gpu = self.targets.by_gpu()
@@ -169,10 +170,12 @@ class CaptureStage(Stage):
         now = self._engine.now()
         state = snap.value(names.DERIVED)
         state = state if isinstance(state, DerivedState) else None
-        verdict = state.gpus.get(gpu) if state is not None and gpu is not None else None
-        history = self.trigger.history(gpu) if gpu is not None else ()
+        verdict: GpuVerdict | None
         if judged is not None:
             verdict, history = judged
+        else:
+            verdict = state.gpus.get(gpu) if state is not None and gpu is not None else None
+            history = self.trigger.history(gpu) if gpu is not None else ()
         window = state.window_s if state is not None else 15.0
         samples = {n: [{"t": round(s.t - now, 3), "value": bundle.jsonable(_only(s.value, gpu))}
                        for s in self._engine.window(n, window, now)] for n in WINDOW_SAMPLERS}
@@ -200,8 +203,7 @@ class CaptureStage(Stage):
             gpu for gpu, v in sorted(state.gpus.items()) if v.cause in names.WAITING_CAUSES and by_gpu.get(str(gpu))]
         return [self.take(gpu, trigger) for gpu in waiting]
 
-    def start(self, gpu: int | None, trigger: str,
-              judged: tuple[GpuVerdict, tuple[VerdictChange, ...]] | None = None) -> str | None:
+    def start(self, gpu: int | None, trigger: str, judged: Judged | None = None) -> str | None:
         """Start a capture on a thread of its own (which also gathers the engine's context: nothing of it runs on
         the caller's thread, the event loop); its bundle's name, or None when one is running. ``judged``: see
         :meth:`context`."""

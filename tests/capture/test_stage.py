@@ -16,9 +16,8 @@ from prometheus_client.core import Metric
 
 from exporter import names, pipeline
 from exporter.capture.options import CaptureConfig
-from exporter.capture.stage import CAPTURE, BusyError, CaptureStage
+from exporter.capture.stage import CAPTURE, BusyError, CaptureStage, Judged
 from exporter.capture.take import TRIGGER_HTTP, TRIGGER_VERDICT, CaptureContext
-from exporter.capture.trigger import VerdictChange
 from exporter.config import ConfigError, resolve
 from exporter.engine import Engine, VirtualClock
 from exporter.samples.capture import CaptureNote, CaptureStats
@@ -156,8 +155,7 @@ class _SlowToGather(CaptureStage):
 
     go = threading.Event()
 
-    def context(self, gpu: int | None, trigger: str,
-                judged: tuple[GpuVerdict, tuple[VerdictChange, ...]] | None = None) -> CaptureContext:
+    def context(self, gpu: int | None, trigger: str, judged: Judged | None = None) -> CaptureContext:
         assert self.go.wait(30)
         return super().context(gpu, trigger, judged)
 
