@@ -49,7 +49,9 @@ _reset_at = [0.0, time.monotonic(), 0.0]
 _gc_pauses: dict[int, PauseBins] = {0: PauseBins(), 1: PauseBins(), 2: PauseBins()}
 _gc_started = [0.0, 0.0]
 _full_now: list[list[float]] = []  # the pauses of _freeze's own collection
-_in_freeze = [False]
+_freezer_ident: list[int | None] = [None]  # the thread that runs _freeze's collection, while it runs it
+_freezer: list[threading.Thread] = []
+FULL_COLLECTION_WAIT_S = 5.0  # how long the end's full collection may wait for one in progress to finish
 
 
 def _gc_callback(phase: str, info: dict[str, Any]) -> None:
@@ -57,7 +59,7 @@ def _gc_callback(phase: str, info: dict[str, Any]) -> None:
         _gc_started[:] = [time.perf_counter(), time.thread_time()]
         return
     wall, cpu = time.perf_counter() - _gc_started[0], time.thread_time() - _gc_started[1]
-    if _in_freeze[0]:
+    if threading.get_ident() == _freezer_ident[0] and info["generation"] == 2:
         _full_now.append([wall, cpu])
     else:
         _gc_pauses[int(info["generation"])].add(wall, cpu)
@@ -87,15 +89,38 @@ _frozen: list[dict[str, Any]] = []
 
 def _freeze(signum: int, frame: FrameType | None) -> None:
     """SIGUSR2: end of the benchmark's window; the dump reports the accounts as they are now, and one full
-    collection run then (its pause is what any gen-2 collection of the daemon costs at that heap size)."""
+    collection run then (its pause is what any gen-2 collection of the daemon costs at that heap size).
+
+    The collection runs on a thread of its own, not in this handler: a signal handler can run in the middle of a
+    collection (in a GC callback, a finalizer, a weakref callback), and ``gc.collect()`` inside a collection does
+    nothing and calls no callback -- the dump had no full collection then. The thread retries until the one in
+    progress has finished; the dump waits for it (:func:`_await_full_collection`)."""
     _frozen[:] = [_accounts()]
     _full_now.clear()
-    _in_freeze[0] = True
+    frozen = _frozen[0]
+    frozen["gc_full_now"] = []
+    thread = threading.Thread(target=_full_collection, args=(frozen,), name="probe-full-gc", daemon=True)
+    _freezer[:] = [thread]
+    thread.start()
+
+
+def _full_collection(frozen: dict[str, Any]) -> None:
+    deadline = time.monotonic() + FULL_COLLECTION_WAIT_S
+    _freezer_ident[0] = threading.get_ident()
     try:
-        gc.collect()
+        while True:
+            gc.collect()  # a no-op while another collection is in progress
+            if _full_now or time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
     finally:
-        _in_freeze[0] = False
-    _frozen[0]["gc_full_now"] = list(_full_now)
+        _freezer_ident[0] = None
+    frozen["gc_full_now"] = list(_full_now)
+
+
+def _await_full_collection() -> None:
+    for thread in _freezer:
+        thread.join(FULL_COLLECTION_WAIT_S + 1.0)
 
 
 def _nvml_calls() -> dict[str, int]:
@@ -164,6 +189,7 @@ def dump(out: Path) -> None:
     Under ``--simulate`` the engine runs on scenario time (exporter/sim/timebase.py ScaledClock); sample
     times and intervals are mapped back to the monotonic clock, on which the benchmark measures its window.
     """
+    _await_full_collection()
     samplers: dict[str, Any] = {}
     for d in _captured:
         clock = d.engine.clock
